@@ -1,0 +1,64 @@
+"""The ``liveshard`` command: one entry point for everything a person runs.
+
+Each subcommand lives in its own module with two functions, ``configure(parser)`` and
+``run(args) -> int``; modules are imported only when their command runs, so planning commands
+start fast and the operator image needs no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from liveshard.runtime.errors import ConfigError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "layout": ("liveshard.runtime.commands.layout", "show where every piece of training state lives"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="liveshard",
+        description="Elastic Megatron training that switches parallelism live.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).configure(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _lazy_parser(argv)
+    args = parser.parse_args(argv)
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.run(args) or 0)
+    except ConfigError as e:
+        print(f"liveshard {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `liveshard layout ... | head`
+        return 0
+
+
+def _lazy_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """Configure only the named subcommand when one is given: its imports alone are paid."""
+    name = next((a for a in argv if not a.startswith("-")), None)
+    if name not in COMMANDS:
+        return build_parser()
+    parser = argparse.ArgumentParser(prog="liveshard")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    module, help_text = COMMANDS[name]
+    p = sub.add_parser(name, help=help_text, description=help_text)
+    p.set_defaults(_module=module)
+    importlib.import_module(module).configure(p)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the ``liveshard`` CLI, one module each (see ``liveshard.runtime.cli``)."""
