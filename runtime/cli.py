@@ -16,6 +16,13 @@ from liveshard.runtime.errors import ConfigError
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "layout": ("liveshard.runtime.commands.layout", "show where every piece of training state lives"),
+    "plan-transition": ("liveshard.runtime.commands.plan_transition", "plan moving training state between two layouts"),
+    "reshard-local": ("liveshard.runtime.commands.reshard_local", "run a transition on local gloo processes and check it"),
+    "operator": ("liveshard.operator.command", "run the ElasticTrainingJob operator (kopf)"),
+    "plan": ("liveshard.operator.commands_plan", "pick the fastest parallel config for a model on N GPUs"),
+    "worker": ("liveshard.runtime.commands.worker", "run one training rank of a job"),
+    "coordinator": ("liveshard.runtime.commands.coordinator", "run a job's coordinator (store and reconfiguration driver)"),
+    "run-local": ("liveshard.runtime.commands.run_local", "train on local processes through a list of world changes"),
 }
 
 

@@ -1,0 +1,242 @@
+"""The Kubernetes objects a job owns, as plain dicts: worker pods, the coordinator pod, the
+headless Service, a NetworkPolicy, and the ServiceAccount/Role/RoleBinding the job's pods use.
+
+Pure: the handlers create these; tests inspect them. Every object carries the job's labels and
+an owner reference to the job, so deleting the job removes them all.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from liveshard.operator.jobspec import DEFAULT_COORDINATOR_PORT, JobSpec
+
+GROUP = "liveshard.io"
+VERSION = "v1alpha1"
+PLURAL = "elastictrainingjobs"
+KIND = "ElasticTrainingJob"
+
+LABEL_JOB = "liveshard.io/job"
+LABEL_ROLE = "liveshard.io/role"
+LABEL_INDEX = "liveshard.io/worker-index"
+ROLE_WORKER = "worker"
+ROLE_COORDINATOR = "coordinator"
+
+# The coordinator must outlive spot capacity: keep it off nodes any major provider labels spot.
+SPOT_LABELS = (
+    ("karpenter.sh/capacity-type", "spot"),
+    ("eks.amazonaws.com/capacityType", "SPOT"),
+    ("cloud.google.com/gke-spot", "true"),
+    ("cloud.google.com/gke-preemptible", "true"),
+    ("kubernetes.azure.com/scalesetpriority", "spot"),
+)
+
+
+def worker_name(job: str, index: int) -> str:
+    return f"{job}-worker-{index}"
+
+
+def coordinator_name(job: str) -> str:
+    return f"{job}-coordinator"
+
+
+def service_name(job: str) -> str:
+    return job
+
+
+def account_name(job: str) -> str:
+    return f"{job}-liveshard"
+
+
+def worker_selector(job: str) -> str:
+    """The scale subresource's label selector (status.selector)."""
+    return f"{LABEL_JOB}={job},{LABEL_ROLE}={ROLE_WORKER}"
+
+
+def coordinator_address(job: str, namespace: str, port: int) -> str:
+    return f"{coordinator_name(job)}.{service_name(job)}.{namespace}.svc:{port}"
+
+
+def labels(job: str, role: str | None = None) -> dict[str, str]:
+    out = {"app.kubernetes.io/name": "liveshard", "app.kubernetes.io/instance": job,
+           "app.kubernetes.io/managed-by": "liveshard-operator", LABEL_JOB: job}
+    if role:
+        out[LABEL_ROLE] = role
+        out["app.kubernetes.io/component"] = role
+    return out
+
+
+def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
+    meta = job["metadata"]
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": meta["name"], "uid": meta["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def _meta(job: dict[str, Any], name: str, role: str | None = None,
+          extra_labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name, "namespace": job["metadata"]["namespace"],
+        "labels": {**(extra_labels or {}), **labels(job["metadata"]["name"], role)},
+        "ownerReferences": [owner_reference(job)],
+    }
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+def _env(job: dict[str, Any], spec: JobSpec, role: str) -> list[dict[str, Any]]:
+    name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
+    raw = spec.raw
+    ckpt = raw.get("checkpoint") or {}
+    port = (raw.get("coordinator") or {}).get("port", DEFAULT_COORDINATOR_PORT)
+    env = [
+        {"name": "LIVESHARD_JOB", "value": name},
+        {"name": "LIVESHARD_NAMESPACE", "value": ns},
+        {"name": "LIVESHARD_ROLE", "value": role},
+        {"name": "LIVESHARD_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "LIVESHARD_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "LIVESHARD_COORDINATOR", "value": coordinator_address(name, ns, port)},
+        {"name": "LIVESHARD_GPUS_PER_WORKER", "value": str(spec.workers.gpus_per_worker)},
+        {"name": "LIVESHARD_MODEL", "value": json.dumps(spec.model.to_dict(), sort_keys=True)},
+        {"name": "LIVESHARD_CHECKPOINT_DIR", "value": ckpt.get("path", "/checkpoints")},
+        {"name": "LIVESHARD_CHECKPOINT_INTERVAL_MINUTES", "value": str(ckpt.get("intervalMinutes", 30))},
+    ]
+    return env + list(raw.get("env") or [])
+
+
+def _checkpoint_volume(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    ckpt = spec.raw.get("checkpoint") or {}
+    if not ckpt.get("volume"):
+        return [], []
+    return ([{"name": "checkpoint", **ckpt["volume"]}],
+            [{"name": "checkpoint", "mountPath": ckpt.get("path", "/checkpoints")}])
+
+
+def worker_pod(job: dict[str, Any], spec: JobSpec, index: int) -> dict[str, Any]:
+    name = job["metadata"]["name"]
+    tpl = spec.raw.get("template") or {}
+    gpus = spec.workers.gpus_per_worker
+    resources = json.loads(json.dumps(tpl.get("resources") or {}))
+    resources.setdefault("limits", {})["nvidia.com/gpu"] = gpus
+    volumes, mounts = _checkpoint_volume(spec)
+    # NCCL needs a large /dev/shm; the container default (64 MiB) is too small.
+    volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    container: dict[str, Any] = {
+        "name": "worker", "image": spec.image, "command": list(spec.raw.get("command") or ["liveshard", "agent"]),
+        "env": [*_env(job, spec, ROLE_WORKER), {"name": "LIVESHARD_WORKER_INDEX", "value": str(index)}],
+        "resources": resources, "volumeMounts": mounts,
+    }
+    if spec.raw.get("args"):
+        container["args"] = list(spec.raw["args"])
+    if spec.raw.get("imagePullPolicy"):
+        container["imagePullPolicy"] = spec.raw["imagePullPolicy"]
+    pod_spec: dict[str, Any] = {
+        # The operator replaces lost workers itself (with a new plan); the kubelet must not
+        # restart one in place behind the runtime's back.
+        "restartPolicy": "Never",
+        "hostname": worker_name(name, index),
+        "subdomain": service_name(name),
+        "serviceAccountName": account_name(name),
+        "terminationGracePeriodSeconds": tpl.get("terminationGracePeriodSeconds", 120),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "schedulerName"):
+        if tpl.get(key):
+            pod_spec[key] = tpl[key]
+    meta = _meta(job, worker_name(name, index), ROLE_WORKER, tpl.get("labels"), tpl.get("annotations"))
+    meta["labels"][LABEL_INDEX] = str(index)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def coordinator_pod(job: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
+    name = job["metadata"]["name"]
+    coord = spec.raw.get("coordinator") or {}
+    port = coord.get("port", DEFAULT_COORDINATOR_PORT)
+    volumes, mounts = _checkpoint_volume(spec)
+    affinity = coord.get("affinity") or {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": key, "operator": "NotIn", "values": [value]} for key, value in SPOT_LABELS]}]}}}
+    container: dict[str, Any] = {
+        "name": "coordinator", "image": coord.get("image") or spec.image,
+        "command": ["liveshard", "coordinator"],
+        "env": _env(job, spec, ROLE_COORDINATOR),
+        "ports": [{"name": "c10d", "containerPort": port, "protocol": "TCP"}],
+        "resources": coord.get("resources") or {"requests": {"cpu": "250m", "memory": "256Mi"},
+                                                  "limits": {"memory": "1Gi"}},
+        "volumeMounts": mounts,
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Always",  # stateless: it rebuilds its state from the job's status
+        "hostname": coordinator_name(name),
+        "subdomain": service_name(name),
+        "serviceAccountName": account_name(name),
+        "containers": [container],
+        "volumes": volumes,
+        "affinity": affinity,
+    }
+    for key in ("nodeSelector", "tolerations"):
+        if coord.get(key):
+            pod_spec[key] = coord[key]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(job, coordinator_name(name), ROLE_COORDINATOR),
+            "spec": pod_spec}
+
+
+def headless_service(job: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
+    name = job["metadata"]["name"]
+    port = (spec.raw.get("coordinator") or {}).get("port", DEFAULT_COORDINATOR_PORT)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(job, service_name(name)), "spec": {
+        "clusterIP": "None",
+        "selector": {LABEL_JOB: name},
+        # Workers must resolve each other and the coordinator before they report ready.
+        "publishNotReadyAddresses": True,
+        "ports": [{"name": "c10d", "port": port, "targetPort": port, "protocol": "TCP"}],
+    }}
+
+
+def network_policy(job: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
+    """Only the job's own pods may reach its coordinator (its TCPStore accepts any client)."""
+    name = job["metadata"]["name"]
+    port = (spec.raw.get("coordinator") or {}).get("port", DEFAULT_COORDINATOR_PORT)
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(job, coordinator_name(name)), "spec": {
+                "podSelector": {"matchLabels": {LABEL_JOB: name, LABEL_ROLE: ROLE_COORDINATOR}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"podSelector": {"matchLabels": {LABEL_JOB: name}}}],
+                             "ports": [{"protocol": "TCP", "port": port}]}],
+            }}
+
+
+def service_account(job: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": _meta(job, account_name(job["metadata"]["name"]))}
+
+
+def role(job: dict[str, Any]) -> dict[str, Any]:
+    """Read this job, write only its status: nothing else in the namespace."""
+    name = job["metadata"]["name"]
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": _meta(job, account_name(name)), "rules": [
+                # list/watch with resourceNames need a metadata.name field selector on the request.
+                {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [name],
+                 "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "resourceNames": [name],
+                 "verbs": ["get", "patch", "update"]},
+            ]}
+
+
+def role_binding(job: dict[str, Any]) -> dict[str, Any]:
+    name = job["metadata"]["name"]
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": _meta(job, account_name(name)),
+            "subjects": [{"kind": "ServiceAccount", "name": account_name(name),
+                          "namespace": job["metadata"]["namespace"]}],
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account_name(name)}}
+
+
+def job_children(job: dict[str, Any], spec: JobSpec) -> list[dict[str, Any]]:
+    """Everything but the pods, in creation order (the account before what uses it)."""
+    return [service_account(job), role(job), role_binding(job), headless_service(job, spec),
+            network_policy(job, spec)]

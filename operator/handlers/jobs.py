@@ -1,0 +1,131 @@
+"""Jobs: one reconcile loop per ElasticTrainingJob, woken by anything that concerns it.
+
+The loop is a kopf daemon: it re-reads the job, takes its pods and the node signals from kopf's
+indexes, asks ``reconcile`` what to do, writes the status (guarded by the job's
+resourceVersion), then creates and deletes pods. It is the job's only writer in this operator,
+and it holds nothing the job's status does not: a restarted operator simply starts it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from liveshard.operator import builders, metrics
+from liveshard.operator.builders import GROUP, PLURAL, VERSION
+from liveshard.operator.context import Context, NodeLabels, NodeView
+from liveshard.operator.kube import Conflict
+from liveshard.operator.reconcile import Decision, reconcile
+
+ERROR_BACKOFF = 5.0
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def job_changed(namespace: str, name: str, memo: Any, **_: Any) -> None:
+    memo.context.wake((namespace, name))
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def job_loop(stopped: kopf.DaemonStopped, namespace: str, name: str, memo: Any, logger: Any,
+                   pods_by_job: kopf.Index, nodes_index: kopf.Index, **_: Any) -> None:
+    ctx: Context = memo.context
+    key = (namespace, name)
+    wake = ctx.waker(key)
+    ctx.loops += 1
+    children_ensured = False
+    try:
+        while not stopped:
+            wake.clear()
+            try:
+                delay, children_ensured = await reconcile_job(ctx, namespace, name, pods_by_job, nodes_index,
+                                                              logger, ensure_children=not children_ensured)
+            except Conflict:
+                delay = 0.0  # someone wrote the job meanwhile: read it again
+            except Exception as e:
+                metrics.RECONCILE_ERRORS.labels(type(e).__name__).inc()
+                logger.exception(f"reconcile of {namespace}/{name} failed: {e}")
+                delay = ERROR_BACKOFF
+            if delay > 0:
+                await _sleep_until_woken(wake, stopped, delay)
+    finally:
+        ctx.loops -= 1
+        ctx.forget(key)
+        with contextlib.suppress(KeyError):
+            metrics.WORLD_SIZE.remove(namespace, name)
+
+
+async def _sleep_until_woken(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> None:
+    waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
+async def reconcile_job(ctx: Context, namespace: str, name: str, pods_by_job: kopf.Index,
+                        nodes_index: kopf.Index, logger: Any, ensure_children: bool) -> tuple[float, bool]:
+    """One pass; returns (seconds until the next unprompted pass, children ensured)."""
+    job = await ctx.kube.get_job(namespace, name)
+    if job is None or job["metadata"].get("deletionTimestamp"):
+        return 60.0, not ensure_children
+    pods = list(pods_by_job.get((namespace, name), ()))
+    nodes = NodeView(nodes_index)
+    now = datetime.now(UTC)
+    decision = reconcile(job, pods, nodes, now, node_labels=NodeLabels(nodes),
+                         scale_up_checked=ctx.scale_up_checked.get((namespace, name)))
+    if decision.scale_up_key is not None:
+        ctx.scale_up_checked[(namespace, name)] = decision.scale_up_key
+
+    ensured = not ensure_children
+    if decision.spec is not None:
+        if ensure_children:
+            for child in builders.job_children(job, decision.spec):
+                await ctx.kube.create(child)
+            ensured = True
+        if decision.create_coordinator:
+            await ctx.kube.create(builders.coordinator_pod(job, decision.spec))
+
+    if differs(job.get("status") or {}, decision.status):
+        await ctx.kube.patch_job_status(namespace, name, decision.status, job["metadata"].get("resourceVersion"))
+        _record(ctx, namespace, name, decision)
+        ref = {"apiVersion": f"{GROUP}/{VERSION}", "kind": builders.KIND,
+               "metadata": {k: job["metadata"][k] for k in ("name", "namespace", "uid")}}
+        for kind, reason, message in decision.events:
+            kopf.event(ref, type=kind, reason=reason, message=message[:1000])
+    if decision.spec is not None:
+        for index in decision.create_workers:
+            if await ctx.kube.create(builders.worker_pod(job, decision.spec, index)):
+                logger.info(f"created worker pod {builders.worker_name(name, index)}")
+    for pod in decision.delete_pods:
+        await ctx.kube.delete_pod(namespace, pod)
+    return decision.requeue_after, ensured
+
+
+def _record(ctx: Context, namespace: str, name: str, decision: Decision) -> None:
+    if decision.replan_reason:
+        metrics.REPLANS.labels(decision.replan_reason).inc()
+        seen = [ctx.signal_seen[t] for t in decision.triggers if t in ctx.signal_seen]
+        if seen:
+            metrics.NOTICE_TO_PLAN.observe(time.monotonic() - min(seen))
+    if decision.applied:
+        metrics.RECONFIGURATION.observe(decision.applied[1])
+    if decision.new_failures:
+        metrics.WORKER_FAILURES.labels(namespace, name).inc(decision.new_failures)
+    metrics.WORLD_SIZE.labels(namespace, name).set(decision.status.get("worldSize") or 0)
+
+
+def differs(current: Any, patch: Any) -> bool:
+    """Would this merge patch change ``current``?"""
+    if isinstance(patch, dict):
+        if not isinstance(current, dict):
+            return True
+        return any(differs(current.get(k), v) for k, v in patch.items())
+    if patch is None:
+        return current is not None
+    return current != patch

@@ -1,0 +1,192 @@
+"""An ElasticTrainingJob's spec, read into typed values with the CRD's defaults.
+
+Pure: no kopf, no kubernetes client. The CRD's structural schema already fills defaults and
+rejects wrong types on a real API server; this module applies the same defaults again (the
+emulator and old objects may lack them) and checks what the schema cannot say: that the model
+is a valid ``ModelSpec`` and that the parallelism constraints fit it. Every problem is a
+``ConfigError`` naming the field (``spec.…``) and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from liveshard.operator import signals
+from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.spec import ModelSpec
+
+DEFAULT_GPU_MEMORY = 80 * 2**30
+DEFAULT_COORDINATOR_PORT = 29400
+
+_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTPE]i?|k|m)?\s*$")
+_FACTORS = {None: 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+            "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def parse_bytes(value: Any, field_name: str) -> int:
+    """A Kubernetes quantity (``80Gi``, ``81559Mi``, ``8e10`` is not accepted) as bytes."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    match = _QUANTITY.match(str(value)) if isinstance(value, str) else None
+    if not match or match.group(2) == "m":
+        raise ConfigError(field_name, f"{value!r} is not a memory size", "write e.g. 80Gi or 40960Mi")
+    return int(float(match.group(1)) * _FACTORS[match.group(2)])
+
+
+@dataclass(frozen=True)
+class Workers:
+    min: int
+    max: int
+    replicas: int  # desired pods: spec.workers.replicas, or max when unset
+    gpus_per_worker: int
+    gpu_memory_bytes: int  # per GPU, when the node does not say (nvidia.com/gpu.memory label)
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    tp: tuple[int, ...] | None
+    pp: tuple[int, ...] | None
+    ep: tuple[int, ...] | None
+    global_batch: int
+    micro_batch: int
+    seq_length: int | None
+    dist_opt: bool
+
+
+@dataclass(frozen=True)
+class Elasticity:
+    act_on: frozenset[str]
+    scale_up_cooldown_seconds: float
+    reconfiguration_timeout_seconds: float
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    model: ModelSpec
+    image: str
+    workers: Workers
+    parallelism: Parallelism
+    elasticity: Elasticity
+    raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def max_gpus(self) -> int:
+        return self.workers.max * self.workers.gpus_per_worker
+
+
+def read_model(model: Any) -> ModelSpec:
+    """``spec.model``: a preset name, ModelSpec fields, or a preset with field overrides."""
+    from liveshard.runtime.presets import PRESETS
+
+    if isinstance(model, str):
+        model = {"preset": model}
+    if not isinstance(model, dict) or not model:
+        raise ConfigError("spec.model", "is required", "set spec.model.preset or the model's fields")
+    data = dict(model)
+    preset = data.pop("preset", None)
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError("spec.model.preset", f"unknown preset {preset!r}",
+                              f"use one of: {', '.join(sorted(PRESETS))}")
+        data = {**PRESETS[preset].to_dict(), **data}
+    try:
+        return ModelSpec.from_dict(data, source="spec.model")
+    except ConfigError as e:
+        if e.field.startswith("spec.model"):
+            raise
+        raise ConfigError(f"spec.model.{e.field}", e.problem, e.fix) from None
+
+
+def _degrees(value: Any, name: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if (not isinstance(value, list) or not value
+            or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in value)):
+        raise ConfigError(f"spec.parallelism.{name}", f"{value!r} is not a list of positive degrees",
+                          f"write e.g. {name}: [1, 2, 4, 8]")
+    return tuple(sorted(set(value)))
+
+
+def _int(section: dict[str, Any], key: str, path: str, default: int | None, minimum: int = 1) -> int | None:
+    value = section.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{path}.{key}", f"must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def read_spec(spec: dict[str, Any]) -> JobSpec:
+    """Read and check ``spec``; raise ConfigError on the first problem."""
+    if not isinstance(spec, dict):
+        raise ConfigError("spec", "is missing")
+    model = read_model(spec.get("model"))
+    image = spec.get("image")
+    if not isinstance(image, str) or not image:
+        raise ConfigError("spec.image", "is required", "set the training image, e.g. ghcr.io/org/train:1.0")
+
+    w = spec.get("workers") or {}
+    w_min = _int(w, "min", "spec.workers", 1)
+    w_max = _int(w, "max", "spec.workers", None)
+    if w_max is None:
+        raise ConfigError("spec.workers.max", "is required", "set the largest number of worker pods")
+    if w_min > w_max:
+        raise ConfigError("spec.workers.min", f"min={w_min} is larger than max={w_max}",
+                          "make workers.min <= workers.max")
+    replicas = _int(w, "replicas", "spec.workers", w_max, minimum=0)
+    if not w_min <= replicas <= w_max:
+        raise ConfigError("spec.workers.replicas", f"{replicas} is outside min..max = {w_min}..{w_max}",
+                          "scale within workers.min and workers.max, or change them")
+    gpus = _int(w, "gpusPerWorker", "spec.workers", 8)
+    mem = parse_bytes(w.get("gpuMemory", DEFAULT_GPU_MEMORY), "spec.workers.gpuMemory")
+    workers = Workers(w_min, w_max, replicas, gpus, mem)
+
+    p = spec.get("parallelism") or {}
+    par = Parallelism(
+        tp=_degrees(p.get("tp"), "tp"), pp=_degrees(p.get("pp"), "pp"), ep=_degrees(p.get("ep"), "ep"),
+        global_batch=_int(p, "globalBatch", "spec.parallelism", 256),
+        micro_batch=_int(p, "microBatch", "spec.parallelism", 1),
+        seq_length=_int(p, "seqLength", "spec.parallelism", None),
+        dist_opt=bool(p.get("distributedOptimizer", True)),
+    )
+    if par.global_batch % par.micro_batch:
+        raise ConfigError("spec.parallelism.globalBatch",
+                          f"{par.global_batch} is not a multiple of microBatch={par.micro_batch}",
+                          "make globalBatch a multiple of microBatch")
+    if par.ep and not model.is_moe and par.ep != (1,):
+        raise ConfigError("spec.parallelism.ep", f"{list(par.ep)} on a dense model",
+                          "drop ep or use [1] (the model has no experts)")
+    if par.seq_length and par.seq_length > model.max_sequence_length:
+        raise ConfigError("spec.parallelism.seqLength",
+                          f"{par.seq_length} exceeds the model's max_sequence_length={model.max_sequence_length}",
+                          "use a shorter sequence or raise max_sequence_length")
+    if par.tp and all(model.num_attention_heads % t for t in par.tp):
+        raise ConfigError("spec.parallelism.tp", f"no degree in {list(par.tp)} divides the model's "
+                          f"{model.num_attention_heads} attention heads", "allow a tp that divides them")
+
+    e = spec.get("elasticity") or {}
+    act_on = e.get("actOn", list(signals.NODE_KINDS))
+    if not isinstance(act_on, list) or any(k not in signals.NODE_KINDS for k in act_on):
+        bad = next((k for k in act_on if k not in signals.NODE_KINDS), act_on) if isinstance(act_on, list) else act_on
+        raise ConfigError("spec.elasticity.actOn", f"unknown signal {bad!r}",
+                          f"use some of: {', '.join(signals.NODE_KINDS)}")
+    elastic = Elasticity(
+        act_on=frozenset(act_on),
+        scale_up_cooldown_seconds=float(_int(e, "scaleUpCooldownSeconds", "spec.elasticity", 300, 0)),
+        reconfiguration_timeout_seconds=float(_int(e, "reconfigurationTimeoutSeconds",
+                                                   "spec.elasticity", 300)),
+    )
+    return JobSpec(model=model, image=image, workers=workers, parallelism=par, elasticity=elastic, raw=spec)
+
+
+def validate_spec(spec: dict[str, Any]) -> str | None:
+    """The first problem with ``spec`` as one line, or None."""
+    try:
+        read_spec(spec)
+    except ConfigError as e:
+        return str(e)
+    return None

@@ -1,0 +1,109 @@
+"""The operator's Kubernetes API calls: the official client, run off the event loop.
+
+The kubernetes client is synchronous; every call goes through a small thread pool so kopf's
+event loop never blocks. Errors a reconcile expects (already exists, already gone) are
+answered here; a stale resourceVersion raises ``Conflict`` so the caller re-reads and retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import kubernetes.client as k8s
+from kubernetes.client.rest import ApiException
+
+from liveshard.operator.builders import GROUP, PLURAL, VERSION
+
+
+class Conflict(Exception):
+    """The object changed since it was read."""
+
+
+def make_api_client(server: str | None = None, kubeconfig: str | None = None,
+                    pool_size: int = 32) -> k8s.ApiClient:
+    """An ApiClient from an explicit server URL, a kubeconfig file, or the pod's service account."""
+    import kubernetes.config
+
+    config = k8s.Configuration()
+    if server:
+        config.host = server
+    elif kubeconfig:
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
+    else:
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=config)
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config(client_configuration=config)
+    config.connection_pool_maxsize = pool_size
+    return k8s.ApiClient(config)
+
+
+class Kube:
+    def __init__(self, api: k8s.ApiClient, workers: int = 16) -> None:
+        self.api = api
+        self.core = k8s.CoreV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+        self.rbac = k8s.RbacAuthorizationV1Api(api)
+        self.net = k8s.NetworkingV1Api(api)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
+
+    async def _call(self, fn, *args, **kwargs) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- the job ----------------------------------------------------------------------------
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._call(self.custom.get_namespaced_custom_object,
+                                    GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any],
+                               resource_version: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            return await self._call(self.custom.patch_namespaced_custom_object_status,
+                                    GROUP, VERSION, namespace, PLURAL, name, body)
+        except ApiException as e:
+            if e.status == 409:
+                raise Conflict(f"{namespace}/{name} changed while it was reconciled") from None
+            raise
+
+    # ---- children ---------------------------------------------------------------------------
+    async def create(self, obj: dict[str, Any]) -> bool:
+        """Create ``obj``; False if it already exists."""
+        ns = obj["metadata"]["namespace"]
+        create = {
+            "Pod": self.core.create_namespaced_pod,
+            "Service": self.core.create_namespaced_service,
+            "ServiceAccount": self.core.create_namespaced_service_account,
+            "Role": self.rbac.create_namespaced_role,
+            "RoleBinding": self.rbac.create_namespaced_role_binding,
+            "NetworkPolicy": self.net.create_namespaced_network_policy,
+        }[obj["kind"]]
+        try:
+            await self._call(create, ns, obj)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+
+    async def delete_pod(self, namespace: str, name: str) -> bool:
+        try:
+            await self._call(self.core.delete_namespaced_pod, name, namespace)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise

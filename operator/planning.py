@@ -1,0 +1,98 @@
+"""From worker pods to a plan: which GPUs the job has, and the planner's answer in pod terms.
+
+Each worker pod contributes ``gpusPerWorker`` GPUs on its node; they are planned in whole pods
+(``Constraints.granularity``), so a plan's rank order maps back to pods: rank ``r`` runs on local
+GPU ``r % gpusPerWorker`` of ``members[r // gpusPerWorker]``. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from liveshard.operator.jobspec import JobSpec
+from liveshard.operator.planner import GPU, Constraints, NoFeasiblePlan, Plan, plan_parallelism
+
+GPU_MEMORY_LABELS = ("nvidia.com/gpu.memory",)  # GPU feature discovery, in MiB
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A running worker pod the next plan may use."""
+
+    pod: str
+    node: str
+    gpu_memory_bytes: int | None = None  # from the node's labels; None: the job's default
+    speed: float = 1.0
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    plan: Plan
+    members: tuple[str, ...]  # pod names in rank order
+    standby: tuple[str, ...]  # candidates the plan leaves unused
+
+    @property
+    def config(self) -> str:
+        return str(self.plan.config)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.plan.gpus)
+
+
+def node_gpu_memory(labels: Mapping[str, str] | None) -> int | None:
+    for key in GPU_MEMORY_LABELS:
+        value = (labels or {}).get(key)
+        if value and str(value).isdigit():
+            return int(value) * 2**20
+    return None
+
+
+def constraints_for(spec: JobSpec) -> Constraints:
+    p = spec.parallelism
+    return Constraints(tp=p.tp, pp=p.pp, ep=p.ep, global_batch=p.global_batch, micro_batch=p.micro_batch,
+                       seq_length=p.seq_length, dist_opt=p.dist_opt,
+                       granularity=spec.workers.gpus_per_worker, max_gpus=spec.max_gpus)
+
+
+def gpus_for(spec: JobSpec, candidates: Sequence[Candidate]) -> list[GPU]:
+    gpw = spec.workers.gpus_per_worker
+    return [GPU(id=f"{c.pod}/{k}", node=c.node,
+                memory_bytes=c.gpu_memory_bytes or spec.workers.gpu_memory_bytes, speed=c.speed)
+            for c in candidates for k in range(gpw)]
+
+
+def plan_for(spec: JobSpec, candidates: Sequence[Candidate], planner=plan_parallelism) -> PodPlan:
+    """The planner's best plan over these pods; raises ``NoFeasiblePlan``."""
+    if not candidates:
+        raise NoFeasiblePlan("no running worker pods to plan on", "gpus")
+    plan = planner(spec.model, gpus_for(spec, candidates), constraints_for(spec))
+    members = members_in_rank_order(plan, spec.workers.gpus_per_worker)
+    used = set(members)
+    return PodPlan(plan, members, tuple(c.pod for c in candidates if c.pod not in used))
+
+
+def members_in_rank_order(plan: Plan, gpus_per_worker: int) -> tuple[str, ...]:
+    """Pod names in rank order; checks that every pod's GPUs are one whole, consecutive block."""
+    members: list[str] = []
+    for start in range(0, len(plan.gpus), gpus_per_worker):
+        block = plan.gpus[start:start + gpus_per_worker]
+        pods = {g.id.rsplit("/", 1)[0] for g in block}
+        if len(block) != gpus_per_worker or len(pods) != 1:
+            raise ValueError(f"plan ranks {start}..{start + len(block) - 1} span pods {sorted(pods)}: "
+                             "a pod's GPUs must be consecutive ranks")
+        members.append(pods.pop())
+    if len(set(members)) != len(members):
+        raise ValueError("a pod appears twice in the plan's rank order")
+    return tuple(members)
+
+
+def micro_batches(spec: JobSpec, plan: Plan) -> int:
+    """Micro-batches per data-parallel rank per step: the global batch stays fixed."""
+    cfg = plan.config
+    return spec.parallelism.global_batch // (cfg.dp * spec.parallelism.micro_batch)
+
+
+__all__ = ["Candidate", "NoFeasiblePlan", "PodPlan", "constraints_for", "gpus_for", "members_in_rank_order",
+           "micro_batches", "node_gpu_memory", "plan_for"]

@@ -1,0 +1,90 @@
+"""Checkpoints with megatron-core ``dist_checkpointing``: the restart path and the safety net.
+
+A checkpoint holds the model's and the optimizer's sharded state dicts (the optimizer in
+megatron's ``fully_reshardable`` format, so it loads at any TP/PP/DP), the training progress
+(step, data cursor, LR schedule) as common state, and every rank's RNG states as a
+``ShardedObject``. ``load`` works under any config: new rank r takes the RNG states of the old
+rank the transition planner would have given it (``vps.transition.object_moves``), so a restart
+through a checkpoint and a live switch leave exactly the same state.
+
+Saving can run asynchronously (megatron's async ``torch_dist`` strategy) so the periodic safety
+checkpoint costs training little; a kill with no surviving copy of some state falls back to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from liveshard.runtime.agent.state import capture_rng, restore_rng, set_adam_step
+from liveshard.runtime.parallel import ParallelConfig
+
+_OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
+def _sharded_state_dict(built: Any, is_loading: bool = False) -> dict:
+    model_sd = built.model.sharded_state_dict()
+    opt_sd = built.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=_OPT_METADATA)
+    return {"model": model_sd, "optimizer": opt_sd}
+
+
+def save(built: Any, trainer: Any, directory: str | os.PathLike) -> None:
+    """Save every rank's state to ``directory`` (collective over the training world)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    path = Path(directory)
+    if dist.get_rank() == 0:
+        path.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    sd = _sharded_state_dict(built)
+    world = dist.get_world_size()
+    sd["rng"] = ShardedObject("rng", capture_rng(), (world,), (dist.get_rank(),), replica_id=0)
+    sd["progress"] = trainer.progress()
+    sd["config"] = str(built.cfg)
+    dist_checkpointing.save(sd, str(path))
+    if dist.get_rank() == 0:
+        (path / "liveshard.json").write_text(json.dumps({"config": str(built.cfg), **_plain(trainer.progress())}))
+    dist.barrier()
+
+
+def read_meta(directory: str | os.PathLike) -> dict:
+    return json.loads((Path(directory) / "liveshard.json").read_text())
+
+
+def load(built: Any, trainer: Any, directory: str | os.PathLike) -> None:
+    """Load ``directory`` into a freshly built model under its (possibly different) config."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    from liveshard.runtime.agent.state import ensure_adam_state
+    from liveshard.runtime.vps.devices import DeviceMap
+    from liveshard.runtime.vps.transition import object_moves
+
+    meta = read_meta(directory)
+    old_cfg = ParallelConfig.parse(meta["config"])
+    new_cfg = built.cfg
+    rank = dist.get_rank()
+    # The live path's rule for per-rank objects; no device persists across a restart.
+    devices = DeviceMap(old_cfg.world_size, joining=max(0, new_cfg.world_size - old_cfg.world_size))
+    moves = object_moves(old_cfg, new_cfg, tuple(range(new_cfg.world_size)), devices)
+    rng_src = next(m.src_rank for m in moves if m.name == "rng" and m.dst_rank == rank)
+    ensure_adam_state(built.optimizer)
+    sd = _sharded_state_dict(built, is_loading=True)
+    sd["rng"] = ShardedObject("rng", None, (old_cfg.world_size,), (rng_src,), replica_id=0)
+    loaded = dist_checkpointing.load(sd, str(directory))
+    built.model.load_state_dict(loaded["model"])
+    built.optimizer.load_state_dict(loaded["optimizer"])
+    progress = loaded["progress"]
+    trainer.restore_progress(progress)
+    set_adam_step(built.optimizer, int(progress["step"]))
+    restore_rng(loaded["rng"])
+
+
+def _plain(progress: dict) -> dict:
+    return {"step": progress["step"], "consumed_samples": progress["consumed_samples"]}
+

@@ -1,0 +1,235 @@
+"""A rank's training state as named tensors, for the transfer executor.
+
+``state_tensors(built)`` maps ``(state, local_name)`` to the live tensor that holds it in a
+megatron model: the parameter itself for ``param``; for optimizer state the full-shape fp32 main
+copy / Adam moment, or, with the distributed optimizer, this DP rank's flat shard of them. The
+keys are exactly the ``(region.state, region.local_name)`` pairs of the rank's layout, so the
+executor can read and write any region in place. ``allocate_like_layout`` makes empty tensors of
+the same shapes for a layout the process does not run yet (the receiving side of a switch), and
+``load_state`` copies them into a freshly built model at commit.
+
+Small state travels as objects: the training progress (step, data cursor, LR schedule) and RNG
+states, which follow the model-parallel position (tp, pp) they belong to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.vps.layout import Layout
+from liveshard.runtime.vps.region import EXP_AVG, EXP_AVG_SQ, MAIN_PARAM, PARAM
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+StateKey = tuple[str, str]  # (state, local_name)
+
+
+def _inner_optimizers(optimizer: Any) -> list[Any]:
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def ensure_adam_state(optimizer: Any) -> None:
+    """Create Adam's moments for parameters that have not stepped yet (a fresh optimizer)."""
+    for opt in _inner_optimizers(optimizer):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
+        for group in inner.param_groups:
+            for p in group["params"]:
+                st = inner.state[p]
+                if "exp_avg" not in st:
+                    st["step"] = torch.tensor(0.0)
+                    st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def set_adam_step(optimizer: Any, step: int) -> None:
+    """Give every parameter its own step counter (Adam's bias correction reads it)."""
+    for opt in _inner_optimizers(optimizer):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
+        for st in inner.state.values():
+            if "step" in st:
+                st["step"] = torch.tensor(float(step))
+
+
+def state_tensors(built: Any) -> dict[StateKey, torch.Tensor]:
+    """Every ``(state, local_name)`` of a live model, mapped to the tensor that holds it."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    ensure_adam_state(built.optimizer)
+    names = {id(p): n for n, p in built.model.named_parameters()}
+    out: dict[StateKey, torch.Tensor] = {}
+    for name, p in built.model.named_parameters():
+        out[PARAM, name] = p.data
+    sixteen_bit = built.spec.params_dtype != "fp32"
+    for opt in _inner_optimizers(built.optimizer):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
+        if isinstance(opt, DistributedOptimizer):
+            pairs = []
+            for model_param, (gi, go) in opt.model_param_group_index_map.items():
+                pairs.append((model_param, inner.param_groups[gi]["params"][go]))
+        elif hasattr(opt, "float16_groups"):
+            pairs = [(m, main) for g16, g32 in zip(opt.float16_groups, opt.fp32_from_float16_groups)
+                     for m, main in zip(g16, g32)]
+            pairs += [(p, p) for group in opt.fp32_from_fp32_groups for p in group]
+        else:
+            pairs = [(p, p) for group in inner.param_groups for p in group["params"]]
+        for model_param, main in pairs:
+            name = names[id(model_param)]
+            if sixteen_bit:
+                out[MAIN_PARAM, name] = main.data.view(-1) if isinstance(opt, DistributedOptimizer) else main.data
+            st = inner.state[main]
+            for state in (EXP_AVG, EXP_AVG_SQ):
+                t = st[state]
+                out[state, name] = t.view(-1) if isinstance(opt, DistributedOptimizer) else t
+    return out
+
+
+def allocate_like_layout(layout: Layout, rank: int, device: Any = "cpu") -> dict[StateKey, torch.Tensor]:
+    """Empty tensors for every ``(state, local_name)`` that ``rank`` of ``layout`` holds."""
+    out: dict[StateKey, torch.Tensor] = {}
+    params = layout.local_params(rank)
+    pdtype = _DTYPES[layout.spec.params_dtype]
+    for p in params:
+        out[PARAM, p.name] = torch.empty(p.local_shape, dtype=pdtype, device=device)
+    if not layout.cfg.dist_opt:
+        for state in layout.optimizer_states:
+            for p in params:
+                out[state, p.name] = torch.empty(p.local_shape, dtype=torch.float32, device=device)
+        return out
+    for state in layout.optimizer_states:
+        sizes: dict[str, int] = defaultdict(int)
+        for reg in layout.dist_opt_regions(rank, state):
+            sizes[reg.local_name] += reg.numel
+        for name, n in sizes.items():
+            out[state, name] = torch.empty(n, dtype=torch.float32, device=device)
+    return out
+
+
+def load_state(built: Any, tensors: dict[StateKey, torch.Tensor], step: int) -> None:
+    """Copy received tensors into a freshly built model and optimizer, in place."""
+    live = state_tensors(built)
+    missing = sorted(set(live) - set(tensors))
+    extra = sorted(set(tensors) - set(live))
+    if missing or extra:
+        raise RuntimeError(f"received state does not match the built model: missing {missing[:3]}, "
+                           f"unexpected {extra[:3]}")
+    with torch.no_grad():
+        for key, dst in live.items():
+            src = tensors[key]
+            if src.shape != dst.shape or src.dtype != dst.dtype:
+                raise RuntimeError(f"{key}: received {src.dtype}{tuple(src.shape)}, "
+                                   f"model holds {dst.dtype}{tuple(dst.shape)}")
+            dst.copy_(src)
+    set_adam_step(built.optimizer, step)
+
+
+# ---- small objects -----------------------------------------------------------------------------
+def capture_rng() -> dict:
+    from megatron.core import tensor_parallel
+
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    try:
+        state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
+    except Exception:  # tracker not initialised on this rank
+        pass
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    from megatron.core import tensor_parallel
+
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    if "tracker" in state:
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def rng_owner(old: ParallelConfig, new: ParallelConfig, new_rank: int) -> int | None:
+    """The old rank whose RNG states new rank ``new_rank`` takes over, or None for a fresh seed.
+
+    RNG streams belong to a model-parallel position: a new rank at (tp, pp) continues the
+    stream of the old rank at the same (tp, pp) and DP index 0, when the old layout had that
+    position with the same TP and PP degrees.
+    """
+    if (old.tp, old.pp) != (new.tp, new.pp):
+        return None
+    c = new.coord(new_rank)
+    return old.rank_of(tp=c.tp, pp=c.pp)
+
+
+def fresh_rng_seed(seed: int, generation: int, cfg: ParallelConfig, rank: int) -> int:
+    c = cfg.coord(rank)
+    text = f"{seed}/{generation}/{cfg.tp}.{cfg.pp}/{c.tp}.{c.pp}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & 0x7FFFFFFF
+
+
+def state_checksums(tensors: dict[StateKey, torch.Tensor]) -> dict[str, str]:
+    """A digest per ``state/local_name`` (used to compare two runs bit for bit)."""
+    out = {}
+    for (state, name), t in sorted(tensors.items()):
+        data = t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()
+        out[f"{state}/{name}"] = hashlib.sha256(data).hexdigest()[:16]
+    return out
+
+
+def region_view(tensors: dict[StateKey, torch.Tensor], region: Any) -> torch.Tensor:
+    """The elements of ``region`` inside its local tensor, shaped like ``region.local_shape``."""
+    t = tensors[region.state, region.local_name]
+    shape = region.local_shape
+    if t.dim() == 1 and len(shape) != 1:  # a flat distributed-optimizer shard
+        start = region.local_offset[0]
+        return t[start: start + _numel(shape)].view(shape)
+    index = tuple(slice(o, o + s) for o, s in zip(region.local_offset, shape))
+    return t[index]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+_MIX_VALUE = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
+_MIX_INDEX = -4417276706812531889  # 0xC2B2AE3D27D4EB4F as int64
+
+
+def logical_checksums(layout: Layout, rank: int, tensors: dict[StateKey, torch.Tensor]) -> dict[str, int]:
+    """Layout-independent checksums: per ``key/state``, the sum over this rank's primary
+    elements of a mix of (global flat index, value bits), modulo 2**64.
+
+    Summing every rank's partial sums gives the same number for the same logical tensor however
+    it is sharded, so two runs that end in different layouts can still be compared exactly.
+    """
+    out: dict[str, int] = defaultdict(int)
+    for reg in layout.regions(rank):
+        if not reg.primary:
+            continue
+        values = region_view(tensors, reg).contiguous()
+        bits = values.view(torch.int16 if values.element_size() == 2 else torch.int32).to(torch.int64)
+        idx = torch.zeros(reg.box_shape, dtype=torch.int64)
+        stride = 1
+        for d in range(len(reg.global_shape) - 1, -1, -1):
+            ar = torch.arange(reg.global_offset[d], reg.global_offset[d] + reg.box_shape[d], dtype=torch.int64)
+            view = [1] * len(reg.global_shape)
+            view[d] = -1
+            idx = idx + (ar * stride).view(view)
+            stride *= reg.global_shape[d]
+        mixed = (bits.reshape(-1) * _MIX_VALUE) ^ (idx.reshape(-1) * _MIX_INDEX)
+        mixed = mixed ^ (mixed >> 29)
+        out[f"{reg.key}/{reg.state}"] = (out[f"{reg.key}/{reg.state}"] + int(mixed.sum())) % 2**64
+    return dict(out)

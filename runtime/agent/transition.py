@@ -1,0 +1,99 @@
+"""The worker side of a transition: world plans mapped onto the VPS transition planner and executor.
+
+A world plan names workers; the transition planner numbers devices (old rank ``i`` is device
+``i``, joiners follow in sorted order). ``order_members`` is what the coordinator uses to
+publish a plan's members in the rank order the planner chose (least data moved);
+``plan_for`` is what every member recomputes, with no communication, before it moves data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from liveshard.runtime.control.protocol import WorldPlan, joiners, transition_devices
+from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.spec import ModelSpec
+from liveshard.runtime.vps.devices import DeviceMap
+from liveshard.runtime.vps.transition import TransitionPlan, plan_transition
+
+# One node per worker unless told otherwise: locality only changes which replica serves.
+DEFAULT_GPUS_PER_NODE = 8
+
+
+def device_map(old: WorldPlan, candidates: tuple[str, ...], dead: tuple[str, ...],
+               gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> DeviceMap:
+    keep = set(candidates)
+    gone = set(dead)
+    leaving = frozenset(i for i, m in enumerate(old.members) if m not in keep and m not in gone)
+    dead_ids = frozenset(i for i, m in enumerate(old.members) if m in gone)
+    return DeviceMap(old_world=len(old.members), gpus_per_node=gpus_per_node, leaving=leaving,
+                     joining=len(joiners(old, candidates)), dead=dead_ids)
+
+
+def order_members(spec: ModelSpec, old: WorldPlan, config: str, candidates: tuple[str, ...],
+                  dead: tuple[str, ...], gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+                  ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(members in rank order, standbys) for a new config over ``candidates``."""
+    devices = device_map(old, candidates, dead, gpus_per_node)
+    plan = plan_transition(spec, ParallelConfig.parse(old.config), ParallelConfig.parse(config), devices)
+    by_device = (*old.members, *joiners(old, candidates))
+    members = tuple(by_device[d] for d in plan.rank_to_device)
+    standbys = tuple(by_device[d] for d in plan.standbys)
+    return members, standbys
+
+
+def plan_for(spec: ModelSpec, old: WorldPlan, new: WorldPlan,
+             gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> TransitionPlan:
+    """The transition plan of ``new`` (checked against the members order it publishes)."""
+    candidates = (*new.members, *new.standbys)
+    devices = device_map(old, candidates, new.dead, gpus_per_node)
+    plan = plan_transition(spec, ParallelConfig.parse(old.config), ParallelConfig.parse(new.config), devices)
+    by_device = transition_devices(old, new)
+    members = tuple(by_device[d] for d in plan.rank_to_device)
+    if members != new.members:
+        raise RuntimeError(f"generation {new.generation}: the planner orders members {members[:4]}..., "
+                           f"the plan says {new.members[:4]}...")
+    return plan
+
+
+def group_ranks(old: WorldPlan, new: WorldPlan) -> list[Any]:
+    """Transition-group rank of each device (None for dead devices, which have no process)."""
+    dead = set(new.dead)
+    out: list[Any] = []
+    next_rank = 0
+    for m in transition_devices(old, new):
+        if m in dead:
+            out.append(None)
+        else:
+            out.append(next_rank)
+            next_rank += 1
+    return out
+
+
+class TransitionResult:
+    """What a member gets out of a transition: its new tensors and small objects."""
+
+    def __init__(self, tensors: dict, objects: dict, stats: Any) -> None:
+        self.tensors = tensors
+        self.objects = objects
+        self.stats = stats
+
+
+def execute_transition(prep: Any, worker: str, sources: dict, objects: dict | None, *,
+                       budget: int, verify: bool, mode: str | None = None) -> TransitionResult:
+    """Move this worker's part of the transition ``prep`` over its transition group."""
+    from liveshard.runtime.transfer.executor import DEFAULT_MODE, execute
+    from liveshard.runtime.transfer.storage import DictStore
+    from liveshard.runtime.vps.schedule import schedule
+
+    plan, old, new = prep.transition, prep.old, prep.plan
+    devices = transition_devices(old, new)
+    device_id = devices.index(worker)
+    store = DictStore()
+    for (state, name), tensor in sources.items():
+        store.tensors.setdefault(state, {})[name] = tensor
+    sched = schedule(plan, budget)
+    result = execute(plan, sched, device_id, store, objects or {}, mode=mode or DEFAULT_MODE,
+                     verify=verify, group=prep.group, ranks=group_ranks(old, new))
+    tensors = {(state, name): t for state, name, t in result.store.items()}
+    return TransitionResult(tensors, result.objects, result.stats)

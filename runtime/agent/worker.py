@@ -1,0 +1,442 @@
+"""The worker agent: one training rank that follows the job's world plans without restarting.
+
+Life of a worker:
+
+1. connect to the job's store, announce itself, start the control thread (heartbeats, plan
+   watching, background preparation);
+2. wait for a plan that includes it: generation 0 starts a world from scratch; a later plan
+   makes it a joiner that receives its state from the old members;
+3. train, one optimizer step at a time; at every step boundary the old world agrees with one
+   tiny all-reduce whether everybody has prepared the newest plan (or whether that plan's
+   ``switch_at_step`` is now), and if so switches:
+
+   * **prepare** (background, training continues): compute the transition plan (pure, same on
+     every member), publish its checksum, and build the transition group over old and new
+     members; joiners did their imports and megatron set-up before this;
+   * **transfer**: every piece of state moves to its new owner (``liveshard.runtime.transfer``),
+     into fresh buffers: the old model is untouched;
+   * **commit** (all members said ok): the old world is destroyed, the new one built in the same
+     process, the received state loaded; leavers exit; otherwise **abort**: the old world keeps
+     training and the new buffers are dropped.
+
+A rank that dies without notice breaks the old world's collectives; the survivors stop, report
+"broken" in their heartbeats and take the coordinator's recovery plan, which sources every
+region from surviving replicas (or falls back to the last checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from liveshard.runtime import telemetry
+from liveshard.runtime.agent import world as worlds
+from liveshard.runtime.agent.state import (
+    capture_rng,
+    load_state,
+    logical_checksums,
+    restore_rng,
+    state_tensors,
+)
+from liveshard.runtime.agent.transition import execute_transition, plan_for
+from liveshard.runtime.agent.trainer import Trainer, TrainingSettings
+from liveshard.runtime.control.protocol import Keys, MemberResult, WorldPlan, transition_members
+from liveshard.runtime.control.store import JobStore, connect_store
+from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.spec import ModelSpec
+
+log = logging.getLogger("liveshard.worker")
+
+
+@dataclass
+class WorkerOptions:
+    heartbeat_interval: float = 0.5
+    collective_timeout: float = 20.0  # seconds before a collective with a dead peer fails
+    transfer_budget: int = 64 << 20  # staging bytes per rank during a transfer
+    verify: bool = False  # per-region checksums after each transfer
+    max_steps: int | None = None
+    # Checkpoints (megatron dist_checkpointing): load at start, save and exit at a step (the
+    # restart path), and a periodic safety checkpoint for losses with no surviving copy.
+    load_dir: str | None = None
+    save_dir: str | None = None
+    save_at_step: int | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+
+
+@dataclass
+class Prepared:
+    """A plan this worker is ready to switch to."""
+
+    plan: WorldPlan
+    old: WorldPlan | None
+    transition: Any  # liveshard.runtime.vps.transition.TransitionPlan (None for generation 0)
+    group: Any  # the transition ProcessGroup (None for generation 0)
+    group_rank: int
+    members: tuple[str, ...]  # transition group members
+    seconds: float
+
+
+@dataclass
+class StepRecord:
+    step: int
+    loss: float | None
+    seconds: float
+    generation: int
+    world_size: int
+    consumed_samples: int
+    time: float = 0.0  # wall clock at the end of the step
+
+
+@dataclass
+class WorkerState:
+    generation: int | None = None
+    plan: WorldPlan | None = None
+    rank: int | None = None
+    phase: str = "starting"
+    records: list[StepRecord] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+
+
+class WorkerAgent:
+    def __init__(self, worker_id: str, host: str, port: int, spec: ModelSpec,
+                 settings: TrainingSettings, options: WorkerOptions | None = None,
+                 job: str = "job") -> None:
+        self.id = worker_id
+        self.spec = spec
+        self.settings = settings
+        self.options = options or WorkerOptions()
+        self.store = JobStore(connect_store(host, port, timeout=300.0), job)
+        self.state = WorkerState()
+        self.built: Any = None
+        self.trainer: Trainer | None = None
+        self._prepared: dict[int, Prepared] = {}
+        self._prepare_error: dict[int, str] = {}
+        self._latest_seen = -1
+        self._plan_cache: dict[int, WorldPlan] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._control_loop, name=f"control-{worker_id}", daemon=True)
+
+    # ---- control thread ----------------------------------------------------------------------
+    def _control_loop(self) -> None:
+        next_hb = 0.0
+        while not self._stop.is_set():
+            now = time.time()
+            if now >= next_hb:
+                self._heartbeat(now)
+                next_hb = now + self.options.heartbeat_interval
+            try:
+                latest = self.store.latest_generation()
+                if latest > self._latest_seen:
+                    self._latest_seen = latest
+                plan = self.store.plan(latest) if latest >= 0 else None
+                if plan is not None and self._involved(plan) and latest not in self._prepared \
+                        and latest not in self._prepare_error and plan.generation != self.state.generation:
+                    self._prepare(plan)
+            except Exception:  # the store may be restarting: keep heartbeating
+                log.debug("control loop: %s", traceback.format_exc())
+            time.sleep(0.02)
+
+    def _heartbeat(self, now: float) -> None:
+        t = self.trainer
+        payload = {
+            "time": now,
+            "state": self.state.phase,
+            "generation": self.state.generation,
+            "rank": self.state.rank,
+            "step": t.step_count if t else None,
+            "step_seconds": t.last_step_seconds if t else None,
+            "loss": t.last_loss if t else None,
+            "pid": os.getpid(),
+        }
+        health = telemetry.gpu_health()
+        if health:
+            payload["health"] = health
+        with contextlib.suppress(Exception):  # the coordinator may be restarting
+            self.store.set_json(Keys.heartbeat(self.id), payload)
+
+    def _involved(self, plan: WorldPlan) -> bool:
+        if self.id in plan.members or self.id in plan.standbys:
+            return True
+        cur = self.state.plan
+        return cur is not None and plan.previous == cur.generation and self.id in cur.members
+
+    def _prepare(self, plan: WorldPlan) -> None:
+        """Background: transition plan, checksum agreement, transition group."""
+        start = time.perf_counter()
+        try:
+            old = self.store.plan(plan.previous) if plan.previous is not None else None
+            if old is None:
+                prepared = Prepared(plan, None, None, None, 0, plan.members, time.perf_counter() - start)
+            else:
+                transition = plan_for(self.spec, old, plan)
+                members = transition_members(old, plan)
+                checksum = transition.checksum
+                self.store.set(Keys.prepared(plan.generation, self.id), checksum)
+                for m in members:
+                    other = self.store.wait_for(Keys.prepared(plan.generation, m), timeout=120.0)
+                    if other is None:
+                        raise RuntimeError(f"member {m} did not prepare generation {plan.generation}")
+                    if other != checksum:
+                        raise RuntimeError(f"transition plan checksum of {m} differs from ours")
+                group_rank = members.index(self.id)
+                group = worlds.build_transition_group(self.store.store, Keys.transfer_prefix(plan.generation),
+                                                      group_rank, len(members), self.options.collective_timeout)
+                prepared = Prepared(plan, old, transition, group, group_rank, members,
+                                    time.perf_counter() - start)
+            with self._lock:
+                self._prepared[plan.generation] = prepared
+        except Exception as e:
+            log.error("prepare %d failed: %s", plan.generation, traceback.format_exc())
+            with self._lock:
+                self._prepare_error[plan.generation] = f"{type(e).__name__}: {e}"
+            self._report(plan.generation, MemberResult(ok=False, error=f"prepare: {e}"))
+
+    # ---- main loop ---------------------------------------------------------------------------
+    def run(self) -> WorkerState:
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
+        self.store.register_member(self.id, info)
+        self._thread.start()
+        try:
+            while not self._stopping():
+                if self.state.phase == "left":
+                    break
+                if self.trainer is None or self.state.phase == "broken":
+                    if not self._wait_for_plan():
+                        break
+                    continue
+                self._train_one()
+            if self.state.phase != "left":
+                self.state.phase = "exited"
+        finally:
+            self._heartbeat(time.time())
+            self._stop.set()
+        return self.state
+
+    def _stopping(self) -> bool:
+        if self.options.max_steps is not None and self.trainer is not None \
+                and self.trainer.step_count >= self.options.max_steps:
+            return True
+        return self.store.has(Keys.STOP)
+
+    def _wait_for_plan(self) -> bool:
+        """Not training (start, joiner, standby, broken world): wait for a plan to act on."""
+        if self.state.phase != "broken":
+            self.state.phase = "waiting"
+        while not self._stopping():
+            with self._lock:
+                ready = [p for g, p in self._prepared.items()
+                         if self.state.generation is None or g > self.state.generation]
+            if ready:
+                prep = max(ready, key=lambda p: p.plan.generation)
+                if prep.old is None:
+                    self._start_world(prep.plan)
+                    return True
+                if self.state.phase == "broken":
+                    # The old world cannot agree on a step: the transition group, which every
+                    # member has joined by now, is the synchronisation. The first old rank marks it.
+                    if self.state.rank is not None and self.id == prep.members[0]:
+                        self.store.set(Keys.switch(prep.plan.generation), str(self.trainer.step_count))
+                    self._switch(prep, switch_step=self.trainer.step_count)
+                    return True
+                step = self.store.wait_for(Keys.switch(prep.plan.generation), timeout=0.2)
+                if step is not None:
+                    self._switch(prep, switch_step=int(step))
+                    return True
+                continue
+            time.sleep(0.02)
+        return False
+
+    def _start_world(self, plan: WorldPlan) -> None:
+        cfg = ParallelConfig.parse(plan.config)
+        rank = plan.members.index(self.id)
+        t0 = time.perf_counter()
+        worlds.init_training_world(self.store.store, Keys.world_prefix(plan.generation), rank,
+                                   cfg.world_size, self.options.collective_timeout)
+        self._build(cfg, initialize=self.options.load_dir is None)
+        if self.options.load_dir:
+            from liveshard.runtime.agent import checkpoint
+
+            checkpoint.load(self.built, self.trainer, self.options.load_dir)
+        self._adopt(plan, rank)
+        self._report(plan.generation, MemberResult(ok=True, phases={"build": time.perf_counter() - t0},
+                                                   step=self.trainer.step_count))
+
+    def _build(self, cfg: ParallelConfig, initialize: bool = True) -> None:
+        from liveshard.runtime.megatron.build import build_model
+
+        self.built = build_model(self.spec, cfg, seed=self.settings.seed, lr=self.settings.lr,
+                                 clip_grad=self.settings.clip_grad, hidden_dropout=0.0, attention_dropout=0.0,
+                                 perform_initialization=initialize)
+        self.trainer = Trainer(self.built, self.settings)
+
+    def _adopt(self, plan: WorldPlan, rank: int | None) -> None:
+        self.state.generation = plan.generation
+        self.state.plan = plan
+        self.state.rank = rank
+        self.state.phase = "training" if rank is not None else "standby"
+
+    def _train_one(self) -> None:
+        t = self.trainer
+        assert t is not None
+        try:
+            loss = t.step()
+        except Exception as e:  # a collective failed: a peer is gone
+            log.error("step %d failed: %s", t.step_count, e)
+            self.state.phase = "broken"
+            self.state.events.append({"kind": "broken", "step": t.step_count, "error": str(e)[:200],
+                                      "time": time.time()})
+            return
+        self.state.records.append(StepRecord(t.step_count, loss, t.last_step_seconds, self.state.generation,
+                                             self.built.cfg.world_size, t.consumed_samples, time.time()))
+        o = self.options
+        if o.save_at_step is not None and t.step_count == o.save_at_step and o.save_dir:
+            from liveshard.runtime.agent import checkpoint
+
+            checkpoint.save(self.built, t, o.save_dir)
+            self.state.phase = "left"  # the restart path: every process exits after saving
+            return
+        if o.checkpoint_every and o.checkpoint_dir and t.step_count % o.checkpoint_every == 0:
+            from liveshard.runtime.agent import checkpoint
+
+            checkpoint.save(self.built, t, os.path.join(o.checkpoint_dir, f"step{t.step_count:08d}"))
+        self._step_boundary()
+
+    def _step_boundary(self) -> None:
+        """Agree over the old world whether to switch to the newest plan now.
+
+        One all-reduce of two integers: the newest generation any rank has seen, and the lowest
+        generation every rank has prepared. All ranks see the same result, so they decide alike.
+        """
+        t = self.trainer
+        with self._lock:
+            prepared = [g for g, p in self._prepared.items() if p.old is not None
+                        and p.old.generation == self.state.generation]
+        flags = torch.tensor([self._latest_seen, -max(prepared, default=-1)], dtype=torch.int64,
+                             device=worlds.device())
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        latest, all_prepared = int(flags[0]), -int(flags[1])
+        if latest <= self.state.generation:
+            return
+        plan = self._plan_cache.get(latest) or self.store.plan(latest)
+        if plan is None or plan.previous != self.state.generation:
+            return
+        self._plan_cache[latest] = plan
+        if plan.switch_at_step is not None:
+            if t.step_count < plan.switch_at_step:
+                return
+            ok = self._wait_prepared(latest) is not None  # every rank waits at the same step
+        elif all_prepared == latest:
+            ok = True
+        else:
+            return
+        vote = torch.tensor([1 if ok else 0], dtype=torch.int64, device=worlds.device())
+        dist.all_reduce(vote, op=dist.ReduceOp.MIN)
+        if not int(vote):
+            return  # some rank failed to prepare: the coordinator aborts this generation
+        if self.state.rank == 0:
+            self.store.set(Keys.switch(latest), str(t.step_count))
+        self._switch(self._prepared[latest], switch_step=t.step_count)
+
+    def _wait_prepared(self, gen: int, timeout: float = 300.0) -> Prepared | None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self._lock:
+                if gen in self._prepared:
+                    return self._prepared[gen]
+                if gen in self._prepare_error:
+                    return None
+            time.sleep(0.005)
+        return None
+
+    # ---- switching ---------------------------------------------------------------------------
+    def _switch(self, prep: Prepared, switch_step: int) -> None:
+        plan, old = prep.plan, prep.old
+        assert old is not None
+        phases: dict[str, float] = {"prepare": prep.seconds}
+        t_stop = time.perf_counter()
+        holds_state = self.trainer is not None and self.id in old.members
+        sources = state_tensors(self.built) if holds_state else {}
+        objects = self._objects() if holds_state else None
+        ok, error, result = True, "", None
+        try:
+            result = execute_transition(prep, self.id, sources, objects, budget=self.options.transfer_budget,
+                                        verify=self.options.verify)
+        except Exception as e:
+            ok, error = False, f"transfer: {type(e).__name__}: {e}"
+            log.error("transfer for generation %d failed: %s", plan.generation, traceback.format_exc())
+        phases["transfer"] = time.perf_counter() - t_stop
+        try:
+            ok = worlds.group_all_ok(prep.group, ok)
+        except Exception as e:
+            ok, error = False, error or f"commit vote: {e}"
+        if not ok:
+            phases["downtime"] = time.perf_counter() - t_stop
+            self._report(plan.generation, MemberResult(ok=False, error=error or "another member failed",
+                                                       phases=phases, step=switch_step))
+            with self._lock:
+                self._prepared.pop(plan.generation, None)
+                self._prepare_error[plan.generation] = error or "aborted"
+            return  # the old world (if any) keeps training on its untouched state
+        # Commit: tear down the old world, build the new one here, load what we received.
+        t_commit = time.perf_counter()
+        if self.trainer is not None:
+            self.trainer = None
+            self.built = None
+            from liveshard.runtime.megatron.build import destroy
+
+            destroy()
+            worlds.destroy_training_world()
+        stats = result.stats
+        if self.id not in plan.members:
+            phases["commit"] = time.perf_counter() - t_commit
+            self._report(plan.generation, MemberResult(ok=True, phases=phases, step=switch_step,
+                                                       bytes_sent=stats.bytes_sent))
+            self._adopt(plan, None)
+            if self.id not in plan.standbys:
+                self.state.phase = "left"
+            return
+        cfg = ParallelConfig.parse(plan.config)
+        rank = plan.members.index(self.id)
+        worlds.init_training_world(self.store.store, Keys.world_prefix(plan.generation), rank,
+                                   cfg.world_size, self.options.collective_timeout)
+        self._build(cfg, initialize=False)
+        objs = result.objects
+        load_state(self.built, result.tensors, step=int(objs["step"]))
+        self.trainer.restore_progress({"step": objs["step"], "consumed_samples": objs["data_cursor"],
+                                       "scheduler": objs["scheduler"]})
+        restore_rng(objs["rng"])
+        self._adopt(plan, rank)
+        phases["commit"] = time.perf_counter() - t_commit
+        phases["downtime"] = time.perf_counter() - t_stop
+        self._report(plan.generation, MemberResult(ok=True, phases=phases, step=switch_step,
+                                                   bytes_received=stats.bytes_received,
+                                                   bytes_sent=stats.bytes_sent))
+        self.state.events.append({"kind": "switch", "generation": plan.generation, "step": switch_step,
+                                  "phases": phases, "time": time.time()})
+
+    def _objects(self) -> dict:
+        p = self.trainer.progress()
+        return {"step": p["step"], "data_cursor": p["consumed_samples"], "scheduler": p["scheduler"],
+                "rng": capture_rng()}
+
+    def _report(self, gen: int, result: MemberResult) -> None:
+        self.store.set(Keys.result(gen, self.id), result.to_json())
+
+    # ---- results -----------------------------------------------------------------------------
+    def final_checksums(self) -> dict[str, int]:
+        from liveshard.runtime.vps.layout import Layout
+
+        layout = Layout(self.spec, self.built.cfg)
+        return logical_checksums(layout, self.state.rank, state_tensors(self.built))

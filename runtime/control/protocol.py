@@ -1,0 +1,124 @@
+"""The reconfiguration protocol between the coordinator and the workers: plans and store keys.
+
+Everything is written to the job's c10d store as JSON under these keys; nothing here does I/O.
+
+    members/<id>                 a worker announces itself (host, pid, node, device)
+    hb/<id>                      heartbeat: time, last completed step, step time, health
+    plan/latest                  generation number of the newest plan
+    plan/<N>                     WorldPlan N (config, members in rank order, reason, ...)
+    gen/<N>/prepared/<id>        the member's transition-plan checksum (it has prepared N)
+    gen/<N>/switch               the step boundary at which the old world switched to N
+    gen/<N>/result/<id>          the member's outcome and phase timings
+    gen/<N>/outcome              "committed" or "aborted: <why>" (written by the coordinator)
+    world/<N>/...                c10d keys of the training world of generation N
+    xfer/<N>/...                 c10d keys of the transition group (old members + new members)
+    control/stop                 ask every worker to finish (local driver)
+
+Generation 0 is the initial world; a plan replaces the world of its ``previous`` generation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class WorldPlan:
+    generation: int
+    config: str  # ParallelConfig string form
+    members: tuple[str, ...]  # worker ids in rank order: rank i is members[i]
+    standbys: tuple[str, ...] = ()  # available workers the config does not use (they wait)
+    reason: str = ""
+    previous: int | None = None  # the generation this plan replaces
+    switch_at_step: int | None = None  # switch exactly after this step (None: as soon as prepared)
+    deadline: float | None = None  # unix time by which leaving members are gone (the notice)
+    dead: tuple[str, ...] = ()  # old members that are gone without notice (never sources)
+    created: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> WorldPlan:
+        data = json.loads(text)
+        for name in ("members", "standbys", "dead"):
+            data[name] = tuple(data.get(name, ()))
+        return cls(**data)
+
+
+@dataclass
+class MemberResult:
+    """What one member reports about a generation."""
+
+    ok: bool
+    error: str = ""
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    step: int = -1  # the step boundary it switched at
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> MemberResult:
+        return cls(**json.loads(text))
+
+
+class Keys:
+    LATEST = "plan/latest"
+    STOP = "control/stop"
+
+    @staticmethod
+    def member(worker: str) -> str:
+        return f"members/{worker}"
+
+    @staticmethod
+    def heartbeat(worker: str) -> str:
+        return f"hb/{worker}"
+
+    @staticmethod
+    def plan(gen: int) -> str:
+        return f"plan/{gen}"
+
+    @staticmethod
+    def prepared(gen: int, worker: str) -> str:
+        return f"gen/{gen}/prepared/{worker}"
+
+    @staticmethod
+    def switch(gen: int) -> str:
+        return f"gen/{gen}/switch"
+
+    @staticmethod
+    def result(gen: int, worker: str) -> str:
+        return f"gen/{gen}/result/{worker}"
+
+    @staticmethod
+    def outcome(gen: int) -> str:
+        return f"gen/{gen}/outcome"
+
+    @staticmethod
+    def world_prefix(gen: int) -> str:
+        return f"world/{gen}/"
+
+    @staticmethod
+    def transfer_prefix(gen: int) -> str:
+        return f"xfer/{gen}/"
+
+
+def joiners(old: WorldPlan, candidates: tuple[str, ...]) -> tuple[str, ...]:
+    """Workers new to the job, in device order (sorted ids: every member computes the same)."""
+    have = set(old.members)
+    return tuple(sorted(c for c in candidates if c not in have))
+
+
+def transition_devices(old: WorldPlan, new: WorldPlan) -> tuple[str, ...]:
+    """Workers by device id of the transition: old rank i is device i, joiners follow."""
+    return (*old.members, *joiners(old, (*new.members, *new.standbys)))
+
+
+def transition_members(old: WorldPlan, new: WorldPlan) -> tuple[str, ...]:
+    """Members of the transition group in its rank order: the devices, less the dead."""
+    dead = set(new.dead)
+    return tuple(m for m in transition_devices(old, new) if m not in dead)

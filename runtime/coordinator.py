@@ -1,0 +1,285 @@
+"""The job's coordinator: hosts the c10d store, turns requests into world plans, watches health.
+
+It is a small state machine over store keys (``control.protocol``):
+
+* it takes plan requests from a ``PlanSource`` (the local driver through the store, or the
+  operator through the job's status), gives each a generation and publishes it;
+* it watches heartbeats; a member silent for ``heartbeat_timeout`` is dead, and the
+  coordinator publishes a recovery plan for the survivors at once (the runtime cannot wait for
+  an operator to notice a killed process);
+* it collects every member's result for a generation, declares it committed or aborted,
+  records phase timings and downtime, and acknowledges it to the plan source.
+
+Training does not touch the coordinator between reconfigurations: workers only write
+heartbeats. If the coordinator restarts, workers re-register with their current generation and
+the coordinator adopts it (``recover``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from liveshard.runtime.control.protocol import Keys, MemberResult, WorldPlan, transition_members
+from liveshard.runtime.control.replan import fit_config
+from liveshard.runtime.control.store import JobStore
+from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.spec import ModelSpec
+
+log = logging.getLogger("liveshard.coordinator")
+
+
+@dataclass
+class PlanRequest:
+    """A wish for a new world: explicit members and config, or "fit the members you have"."""
+
+    members: tuple[str, ...]
+    config: str | None = None  # None: choose one that fits (replan.fit_config)
+    reason: str = ""
+    switch_at_step: int | None = None
+    deadline: float | None = None
+
+
+class PlanSource(Protocol):
+    def poll(self) -> PlanRequest | None: ...
+
+    def report(self, status: dict) -> None: ...
+
+
+class StorePlanSource:
+    """Requests posted in the store by the local driver (``request/<k>``, counter ``request/count``)."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self.seen = 0
+
+    @staticmethod
+    def post(store: JobStore, request: PlanRequest) -> None:
+        index = store.store.add("request/count", 1) - 1
+        store.set_json(f"request/{index}", request.__dict__)
+
+    def poll(self) -> PlanRequest | None:
+        count = self.store.store.add("request/count", 0)
+        if self.seen >= count:
+            return None
+        data = self.store.get_json(f"request/{self.seen}")
+        if data is None:  # counter bumped, value not written yet
+            return None
+        self.seen += 1
+        data["members"] = tuple(data["members"])
+        return PlanRequest(**data)
+
+    def report(self, status: dict) -> None:
+        self.store.set_json("status", status)
+
+
+@dataclass
+class Generation:
+    plan: WorldPlan
+    started: float
+    results: dict[str, MemberResult] = field(default_factory=dict)
+    outcome: str | None = None
+
+
+class Coordinator:
+    def __init__(self, store: JobStore, spec: ModelSpec, source: PlanSource, *, global_batch: int,
+                 micro_batch: int = 1, heartbeat_timeout: float = 3.0,
+                 transition_timeout: float = 120.0) -> None:
+        self.store = store
+        self.spec = spec
+        self.source = source
+        self.global_batch = global_batch
+        self.micro_batch = micro_batch
+        self.heartbeat_timeout = heartbeat_timeout
+        self.transition_timeout = transition_timeout
+        self.current: WorldPlan | None = None  # the committed world
+        self.pending: Generation | None = None  # a generation being switched to
+        self.next_generation = 0
+        self.dead: set[str] = set()
+        self.history: list[dict] = []
+        self.telemetry: dict[str, dict] = {}
+        self._first_seen: dict[str, float] = {}
+
+    # ---- main loop ---------------------------------------------------------------------------
+    def run(self, stop_after: float | None = None, period: float = 0.05) -> None:
+        end = None if stop_after is None else time.monotonic() + stop_after
+        while end is None or time.monotonic() < end:
+            if self.store.has(Keys.STOP) and self.pending is None:
+                self._report()
+                return
+            self.tick()
+            time.sleep(period)
+
+    def tick(self) -> None:
+        self._watch_heartbeats()
+        self._collect_results()
+        if self.pending is None:
+            request = self.source.poll()
+            if request is not None:
+                self._start(request)
+
+    # ---- plans -------------------------------------------------------------------------------
+    def _start(self, request: PlanRequest) -> None:
+        members = tuple(m for m in request.members if m not in self.dead)
+        try:
+            if request.config is not None:
+                cfg = ParallelConfig.parse(request.config)
+            else:
+                base = (ParallelConfig.parse(self.current.config) if self.current
+                        else ParallelConfig())
+                cfg = fit_config(self.spec, base, len(members), self.global_batch, self.micro_batch)
+            cfg.validate(self.spec)
+            if cfg.world_size > len(members):
+                raise ConfigError("config", f"{cfg} needs {cfg.world_size} workers, {len(members)} given")
+        except ConfigError as e:
+            log.error("plan request rejected: %s", e)
+            self.history.append({"generation": None, "reason": request.reason, "outcome": f"rejected: {e}"})
+            self._report()
+            return
+        dead = tuple(sorted(self.dead & set(self.current.members))) if self.current else ()
+        if self.current is None:
+            ordered, standbys = members[: cfg.world_size], members[cfg.world_size:]
+        else:
+            from liveshard.runtime.agent.transition import order_members
+
+            try:
+                ordered, standbys = order_members(self.spec, self.current, str(cfg), members, dead)
+            except ConfigError as e:  # e.g. some state has no surviving copy
+                log.error("no transition to %s: %s", cfg, e)
+                self.history.append({"generation": None, "reason": request.reason,
+                                     "outcome": f"rejected: {e}"})
+                self._report()
+                return
+        plan = WorldPlan(
+            generation=self.next_generation,
+            config=str(cfg),
+            members=ordered,
+            standbys=standbys,
+            reason=request.reason,
+            previous=self.current.generation if self.current else None,
+            switch_at_step=request.switch_at_step,
+            deadline=request.deadline,
+            dead=dead,
+            created=time.time(),
+        )
+        self.next_generation += 1
+        self.pending = Generation(plan, time.monotonic())
+        self.store.publish_plan(plan)
+        log.info("published plan %d: %s on %d members (%s)", plan.generation, plan.config,
+                 len(plan.members), plan.reason)
+        self._report()
+
+    def _collect_results(self) -> None:
+        gen = self.pending
+        if gen is None:
+            return
+        plan = gen.plan
+        involved = (transition_members(self.current, plan) if self.current else plan.members)
+        involved = tuple(m for m in involved if m not in self.dead)
+        for m in involved:
+            if m not in gen.results:
+                text = self.store.get(Keys.result(plan.generation, m))
+                if text is not None:
+                    gen.results[m] = MemberResult.from_json(text)
+        failed = [m for m, r in gen.results.items() if not r.ok]
+        timed_out = time.monotonic() - gen.started > self.transition_timeout
+        lost = [m for m in plan.members if m in self.dead]
+        if failed or lost or timed_out or len(gen.results) == len(involved):
+            if failed:
+                outcome = f"aborted: {failed[0]}: {gen.results[failed[0]].error}"
+            elif lost:
+                outcome = f"aborted: member {lost[0]} died during the transition"
+            elif timed_out and len(gen.results) < len(involved):
+                missing = sorted(set(involved) - set(gen.results))
+                outcome = f"aborted: no result from {', '.join(missing[:3])} in {self.transition_timeout:.0f} s"
+            else:
+                outcome = "committed"
+            self._finish(gen, outcome)
+
+    def _finish(self, gen: Generation, outcome: str) -> None:
+        plan = gen.plan
+        gen.outcome = outcome
+        self.store.set(Keys.outcome(plan.generation), outcome)
+        phases: dict[str, float] = {}
+        for r in gen.results.values():
+            for k, v in r.phases.items():
+                phases[k] = max(phases.get(k, 0.0), v)
+        entry = {
+            "generation": plan.generation,
+            "config": plan.config,
+            "world_size": len(plan.members),
+            "reason": plan.reason,
+            "outcome": outcome,
+            "phases": phases,
+            "downtime": phases.get("downtime", 0.0),
+            "switch_step": max((r.step for r in gen.results.values()), default=-1),
+            "seconds": time.monotonic() - gen.started,
+        }
+        self.history.append(entry)
+        if outcome == "committed":
+            self.current = plan
+        self.pending = None
+        log.info("generation %d %s", plan.generation, outcome)
+        self._report()
+        if outcome != "committed" and self.current is not None:
+            alive_missing = [m for m in self.current.members if m in self.dead]
+            if alive_missing:
+                self._recover()
+
+    # ---- health ------------------------------------------------------------------------------
+    def _watch_heartbeats(self) -> None:
+        watched: set[str] = set()
+        if self.current:
+            watched |= set(self.current.members)
+        if self.pending:
+            watched |= set(self.pending.plan.members)
+        now = time.time()
+        newly_dead = []
+        for m in sorted(watched - self.dead):
+            hb = self.store.get_json(Keys.heartbeat(m))
+            if hb is None:
+                first = self._first_seen.setdefault(m, now)
+                if now - first > max(30.0, 10 * self.heartbeat_timeout):
+                    newly_dead.append(m)
+                continue
+            self.telemetry[m] = hb
+            if hb.get("state") == "exited":
+                continue
+            if now - hb["time"] > self.heartbeat_timeout:
+                newly_dead.append(m)
+        if not newly_dead:
+            return
+        self.dead.update(newly_dead)
+        log.warning("members without heartbeat: %s", ", ".join(newly_dead))
+        if self.pending is not None:
+            return  # _collect_results aborts it; recovery follows
+        if self.current and any(m in self.current.members for m in newly_dead):
+            self._recover()
+
+    def _recover(self) -> None:
+        assert self.current is not None
+        survivors = tuple(m for m in self.current.members if m not in self.dead)
+        self.store.set_json("recovery/requested", {"dead": sorted(self.dead), "time": time.time()})
+        self._start(PlanRequest(members=survivors, reason=f"lost {', '.join(sorted(self.dead))} without notice"))
+
+    # ---- status ------------------------------------------------------------------------------
+    def status(self) -> dict:
+        return {
+            "generation": self.current.generation if self.current else None,
+            "config": self.current.config if self.current else None,
+            "members": list(self.current.members) if self.current else [],
+            "standbys": list(self.current.standbys) if self.current else [],
+            "pending": self.pending.plan.generation if self.pending else None,
+            "dead": sorted(self.dead),
+            "history": self.history,
+            "telemetry": self.telemetry,
+        }
+
+    def _report(self) -> None:
+        status = self.status()
+        self.source.report(status)
+        self.store.set("coordinator/status", json.dumps(status, sort_keys=True, default=str))

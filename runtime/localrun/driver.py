@@ -1,0 +1,331 @@
+"""Drive a whole job on this machine: the real coordinator and workers as processes (CPU, gloo).
+
+``live`` mode sends each event to the coordinator as a plan request (a spot notice, a join, a
+config change) with ``switch_at_step`` set to the event's step, so the switch happens exactly
+there; ``kill`` events SIGKILL a worker at its step and leave detection and recovery to the
+runtime. ``checkpoint`` mode makes the same changes the way restart-based systems do: at the
+event's step every worker saves a megatron checkpoint and exits, and new processes start under
+the new config and load it (a kill restarts everybody from the last periodic checkpoint).
+
+The report (``run.json``) has, per step, the loss, config, world size and consumed samples; per
+event its kind, phase timings and downtime; and layout-independent checksums of the final state
+per logical tensor, so runs can be compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from liveshard.runtime.control.protocol import Keys
+from liveshard.runtime.control.replan import fit_config
+from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.localrun.events import Event
+from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.spec import ModelSpec
+
+
+@dataclass
+class RunSpec:
+    model: str  # preset or YAML path (passed to the processes)
+    spec: ModelSpec
+    workers: int
+    parallel: str
+    steps: int
+    global_batch: int
+    events: list[Event]
+    mode: str = "live"
+    seq_length: int = 32
+    micro_batch: int = 1
+    lr: float = 1e-3
+    seed: int = 1234
+    verify: bool = False
+    checkpoint_every: int = 0
+    heartbeat_timeout: float = 3.0
+    collective_timeout: float = 20.0
+    workdir: str | None = None
+    log: Any = None  # a file for progress lines (None: quiet)
+
+
+@dataclass
+class Procs:
+    coordinator: subprocess.Popen | None = None
+    workers: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def kill_all(self) -> None:
+        for p in [*self.workers.values(), self.coordinator]:
+            if p is not None and p.poll() is None:
+                p.kill()
+        for p in [*self.workers.values(), self.coordinator]:
+            if p is not None:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli() -> list[str]:
+    return [sys.executable, "-m", "liveshard.runtime.cli"]
+
+
+class LocalRun:
+    def __init__(self, run: RunSpec) -> None:
+        self.run = run
+        self.cfg = ParallelConfig.parse(run.parallel)
+        self.cfg.validate(run.spec)
+        if self.cfg.world_size > run.workers:
+            raise ConfigError("--parallel", f"{self.cfg} needs {self.cfg.world_size} workers, --workers is {run.workers}")
+        self.dir = Path(run.workdir or tempfile.mkdtemp(prefix="liveshard-run-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.procs = Procs()
+        self.started = time.time()
+
+    # ---- processes ---------------------------------------------------------------------------
+    def _env(self) -> dict:
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _logfile(self, name: str):
+        return open(self.dir / f"{name}.log", "ab")
+
+    def start_coordinator(self, port: int) -> None:
+        r = self.run
+        cmd = [*_cli(), "coordinator", "--host", "127.0.0.1", "--port", str(port), "--model", r.model,
+               "--global-batch", str(r.global_batch), "--micro-batch", str(r.micro_batch),
+               "--heartbeat-timeout", str(r.heartbeat_timeout)]
+        self.procs.coordinator = subprocess.Popen(cmd, stdout=self._logfile("coordinator"), stderr=subprocess.STDOUT,
+                                                  env=self._env())
+
+    def start_worker(self, wid: str, port: int, *, max_steps: int, extra: list[str] | None = None) -> None:
+        r = self.run
+        safe = wid.replace("/", "_")
+        cmd = [*_cli(), "worker", "--id", wid, "--coordinator", f"127.0.0.1:{port}", "--model", r.model,
+               "--global-batch", str(r.global_batch), "--micro-batch", str(r.micro_batch),
+               "--seq-length", str(r.seq_length), "--lr", str(r.lr), "--seed", str(r.seed),
+               "--max-steps", str(max_steps), "--collective-timeout", str(r.collective_timeout),
+               "--result", str(self.dir / f"{safe}.json"), *(extra or [])]
+        if r.verify:
+            cmd.append("--verify")
+        self.procs.workers[wid] = subprocess.Popen(cmd, stdout=self._logfile(safe), stderr=subprocess.STDOUT,
+                                                   env=self._env())
+
+    def connect(self, port: int, timeout: float = 60.0):
+        from liveshard.runtime.control.store import JobStore, connect_store
+
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                return JobStore(connect_store("127.0.0.1", port, timeout=30.0))
+            except Exception:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.2)
+
+    def say(self, text: str) -> None:
+        if self.run.log is not None:
+            print(f"[{time.time() - self.started:7.1f}s] {text}", file=self.run.log, flush=True)
+
+    # ---- live mode ---------------------------------------------------------------------------
+    def run_live(self) -> dict:
+        from liveshard.runtime.coordinator import PlanRequest, StorePlanSource
+
+        r = self.run
+        port = _free_port()
+        self.start_coordinator(port)
+        store = self.connect(port)
+        ids = [f"w{i}" for i in range(r.workers)]
+        joiners = [f"w{r.workers + i}" for i in range(sum(e.count for e in r.events if e.kind == "join"))]
+        # Joiners start now: imports and megatron set-up happen before they are admitted.
+        for wid in ids + joiners:
+            self.start_worker(wid, port, max_steps=r.steps)
+        StorePlanSource.post(store, PlanRequest(members=tuple(ids), config=str(self.cfg), reason="start"))
+        self.say(f"started {len(ids)} workers ({len(joiners)} joiners waiting), config {self.cfg}")
+        next_joiner = 0
+        status = self._wait_generation(store, 0)
+        for ev in r.events:
+            cur_members = tuple(status["members"])
+            standbys = [m for m in status.get("standbys", [])]
+            gen = status["generation"]
+            if ev.kind == "kill":
+                self._wait_step(store, cur_members, ev.step)
+                for rank in ev.ranks:
+                    victim = cur_members[rank]
+                    self.procs.workers[victim].send_signal(signal.SIGKILL)
+                    self.say(f"step {ev.step}: killed {victim} (rank {rank}) without notice")
+                status = self._wait_generation(store, gen + 1)
+                continue
+            if ev.kind == "leave":
+                gone = {cur_members[i] for i in ev.ranks}
+                members = tuple(m for m in cur_members if m not in gone) + tuple(standbys)
+                request = PlanRequest(members=members, reason=f"spot notice for rank(s) {list(ev.ranks)}",
+                                      switch_at_step=ev.step)
+            elif ev.kind == "join":
+                new = joiners[next_joiner: next_joiner + ev.count]
+                next_joiner += ev.count
+                request = PlanRequest(members=cur_members + tuple(standbys) + tuple(new),
+                                      reason=f"{ev.count} worker(s) joined", switch_at_step=ev.step)
+            else:
+                request = PlanRequest(members=cur_members + tuple(standbys), config=ev.config,
+                                      reason=f"config change to {ev.config}", switch_at_step=ev.step)
+            if request.config is None:
+                base = ParallelConfig.parse(status["config"])
+                request.config = str(fit_config(r.spec, base, len(request.members), r.global_batch, r.micro_batch))
+            StorePlanSource.post(store, request)
+            self.say(f"step {ev.step}: {ev.kind} -> {request.config} ({request.reason})")
+            status = self._wait_generation(store, gen + 1)
+            if status.get("last_outcome") != "committed":
+                raise RuntimeError(f"event {ev} ended {status.get('last_outcome')}")
+        self._wait_workers(timeout=600)
+        final = self._status(store)  # before the stop: the coordinator's store goes with it
+        store.set(Keys.STOP, "1")
+        try:
+            self.procs.coordinator.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.procs.coordinator.kill()
+        return self._report(final.get("history", []))
+
+    def _status(self, store) -> dict:
+        text = store.get("coordinator/status")
+        return json.loads(text) if text else {}
+
+    def _wait_generation(self, store, gen: int, timeout: float = 600.0) -> dict:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            st = self._status(store)
+            hist = [h for h in st.get("history", []) if h.get("generation") is not None]
+            done = [h for h in hist if h["generation"] >= gen]
+            if done and st.get("pending") is None:
+                st["last_outcome"] = done[-1]["outcome"]
+                self.say(f"generation {done[-1]['generation']}: {done[-1]['outcome']} "
+                         f"({done[-1]['config']}, {done[-1]['world_size']} ranks)")
+                return st
+            self._check_alive()
+            time.sleep(0.05)
+        raise TimeoutError(f"generation {gen} was not decided in {timeout:.0f} s")
+
+    def _wait_step(self, store, members: tuple[str, ...], step: int, timeout: float = 600.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            steps = [(store.get_json(Keys.heartbeat(m)) or {}).get("step") or 0 for m in members]
+            if min(steps) >= step:
+                return
+            self._check_alive()
+            time.sleep(0.01)
+        raise TimeoutError(f"workers did not reach step {step}")
+
+    def _check_alive(self) -> None:
+        c = self.procs.coordinator
+        if c is not None and c.poll() is not None:
+            raise RuntimeError(f"the coordinator exited with {c.returncode} (see {self.dir}/coordinator.log)")
+
+    def _wait_workers(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        for wid, p in self.procs.workers.items():
+            if p.returncode == -signal.SIGKILL:
+                continue
+            left = max(1.0, end - time.monotonic())
+            try:
+                p.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                # standbys wait for plans until told to stop
+                continue
+
+    # ---- report ------------------------------------------------------------------------------
+    def _worker_results(self) -> dict[str, dict]:
+        out = {}
+        # oldest first: a step recomputed after a restart takes the later record
+        for f in sorted(self.dir.glob("*.json"), key=lambda f: f.stat().st_mtime):
+            if f.name in ("run.json",):
+                continue
+            try:
+                data = json.loads(f.read_text())
+            except json.JSONDecodeError:
+                continue
+            out[data["id"]] = data
+        return out
+
+    def _report(self, history: list[dict]) -> dict:
+        results = self._worker_results()
+        steps: dict[int, dict] = {}
+        for res in results.values():
+            for rec in res["steps"]:
+                s = steps.get(rec["step"])
+                if s is None or s["generation"] != rec["generation"]:
+                    s = steps[rec["step"]] = {"step": rec["step"], "loss": None, "world_size": rec["world_size"],
+                                              "consumed_samples": rec["consumed_samples"],
+                                              "generation": rec["generation"], "time": rec["time"]}
+                if rec["loss"] is not None:
+                    s["loss"] = rec["loss"]
+                s["time"] = max(s["time"], rec["time"])
+        configs = {h["generation"]: h["config"] for h in history if h.get("generation") is not None}
+        ordered = [steps[k] for k in sorted(steps)]
+        for s in ordered:
+            s["config"] = configs.get(s["generation"])
+        checksums: dict[str, int] = {}
+        for res in results.values():
+            if res.get("phase") in ("exited",) and res.get("checksums"):
+                for k, v in res["checksums"].items():
+                    checksums[k] = (checksums.get(k, 0) + int(v)) % 2**64
+        events = self._event_report(history, ordered)
+        return {
+            "mode": self.run.mode,
+            "model": self.run.spec.name,
+            "workers": self.run.workers,
+            "global_batch": self.run.global_batch,
+            "steps": ordered,
+            "events": events,
+            "checksums": {k: f"{v:016x}" for k, v in sorted(checksums.items())},
+            "workdir": str(self.dir),
+        }
+
+    def _event_report(self, history: list[dict], steps: list[dict]) -> list[dict]:
+        times = {s["step"]: s["time"] for s in steps}
+        durations = [times[k] - times[k - 1] for k in sorted(times) if k - 1 in times]
+        typical = statistics.median(durations) if durations else 0.0
+        out = []
+        for ev, h in zip(self.run.events, [h for h in history if h.get("generation", 0)]):
+            s = ev.step
+            pause = (times[s + 1] - times[s]) if s in times and s + 1 in times else None
+            out.append({
+                "event": str(ev),
+                "kind": ev.kind,
+                "step": s,
+                "generation": h.get("generation"),
+                "config": h.get("config"),
+                "outcome": h.get("outcome"),
+                "phases": h.get("phases", {}),
+                # The training pause the change caused: the step that spans it, less a normal step.
+                "downtime": None if pause is None else max(0.0, pause - typical),
+                "typical_step_seconds": typical,
+            })
+        return out
+
+
+def run_local(run: RunSpec) -> dict:
+    job = LocalRun(run)
+    try:
+        if run.mode == "live":
+            return job.run_live()
+        from liveshard.runtime.localrun.restart import run_checkpoint_mode
+
+        return run_checkpoint_mode(job)
+    finally:
+        job.procs.kill_all()

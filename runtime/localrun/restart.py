@@ -1,0 +1,116 @@
+"""Checkpoint mode: the same world changes done the way restart-based systems do them.
+
+The run is cut into segments at the events. Each segment is a fresh set of processes (and a
+fresh coordinator) under one config that loads the previous segment's megatron checkpoint,
+trains up to the next event, saves and exits. A kill stops every process of the segment (as an
+elastic agent does when a member dies) and the next segment restarts from the last periodic
+checkpoint, recomputing the steps after it.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from liveshard.runtime.control.protocol import Keys
+from liveshard.runtime.control.replan import fit_config
+from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.localrun.driver import LocalRun, _free_port
+from liveshard.runtime.parallel import ParallelConfig
+
+
+def run_checkpoint_mode(job: LocalRun) -> dict:
+    from liveshard.runtime.coordinator import PlanRequest, StorePlanSource
+
+    r = job.run
+    if any(e.kind == "kill" for e in r.events) and not r.checkpoint_every:
+        raise ConfigError("--checkpoint-every", "a kill in checkpoint mode needs periodic checkpoints",
+                          "set --checkpoint-every N")
+    ckpt_root = job.dir / "checkpoints"
+    cfg = job.cfg
+    workers = r.workers
+    load_dir: Path | None = None
+    history: list[dict] = []
+    events = list(r.events)
+    seg = 0
+    start_step = 0
+    while True:
+        ev = events[0] if events else None
+        end_step = ev.step if ev is not None else r.steps
+        save_dir = ckpt_root / f"seg{seg}"
+        port = _free_port()
+        job.procs.workers.clear()
+        job.start_coordinator(port)
+        store = job.connect(port)
+        ids = [f"s{seg}w{i}" for i in range(cfg.world_size)]
+        for wid in ids:
+            extra: list[str] = []
+            if load_dir is not None:
+                extra += ["--load", str(load_dir)]
+            if ev is not None and ev.kind != "kill":
+                extra += ["--save-dir", str(save_dir), "--save-at-step", str(end_step)]
+            if r.checkpoint_every:
+                extra += ["--checkpoint-dir", str(ckpt_root / "periodic"), "--checkpoint-every",
+                          str(r.checkpoint_every)]
+            job.start_worker(wid, port, max_steps=r.steps, extra=extra)
+        t0 = time.time()
+        StorePlanSource.post(store, PlanRequest(members=tuple(ids), config=str(cfg), reason=f"segment {seg}"))
+        job.say(f"segment {seg}: {cfg} on {len(ids)} new processes from step {start_step}")
+        history.append({"generation": seg, "config": str(cfg), "world_size": cfg.world_size,
+                        "outcome": "committed", "reason": "start" if seg == 0 else str(prev_event),
+                        "phases": {}, "started": t0})
+        if ev is not None and ev.kind == "kill":
+            job._wait_step(store, tuple(ids), ev.step)
+            for rank in ev.ranks:
+                job.procs.workers[ids[rank]].send_signal(signal.SIGKILL)
+            job.say(f"step {ev.step}: killed rank(s) {list(ev.ranks)}; restarting everybody")
+            time.sleep(0.5)
+            for p in job.procs.workers.values():  # the elastic agent's reaction: stop the rest
+                if p.poll() is None:
+                    p.kill()
+            load_dir = _latest(ckpt_root / "periodic")
+            if load_dir is None:
+                raise RuntimeError("no periodic checkpoint to restart from")
+            workers -= len(ev.ranks)
+        else:
+            for p in job.procs.workers.values():
+                try:
+                    p.wait(timeout=900)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            if ev is None:
+                break
+            load_dir = save_dir
+            if ev.kind == "leave":
+                workers -= len(ev.ranks)
+            elif ev.kind == "join":
+                workers += ev.count
+        store.set(Keys.STOP, "1")
+        try:
+            job.procs.coordinator.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            job.procs.coordinator.kill()
+        if ev.kind == "parallel":
+            cfg = ParallelConfig.parse(ev.config)
+        else:
+            cfg = fit_config(r.spec, cfg, workers, r.global_batch, r.micro_batch)
+        prev_event = ev
+        events.pop(0)
+        seg += 1
+        start_step = ev.step
+    store.set(Keys.STOP, "1")
+    try:
+        job.procs.coordinator.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        job.procs.coordinator.kill()
+    report = job._report(history)
+    return report
+
+
+def _latest(directory: Path) -> Path | None:
+    if not directory.exists():
+        return None
+    done = sorted(p for p in directory.iterdir() if (p / "liveshard.json").exists())
+    return done[-1] if done else None

@@ -1,0 +1,252 @@
+"""Build a live megatron-core GPT model, DDP wrapper and optimizer from (ModelSpec, ParallelConfig).
+
+The same processes can tear a model down and build another one under a different parallel
+config (``destroy()`` then ``build_model()``): that is how a worker switches parallelism live.
+``torch.distributed`` must already be initialised with one rank per ``cfg.world_size``; the
+model-parallel groups are made on it with megatron's rank order ``tp-cp-ep-dp-pp``.
+
+On a CPU-only torch (gloo) ``compat.install()`` is applied first; models are then initialised
+on the CPU (``use_cpu_initialization``), which also makes the initial weights independent of
+the tensor-parallel degree (each rank slices the same full master weight).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.megatron import compat
+from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.spec import ModelSpec
+
+_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# ModelSpec fields that are TransformerConfig fields of the same name.
+_TRANSFORMER_FIELDS = (
+    "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "num_query_groups",
+    "kv_channels", "gated_linear_unit", "normalization", "add_bias_linear", "add_qkv_bias",
+    "qk_layernorm", "num_moe_experts", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+    "moe_router_topk",
+)
+
+# Process groups created by the last init_parallel(); destroy() frees them (megatron's own
+# destroy_model_parallel() frees only its gloo data-parallel groups).
+_groups: list[Any] = []
+
+
+@dataclass
+class BuiltModel:
+    """One rank's live model: the GPTModel, its DDP wrapper and the megatron optimizer."""
+
+    spec: ModelSpec
+    cfg: ParallelConfig
+    config: Any  # megatron TransformerConfig
+    model: Any  # GPTModel: sharded_state_dict() and parameter names live here
+    ddp: Any  # DistributedDataParallel around model (through Float16Module for 16-bit params)
+    optimizer: Any  # megatron ChainedOptimizer (dense, then expert-parallel)
+    seed: int
+    pre_process: bool
+    post_process: bool
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def chunks(self) -> list[Any]:
+        """Model chunks as megatron's schedules and ``finalize_model_grads`` take them."""
+        return [self.ddp]
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank()
+
+    def named_parameters(self) -> dict[str, torch.nn.Parameter]:
+        return dict(self.model.named_parameters())
+
+
+def init_parallel(cfg: ParallelConfig) -> None:
+    """Create megatron's model-parallel groups for ``cfg`` on the initialised default group."""
+    from megatron.core import parallel_state
+
+    if not dist.is_initialized():
+        raise ConfigError("torch.distributed", "is not initialised",
+                          "call torch.distributed.init_process_group before building a model")
+    world = dist.get_world_size()
+    if world != cfg.world_size:
+        raise ConfigError("parallel", f"config {cfg} needs {cfg.world_size} ranks, the process group "
+                                      f"has {world}", "make tp*pp*cp*dp equal the world size")
+    if parallel_state.model_parallel_is_initialized():
+        destroy()
+    with _recording_new_groups() as created:
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=cfg.tp,
+            pipeline_model_parallel_size=cfg.pp,
+            context_parallel_size=cfg.cp,
+            expert_model_parallel_size=cfg.ep,
+            expert_tensor_parallel_size=cfg.expert_tp,
+            order="tp-cp-ep-dp-pp",
+        )
+    _groups[:] = created
+
+
+def transformer_config(spec: ModelSpec, cfg: ParallelConfig, **overrides: Any) -> Any:
+    """The megatron ``TransformerConfig`` for ``spec`` under ``cfg``."""
+    from megatron.core.transformer import TransformerConfig
+
+    spec.require_supported()
+    cfg.validate(spec)
+    if cfg.cp > 1 and not torch.cuda.is_available():
+        raise ConfigError("cp", "context parallelism needs TransformerEngine attention (GPU only)",
+                          "use cp=1 on CPU")
+    if spec.is_moe and max(cfg.tp, cfg.expert_tp) > 1 and not torch.cuda.is_available():
+        raise ConfigError("etp", "MoE with tensor-parallel experts needs sequence parallelism, which "
+                                 "needs Apex or TransformerEngine (GPU only)", "use tp=1 for MoE on CPU")
+    kwargs: dict[str, Any] = {name: getattr(spec, name) for name in _TRANSFORMER_FIELDS}
+    dtype = _TORCH_DTYPES[spec.params_dtype]
+    kwargs.update(
+        tensor_model_parallel_size=cfg.tp,
+        pipeline_model_parallel_size=cfg.pp,
+        context_parallel_size=cfg.cp,
+        expert_model_parallel_size=cfg.ep,
+        expert_tensor_parallel_size=cfg.expert_tp,
+        sequence_parallel=spec.is_moe and cfg.tp > 1,  # megatron requires it for MoE with TP
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=spec.params_dtype == "bf16",
+        fp16=spec.params_dtype == "fp16",
+        use_cpu_initialization=not torch.cuda.is_available(),
+        perform_initialization=True,
+    )
+    if spec.gated_linear_unit:
+        kwargs["activation_func"] = torch.nn.functional.silu  # SwiGLU
+    if spec.is_moe:
+        # "alltoall" needs CUDA streams; "allgather" is the dispatcher that runs everywhere.
+        kwargs["moe_token_dispatcher_type"] = ("alltoall" if torch.cuda.is_available()
+                                               else "allgather")
+    stages = cfg.stage_layers(spec.num_layers)
+    if cfg.pp > 1 and len(set(stages)) > 1:
+        # An arbitrary per-stage split: embedding on the first stage, loss on the last.
+        layout = [["decoder"] * n for n in stages]
+        layout[0].insert(0, "embedding")
+        layout[-1].append("loss")
+        kwargs["pipeline_model_parallel_layout"] = layout
+    kwargs.update(overrides)
+    return TransformerConfig(**kwargs)
+
+
+def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: float = 1e-3,
+                weight_decay: float = 0.0, clip_grad: float = 1.0, grad_reduce_in_fp32: bool = True,
+                init_parallel_state: bool = True, **config_overrides: Any) -> BuiltModel:
+    """Build this rank's part of ``spec`` under ``cfg``: GPTModel, DDP, Adam optimizer.
+
+    ``config_overrides`` go to ``TransformerConfig`` (e.g. ``hidden_dropout=0.0``).
+    Deterministic: the same (spec, cfg, seed) gives the same weights on every run.
+    """
+    compat.install()
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.transformer.module import Float16Module
+
+    config = transformer_config(spec, cfg, **config_overrides)
+    if init_parallel_state:
+        init_parallel(cfg)
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+
+    pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=True)
+    post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    layer_spec = get_gpt_layer_local_spec(
+        num_experts=spec.num_moe_experts,
+        qk_layernorm=spec.qk_layernorm,
+        normalization=spec.normalization,
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec,
+        vocab_size=spec.padded_vocab_size,
+        max_sequence_length=spec.max_sequence_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=spec.share_embeddings_and_output_weights,
+        position_embedding_type=spec.position_embedding_type,
+    )
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    module: Any = Float16Module(config, model) if (config.bf16 or config.fp16) else model
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=grad_reduce_in_fp32 and spec.params_dtype != "fp32",
+        overlap_grad_reduce=cfg.bucket_size is not None,
+        use_distributed_optimizer=cfg.dist_opt,
+        bucket_size=cfg.bucket_size,
+    )
+    ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module)
+
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=lr,
+            weight_decay=weight_decay,
+            clip_grad=clip_grad,
+            bf16=config.bf16,
+            fp16=config.fp16,
+            params_dtype=config.params_dtype,
+            use_distributed_optimizer=cfg.dist_opt,
+        ),
+        [ddp],
+    )
+
+    # What megatron's training loop wires up: grad all-reduce (DP, tied embeddings across the
+    # pipeline, num-token scaling) after the last microbatch; no-sync while accumulating.
+    config.finalize_model_grads_func = finalize_model_grads
+    if ddp_config.overlap_grad_reduce:
+        config.no_sync_func = ddp.no_sync
+    return BuiltModel(spec=spec, cfg=cfg, config=config, model=model, ddp=ddp, optimizer=optimizer,
+                      seed=seed, pre_process=pre_process, post_process=post_process)
+
+
+def destroy() -> None:
+    """Tear down megatron's parallel state and free its process groups, so a new config can build.
+
+    Drop every reference to the old ``BuiltModel`` as well: its DDP buffers and optimizer hold
+    the groups being freed here.
+    """
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    live = dist.distributed_c10d._world.pg_map if dist.is_initialized() else {}
+    for group in _groups:
+        if group is not None and group in live:
+            dist.destroy_process_group(group)
+    _groups.clear()
+
+
+@contextmanager
+def _recording_new_groups() -> Iterator[list[Any]]:
+    created: list[Any] = []
+    real = dist.new_group
+
+    def new_group(*args: Any, **kwargs: Any) -> Any:
+        group = real(*args, **kwargs)
+        created.append(group)
+        return group
+
+    dist.new_group = new_group  # type: ignore[assignment]
+    try:
+        yield created
+    finally:
+        dist.new_group = real  # type: ignore[assignment]
+
+
+__all__ = ["BuiltModel", "build_model", "destroy", "init_parallel", "transformer_config"]

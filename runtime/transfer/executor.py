@@ -1,0 +1,317 @@
+"""Run a transition plan on real tensors over torch.distributed.
+
+Every process of the transition (old ranks, joiners, standbys, leavers; device ``d`` is process
+``ranks[d]`` of ``group``) calls ``execute`` with the same plan and schedule:
+
+1. new local tensors are allocated (same device as the old shards), except that a new tensor
+   that is exactly an old tensor kept in place is the old tensor itself (no copy);
+2. local copies (pieces a device already holds) are copied;
+3. each round packs one staging buffer per peer, exchanges all of them in one batched P2P group
+   (``batch_isend_irecv``) or one ``all_to_all_single``, and unpacks;
+4. small objects (step, scheduler, data position, RNG states) travel as pickled bytes;
+5. with ``verify``, every piece is checksummed at its source and its destination and the
+   checksums compared; all ranks agree on the verdict (an all-reduce) before success.
+
+The old store is only read, never written: a failure at any point (exception, dead peer,
+checksum mismatch) leaves the old state intact, and the caller commits by swapping in the
+returned store. ``release_old`` drops each old tensor from the old store after its last read
+(less peak memory, no rollback).
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from liveshard.runtime.transfer import packing
+from liveshard.runtime.transfer.storage import TORCH_DTYPES, DictStore
+from liveshard.runtime.vps.schedule import Chunk, Schedule
+from liveshard.runtime.vps.shards import local_tensor_shapes
+from liveshard.runtime.vps.transition import TransitionPlan
+
+MODES = ("p2p", "a2a")
+
+
+class TransferError(RuntimeError):
+    """The transition failed; the old state is untouched."""
+
+
+@dataclass
+class TransferStats:
+    seconds: float = 0.0
+    local_seconds: float = 0.0
+    rounds_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    local_bytes: int = 0
+    aliased_bytes: int = 0
+    peak_staging_bytes: int = 0  # measured: send + receive buffers alive at once
+    peak_extra_bytes: int = 0  # new tensors + staging - released old tensors, at its highest
+    verified: bool = False
+    round_seconds: list[float] = field(default_factory=list)
+
+
+@dataclass
+class TransferResult:
+    store: DictStore
+    objects: dict[str, Any]
+    stats: TransferStats
+
+
+def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStore,
+            old_objects: dict[str, Any] | None = None, *, mode: str = "p2p", verify: bool = False,
+            group: dist.ProcessGroup | None = None, ranks: list[int] | None = None,
+            release_old: bool = False, tensor_device: torch.device | str | None = None) -> TransferResult:
+    """Run the transition as device ``device_id``; returns its new shards (empty for non-members)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    t_start = time.perf_counter()
+    stats = TransferStats()
+    member = device_id < plan.devices.num_devices
+    rank_of = (lambda d: d) if ranks is None else ranks.__getitem__
+    dev = torch.device(tensor_device) if tensor_device is not None else _device_of(old)
+    new_rank = plan.device_to_rank.get(device_id) if member else None
+    copies = plan.copies
+
+    # 1. new tensors, aliasing those kept whole and in place
+    new = DictStore()
+    alias = _aliases(plan, device_id, new_rank, old) if new_rank is not None else {}
+    allocated = 0
+    if new_rank is not None:
+        for state, per in local_tensor_shapes(plan.new_layout, new_rank).items():
+            dtype = TORCH_DTYPES[plan.new_layout.dtype(state)]
+            out = new.tensors.setdefault(state, {})
+            for name, shape in per.items():
+                src = alias.get((state, name))
+                if src is not None:
+                    out[name] = old.get(state, src)
+                    stats.aliased_bytes += out[name].numel() * out[name].element_size()
+                else:
+                    out[name] = torch.empty(shape, dtype=dtype, device=dev)
+                    allocated += out[name].numel() * out[name].element_size()
+    released = 0
+    peak_extra = allocated
+
+    # 2. local copies
+    t0 = time.perf_counter()
+    aliased_names = {name for (_, name) in alias}
+    for ci, c in enumerate(copies):
+        if c.src != device_id or c.dst != device_id:
+            continue
+        g = plan.groups[c.group]
+        if c.dst_view[0] in aliased_names and all((s, c.dst_view[0]) in alias for s in g.states):
+            continue
+        ch = Chunk(ci, (0,) * len(c.shape), c.shape, c.nbytes, 0, -1)
+        for state in g.states:
+            packing.piece(new, state, c.dst_view, c.dst_rel, ch).copy_(
+                packing.piece(old, state, c.src_view, c.src_rel, ch))
+        stats.local_bytes += c.nbytes
+    stats.local_seconds = time.perf_counter() - t0
+    if release_old and member:
+        released += _release(plan, sched, device_id, old, -1, alias)
+
+    # 3. rounds
+    t0 = time.perf_counter()
+    per_round = sched.for_device(device_id, copies) if member else [({}, {})] * sched.rounds
+    sent_sums: dict[int, list[int]] = {}
+    group_size = dist.get_world_size(group)
+    for r, (sends, recvs) in enumerate(per_round):
+        tr = time.perf_counter()
+        send_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=dev)
+                     for p, chs in sends.items()}
+        recv_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=dev)
+                     for p, chs in recvs.items()}
+        staging = sum(b.numel() for b in send_bufs.values()) + sum(b.numel() for b in recv_bufs.values())
+        stats.peak_staging_bytes = max(stats.peak_staging_bytes, staging)
+        peak_extra = max(peak_extra, allocated - released + staging)
+        for p, chs in sends.items():
+            packing.pack(send_bufs[p], chs, plan, old)
+            if verify:
+                sent_sums.setdefault(p, []).extend(_chunk_sums(chs, plan, old, src_side=True))
+        if mode == "p2p":
+            _exchange_p2p(send_bufs, recv_bufs, rank_of, group)
+        else:
+            _exchange_a2a(send_bufs, recv_bufs, rank_of, group, group_size, dev)
+        for p, chs in recvs.items():
+            packing.unpack(recv_bufs[p], chs, plan, new)
+        stats.bytes_sent += sum(ch.nbytes for chs in sends.values() for ch in chs)
+        stats.bytes_received += sum(ch.nbytes for chs in recvs.values() for ch in chs)
+        del send_bufs, recv_bufs
+        if release_old and member:
+            released += _release(plan, sched, device_id, old, r, alias)
+        stats.round_seconds.append(time.perf_counter() - tr)
+    stats.rounds_seconds = time.perf_counter() - t0
+    stats.peak_extra_bytes = peak_extra
+
+    # 4. small objects
+    new_objects = _move_objects(plan, device_id, old_objects or {}, rank_of, group, dev) if member else {}
+
+    # 5. verification
+    if verify:
+        t0 = time.perf_counter()
+        ok = _verify(plan, per_round, device_id, old, new, sent_sums, rank_of, group, dev) if member else True
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        stats.verify_seconds = time.perf_counter() - t0
+        if not int(flag.item()):
+            raise TransferError("checksums differ between sources and destinations"
+                                + ("" if ok else f" (device {device_id} saw a mismatch)"))
+        stats.verified = True
+    stats.seconds = time.perf_counter() - t_start
+    return TransferResult(new if new_rank is not None else DictStore(), new_objects, stats)
+
+
+def _device_of(store: DictStore) -> torch.device:
+    for _, _, t in store.items():
+        return t.device
+    return torch.device("cpu")
+
+
+def _aliases(plan: TransitionPlan, device_id: int, new_rank: int, old: DictStore) -> dict[tuple[str, str], str]:
+    """(state, new name) -> old name, for new tensors that are an old tensor kept whole, in place."""
+    if device_id >= plan.devices.old_world:
+        return {}
+    incoming: dict[tuple[int, str], list] = {}
+    for c in plan.copies:
+        if c.dst == device_id:
+            incoming.setdefault((c.group, c.dst_view[0]), []).append(c)
+    shapes = local_tensor_shapes(plan.new_layout, new_rank)
+    out: dict[tuple[str, str], str] = {}
+    for (gi, name), cs in incoming.items():
+        src_name = cs[0].src_view[0]
+        if not all(c.src == device_id and c.src_view == c.dst_view and c.src_rel == c.dst_rel
+                   and c.src_view[0] == src_name for c in cs):
+            continue
+        g = plan.groups[gi]
+        covered = sum(_numel(c.shape) for c in cs)
+        for state in g.states:
+            try:
+                t = old.get(state, src_name)
+            except KeyError:
+                break
+            if tuple(t.shape) != tuple(shapes[state][name]) or covered != t.numel():
+                break
+        else:
+            for state in g.states:
+                out[state, name] = src_name
+    return out
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _release(plan, sched: Schedule, device_id: int, old: DictStore, after_round: int, alias) -> int:
+    """Drop old tensors last read in ``after_round``; returns the bytes released."""
+    kept = set(alias.values())
+    freed = 0
+    for (d, gi, name), last in sched.last_read.items():
+        if d != device_id or last != after_round or name in kept:
+            continue
+        for state in plan.groups[gi].states:
+            try:
+                t = old.get(state, name)
+            except KeyError:
+                continue
+            freed += t.numel() * t.element_size()
+            old.release(state, name)
+    return freed
+
+
+def _exchange_p2p(send_bufs, recv_bufs, rank_of, group) -> None:
+    ops = [dist.P2POp(dist.isend, buf, rank_of(p), group) for p, buf in sorted(send_bufs.items())]
+    ops += [dist.P2POp(dist.irecv, buf, rank_of(p), group) for p, buf in sorted(recv_bufs.items())]
+    if ops:
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+
+
+def _exchange_a2a(send_bufs, recv_bufs, rank_of, group, group_size: int, dev) -> None:
+    in_splits = [0] * group_size
+    out_splits = [0] * group_size
+    order_in = sorted((rank_of(p), buf) for p, buf in send_bufs.items())
+    order_out = sorted((rank_of(p), buf) for p, buf in recv_bufs.items())
+    for gr, buf in order_in:
+        in_splits[gr] = buf.numel()
+    for gr, buf in order_out:
+        out_splits[gr] = buf.numel()
+    send = torch.cat([b for _, b in order_in]) if order_in else torch.empty(0, dtype=torch.uint8, device=dev)
+    recv = torch.empty(sum(out_splits), dtype=torch.uint8, device=dev)
+    dist.all_to_all_single(recv, send, out_splits, in_splits, group=group)
+    pos = 0
+    for _, buf in order_out:
+        buf.copy_(recv[pos:pos + buf.numel()])
+        pos += buf.numel()
+
+
+def _chunk_sums(chs: list[Chunk], plan, store, src_side: bool) -> list[int]:
+    out = []
+    for ch in chs:
+        c = plan.copies[ch.copy]
+        view, rel = (c.src_view, c.src_rel) if src_side else (c.dst_view, c.dst_rel)
+        for state in plan.groups[c.group].states:
+            out.append(packing.checksum(packing.piece(store, state, view, rel, ch)))
+    return out
+
+
+def _verify(plan, per_round, device_id: int, old, new, sent_sums, rank_of, group, dev) -> bool:
+    ok = True
+    for ci, c in enumerate(plan.copies):  # local copies: compare directly
+        if c.src == device_id and c.dst == device_id:
+            ch = Chunk(ci, (0,) * len(c.shape), c.shape, c.nbytes, 0, -1)
+            for state in plan.groups[c.group].states:
+                a = packing.piece(old, state, c.src_view, c.src_rel, ch)
+                b = packing.piece(new, state, c.dst_view, c.dst_rel, ch)
+                if packing.checksum(a) != packing.checksum(b):
+                    ok = False
+    received: dict[int, list[Chunk]] = {}
+    for _, recvs in per_round:
+        for p, chs in recvs.items():
+            received.setdefault(p, []).extend(chs)
+    send_bufs = {p: torch.tensor(v, dtype=torch.int64, device=dev) for p, v in sent_sums.items()}
+    recv_bufs = {p: torch.empty(sum(len(plan.groups[plan.copies[ch.copy].group].states) for ch in chs),
+                                dtype=torch.int64, device=dev) for p, chs in received.items()}
+    _exchange_p2p(send_bufs, recv_bufs, rank_of, group)
+    for p, chs in received.items():
+        if recv_bufs[p].tolist() != _chunk_sums(chs, plan, new, src_side=False):
+            ok = False
+    return ok
+
+
+def _move_objects(plan: TransitionPlan, device_id: int, old_objects: dict[str, Any], rank_of,
+                  group, dev) -> dict[str, Any]:
+    """Pickled small objects: a round of sizes, then a round of payloads (P2P)."""
+    out: dict[str, Any] = {}
+    outgoing: dict[int, list[bytes]] = {}
+    incoming: dict[int, list[str]] = {}
+    for m in plan.objects:
+        if m.src == device_id and m.dst == device_id:
+            out[m.name] = pickle.loads(pickle.dumps(old_objects.get(m.name)))
+        elif m.src == device_id:
+            outgoing.setdefault(m.dst, []).append(pickle.dumps(old_objects.get(m.name)))
+        elif m.dst == device_id:
+            incoming.setdefault(m.src, []).append(m.name)
+    size_send = {p: torch.tensor([len(b) for b in bs], dtype=torch.int64, device=dev) for p, bs in outgoing.items()}
+    size_recv = {p: torch.empty(len(names), dtype=torch.int64, device=dev) for p, names in incoming.items()}
+    _exchange_p2p(size_send, size_recv, rank_of, group)
+    data_send = {p: torch.frombuffer(bytearray(b"".join(bs)), dtype=torch.uint8).to(dev)
+                 for p, bs in outgoing.items() if sum(map(len, bs))}
+    data_recv = {p: torch.empty(int(size_recv[p].sum()), dtype=torch.uint8, device=dev) for p in incoming
+                 if int(size_recv[p].sum())}
+    _exchange_p2p(data_send, data_recv, rank_of, group)
+    for p, names in incoming.items():
+        raw = data_recv[p].cpu().numpy().tobytes() if p in data_recv else b""
+        pos = 0
+        for name, n in zip(names, size_recv[p].tolist()):
+            out[name] = pickle.loads(raw[pos:pos + n])
+            pos += n
+    return out

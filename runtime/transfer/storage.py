@@ -1,0 +1,70 @@
+"""Where a rank keeps its shards: a mapping (state, local tensor name) -> tensor.
+
+The executor reads old shards and writes new ones only through ``ShardStore``; ``DictStore``
+is the plain in-memory implementation (tests, ``reshard-local``, benchmarks); the runtime backs
+the same interface with megatron's parameters and optimizer shards. ``view_of`` turns a region's
+``(local_name, local_offset, local_shape)`` into a tensor view: a box of the local tensor, or,
+for distributed-optimizer shards (a flat tensor), a flat slice reshaped to the box.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+from liveshard.runtime.vps.layout import Layout
+from liveshard.runtime.vps.region import Shape, volume
+from liveshard.runtime.vps.shards import is_flat, local_tensor_shapes
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class ShardStore(Protocol):
+    def get(self, state: str, name: str) -> torch.Tensor: ...
+
+    def release(self, state: str, name: str) -> None:
+        """Drop the store's reference (memory is freed once nobody else holds the tensor)."""
+
+
+class DictStore:
+    """``tensors[state][local_name] -> tensor``."""
+
+    def __init__(self, tensors: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
+        self.tensors: dict[str, dict[str, torch.Tensor]] = tensors if tensors is not None else {}
+
+    def get(self, state: str, name: str) -> torch.Tensor:
+        return self.tensors[state][name]
+
+    def release(self, state: str, name: str) -> None:
+        self.tensors.get(state, {}).pop(name, None)
+
+    def items(self) -> Iterator[tuple[str, str, torch.Tensor]]:
+        for state, per in self.tensors.items():
+            for name, t in per.items():
+                yield state, name, t
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for _, _, t in self.items())
+
+
+def allocate(layout: Layout, rank: int, device: torch.device | str = "cpu") -> DictStore:
+    """Uninitialised tensors for everything ``rank`` holds in ``layout``."""
+    shapes = local_tensor_shapes(layout, rank)
+    return DictStore({state: {name: torch.empty(shape, dtype=TORCH_DTYPES[layout.dtype(state)], device=device)
+                              for name, shape in per.items()}
+                      for state, per in shapes.items()})
+
+
+def view_of(t: torch.Tensor, view: tuple[str, Shape, Shape]) -> torch.Tensor:
+    """The region ``view`` = (name, local_offset, local_shape) inside its local tensor ``t``."""
+    _, loff, lshape = view
+    if not is_flat(loff, lshape) and len(lshape) == t.dim():
+        return t[tuple(slice(o, o + s) for o, s in zip(loff, lshape))]
+    start = loff[0]
+    return t.view(-1)[start:start + volume(lshape)].view(lshape)
+
+
+def sub_box(v: torch.Tensor, offset: Shape, shape: Shape) -> torch.Tensor:
+    return v[tuple(slice(o, o + s) for o, s in zip(offset, shape))]

@@ -1,0 +1,371 @@
+"""Transition plan: for every piece of training state each new rank needs, where it comes from.
+
+``plan_transition(spec, old_cfg, new_cfg, devices)`` intersects the old and new layouts and
+returns a ``TransitionPlan``: the device that runs each new rank, and a list of ``Copy``s (one
+box of one logical tensor, for every state of a state group, from a source device's local
+tensor to a destination device's new local tensor). Source choice, in order:
+
+1. keep data where it is: a device that already holds a piece copies it locally;
+2. otherwise every surviving old holder is a candidate (DP replicas, TP-replicated norms,
+   tied-embedding copies, standbys and leaving devices included); pieces are assigned largest
+   first (LPT) to the candidate with the fewest bytes to send, except that a candidate on the
+   destination's node is taken whenever its load stays within the lower bound
+   (``bound.lower_bound``), so locality never costs balance.
+
+The plan is a pure function of its inputs: every rank computes the same plan with no
+communication, and ``checksum`` (sha256 over the canonical plan) lets ranks confirm it before
+data moves. Plans are cached per (model, old config, new config, device map).
+Pure: no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from typing import NamedTuple
+
+from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.spec import ModelSpec
+from liveshard.runtime.vps.boxes import BoxIndex, Geometry, View, build_geometry, geometry_of
+from liveshard.runtime.vps.devices import DeviceMap
+from liveshard.runtime.vps.layout import Layout
+from liveshard.runtime.vps.mapping import assign_devices
+from liveshard.runtime.vps.region import Shape, volume
+
+
+class NoSurvivingCopy(ConfigError):
+    """Some piece of state is held only by dead devices: the job needs its last checkpoint."""
+
+
+@dataclass(frozen=True)
+class StateGroup:
+    """States that share one geometry in the old layout and one in the new: they move together."""
+
+    states: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    itemsizes: tuple[int, ...]
+    old_geometry: str
+    new_geometry: str
+
+    @property
+    def itemsum(self) -> int:
+        return sum(self.itemsizes)
+
+
+class Copy(NamedTuple):
+    """Box ``[offset, offset + shape)`` of ``key``, every state of ``group``, src -> dst.
+
+    A view is (local tensor name, region local_offset, region local_shape) as in ``Region``;
+    ``*_rel`` is the piece's start inside that region (local dims). ``shape`` has local dims.
+    """
+
+    src: int
+    dst: int
+    group: int
+    key: str
+    offset: Shape
+    shape: Shape
+    src_view: View
+    src_rel: Shape
+    dst_view: View
+    dst_rel: Shape
+    nbytes: int  # all states of the group together
+
+
+class ObjectMove(NamedTuple):
+    """A small object (step, RNG state, ...) held as ``name`` by old rank ``src_rank``."""
+
+    name: str
+    src: int  # device
+    dst: int  # device
+    src_rank: int  # old rank whose object it is (== src device)
+    dst_rank: int  # new rank that gets it
+
+
+# Small objects a training rank carries. Global ones are the same on every rank (any old rank
+# can serve them); per-rank ones belong to one old rank.
+GLOBAL_OBJECTS = ("step", "scheduler", "data_cursor")
+PER_RANK_OBJECTS = ("rng",)
+
+
+@dataclass
+class TransitionPlan:
+    spec: ModelSpec
+    old_cfg: ParallelConfig
+    new_cfg: ParallelConfig
+    devices: DeviceMap
+    groups: tuple[StateGroup, ...]
+    rank_to_device: tuple[int, ...]
+    copies: list[Copy]  # local (src == dst) and network copies
+    objects: list[ObjectMove]
+    lower_bound: dict = field(default_factory=dict)  # see bound.lower_bound
+    plan_seconds: float = 0.0
+
+    @cached_property
+    def old_layout(self) -> Layout:
+        return Layout(self.spec, self.old_cfg)
+
+    @cached_property
+    def new_layout(self) -> Layout:
+        return Layout(self.spec, self.new_cfg)
+
+    @cached_property
+    def device_to_rank(self) -> dict[int, int]:
+        return {d: r for r, d in enumerate(self.rank_to_device)}
+
+    @property
+    def standbys(self) -> tuple[int, ...]:
+        used = set(self.rank_to_device)
+        return tuple(d for d in self.devices.available if d not in used)
+
+    @cached_property
+    def network_copies(self) -> list[Copy]:
+        return [c for c in self.copies if c.src != c.dst]
+
+    @cached_property
+    def link_bytes(self) -> tuple[list[int], list[int]]:
+        """(bytes each device sends, bytes each device receives) over links."""
+        n = self.devices.num_devices
+        send, recv = [0] * n, [0] * n
+        for c in self.network_copies:
+            send[c.src] += c.nbytes
+            recv[c.dst] += c.nbytes
+        return send, recv
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(self.link_bytes[0])
+
+    @property
+    def local_copy_bytes(self) -> int:
+        return sum(c.nbytes for c in self.copies if c.src == c.dst)
+
+    @property
+    def bottleneck_bytes(self) -> int:
+        send, recv = self.link_bytes
+        return max(max(send, default=0), max(recv, default=0))
+
+    @cached_property
+    def checksum(self) -> str:
+        h = hashlib.sha256()
+        h.update(repr((str(self.old_cfg), str(self.new_cfg), sorted(self.spec.to_dict().items()),
+                       sorted(self.devices.describe().items()), self.rank_to_device,
+                       [tuple(g) for g in (
+                           (g.states, g.dtypes, g.old_geometry, g.new_geometry) for g in self.groups)])).encode())
+        h.update("".join(map(tuple.__repr__, self.copies)).encode())
+        h.update("".join(map(tuple.__repr__, self.objects)).encode())
+        return h.hexdigest()
+
+
+def state_groups(old: Layout, new: Layout) -> tuple[StateGroup, ...]:
+    by_geom: dict[tuple[str, str], list[str]] = {}
+    for s in old.states:
+        by_geom.setdefault((geometry_of(old, s), geometry_of(new, s)), []).append(s)
+    return tuple(
+        StateGroup(tuple(states), tuple(old.dtype(s) for s in states),
+                   tuple(old.itemsize(s) for s in states), og, ng)
+        for (og, ng), states in by_geom.items())
+
+
+def plan_transition(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig,
+                    devices: DeviceMap | None = None) -> TransitionPlan:
+    """The transition plan (cached: the same inputs return the same plan object)."""
+    if devices is None:
+        devices = DeviceMap(old_cfg.world_size)
+    return _plan_cached(spec, old_cfg, new_cfg, devices)
+
+
+@lru_cache(maxsize=16)
+def _plan_cached(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig,
+                 devices: DeviceMap) -> TransitionPlan:
+    from liveshard.runtime.vps.bound import lower_bound
+
+    t0 = time.perf_counter()
+    if devices.old_world != old_cfg.world_size:
+        raise ConfigError("--from", f"the old config has {old_cfg.world_size} ranks but the device map "
+                                    f"{devices.old_world} old devices", "old rank i runs on device i")
+    old, new = Layout(spec, old_cfg), Layout(spec, new_cfg)
+    devices.check_fits(new_cfg.world_size)
+    groups = state_groups(old, new)
+    old_geo = {g.old_geometry: None for g in groups}
+    new_geo = {g.new_geometry: None for g in groups}
+    og: dict[str, Geometry] = {k: build_geometry(old, k) for k in old_geo}
+    ng: dict[str, Geometry] = {k: build_geometry(new, k) for k in new_geo}
+
+    inters, overlap = _intersect(groups, og, ng)
+    any_old, any_new = next(iter(og.values())), next(iter(ng.values()))
+    rank_to_device = assign_devices(new_cfg.world_size, devices, overlap,
+                                    (any_new.class_members, any_new.rank_class),
+                                    (any_old.class_members, any_old.rank_class))
+    copies, demands = _local_copies_and_demands(inters, groups, rank_to_device, devices)
+    bound = lower_bound(demands, devices.num_devices)
+    copies.extend(_choose_sources(demands, devices, bound["lower_bound_bytes"]))
+    objects = object_moves(old_cfg, new_cfg, rank_to_device, devices)
+    plan = TransitionPlan(spec, old_cfg, new_cfg, devices, groups, rank_to_device, copies, objects, bound)
+    plan.plan_seconds = time.perf_counter() - t0
+    return plan
+
+
+# An intersection: (state group index, new box, old box, common offset, common shape).
+Inter = tuple
+
+
+def _intersect(groups: tuple[StateGroup, ...], og: dict[str, Geometry],
+               ng: dict[str, Geometry]) -> tuple[list[Inter], dict[tuple[int, int], int]]:
+    inters: list[Inter] = []
+    overlap: dict[tuple[int, int], int] = defaultdict(int)
+    done_pairs: dict[tuple[str, str], list[Inter]] = {}
+    for gi, g in enumerate(groups):
+        geo_pair = (g.old_geometry, g.new_geometry)
+        cached = done_pairs.get(geo_pair)
+        if cached is None:
+            cached = done_pairs[geo_pair] = _intersect_geometries(og[g.old_geometry], ng[g.new_geometry])
+        w_per_elem = g.itemsum
+        for nb, ob, off, shp in cached:
+            inters.append((gi, nb, ob, off, shp))
+            w = volume(shp) * w_per_elem
+            for cn, _, _ in nb.groups:
+                for co, _, _ in ob.groups:
+                    overlap[cn, co] += w
+    return inters, overlap
+
+
+def _intersect_geometries(old: Geometry, new: Geometry) -> list[tuple]:
+    out: list[tuple] = []
+    for key, nboxes in new.boxes.items():
+        oboxes = old.boxes.get(key)
+        if oboxes is None:
+            raise ConfigError("--to", f"tensor {key} is in the new layout but not in the old one")
+        index: BoxIndex | None = None
+        for k, nb in nboxes.items():
+            ob = oboxes.get(k)
+            if ob is not None:  # same box in both layouts (old boxes never partly overlap)
+                out.append((nb, ob, nb.offset, nb.shape))
+                continue
+            if index is None:
+                index = BoxIndex(list(oboxes.values()))
+            hits = index.overlaps(nb)
+            covered = 0
+            for ob, off, shp in hits:
+                covered += volume(shp)
+                out.append((nb, ob, off, shp))
+            if covered != volume(nb.shape):
+                raise AssertionError(f"old layout covers {covered} of {volume(nb.shape)} elements of "
+                                     f"{key} at {nb.offset}")
+    return out
+
+
+def _sources(ob, devices: DeviceMap) -> tuple[int, ...]:
+    src = getattr(ob, "_sources", None)
+    if src is None:
+        src = tuple(sorted(d for d in ob.views() if devices.holds_old_state(d)))
+        ob._sources = src
+    return src
+
+
+# A demand: (bytes, destination device, candidate sources, Copy fields with src left open).
+Demand = tuple
+
+
+def _local_copies_and_demands(inters: list[Inter], groups: tuple[StateGroup, ...],
+                              rank_to_device: tuple[int, ...],
+                              devices: DeviceMap) -> tuple[list[Copy], list[Demand]]:
+    copies: list[Copy] = []
+    demands: list[Demand] = []
+    for gi, nb, ob, off, shp in inters:
+        views = ob.views()
+        sources = _sources(ob, devices)
+        if not sources:
+            raise NoSurvivingCopy("--dead", f"{nb.key} at {list(off)} is held only by dead devices "
+                                            f"{sorted(views)}", "restore from the last checkpoint")
+        npre = nb.npre
+        lshape = shp[npre:]
+        nbytes = volume(shp) * groups[gi].itemsum
+        srel_base = tuple(o - b for o, b in zip(off[npre:], ob.offset[npre:]))
+        drel = tuple(o - b for o, b in zip(off[npre:], nb.offset[npre:]))
+        for _, ranks, nview in nb.groups:
+            for r in ranks:
+                d = rank_to_device[r]
+                sview = views.get(d)
+                if sview is not None and devices.holds_old_state(d):
+                    copies.append(Copy(d, d, gi, nb.key, off, lshape, sview, srel_base, nview, drel, nbytes))
+                else:
+                    demands.append((nbytes, d, sources, gi, nb.key, off, lshape, views, srel_base,
+                                    nview, drel))
+    return copies, demands
+
+
+def _choose_sources(demands: list[Demand], devices: DeviceMap, target: int) -> list[Copy]:
+    nodes = devices.nodes
+    load = [0] * devices.num_devices
+    by_node_cache: dict[tuple[int, ...], dict[int, list[int]]] = {}
+    order = sorted(range(len(demands)), key=lambda i: -demands[i][0])
+    chosen = [0] * len(demands)
+    get = load.__getitem__
+    for i in order:
+        w, d, sources = demands[i][0], demands[i][1], demands[i][2]
+        if len(sources) == 1:
+            s = sources[0]
+        else:
+            by_node = by_node_cache.get(sources)
+            if by_node is None:
+                by_node = by_node_cache[sources] = defaultdict(list)
+                for c in sources:
+                    by_node[nodes[c]].append(c)
+            same = by_node.get(nodes[d])
+            s = -1
+            if same:
+                s = min(same, key=get)
+                if load[s] + w > target:
+                    s = -1
+            if s < 0:
+                s = min(sources, key=get)
+        load[s] += w
+        chosen[i] = s
+    out = []
+    for i, dm in enumerate(demands):
+        nbytes, d, _, gi, key, off, lshape, views, srel, nview, drel = dm
+        s = chosen[i]
+        out.append(Copy(s, d, gi, key, off, lshape, views[s], srel, nview, drel, nbytes))
+    return out
+
+
+def object_moves(old_cfg: ParallelConfig, new_cfg: ParallelConfig, rank_to_device: tuple[int, ...],
+                 devices: DeviceMap) -> list[ObjectMove]:
+    """Who sends each new rank its small objects.
+
+    Global objects come from the rank's own device when it held an old rank, else from a
+    surviving old device on its node, else from surviving old devices in turn. A per-rank
+    object (RNG state) comes from the old rank at the same (tp, cp, dp, pp) coordinate, clipped
+    to the old grid; if that device is dead, from a surviving old rank with the same tp and pp.
+    """
+    alive = [d for d in range(devices.old_world) if devices.holds_old_state(d)]
+    if not alive:
+        raise NoSurvivingCopy("--dead", "every old device is dead", "restore from the last checkpoint")
+    by_node: dict[int, list[int]] = defaultdict(list)
+    for d in alive:
+        by_node[devices.node(d)].append(d)
+    moves: list[ObjectMove] = []
+    turn = 0
+    for r, d in enumerate(rank_to_device):
+        if devices.holds_old_state(d):
+            src = d
+        elif by_node.get(devices.node(d)):
+            src = by_node[devices.node(d)][0]
+        else:
+            src = alive[turn % len(alive)]
+            turn += 1
+        moves.extend(ObjectMove(name, src, d, src, r) for name in GLOBAL_OBJECTS)
+        c = new_cfg.coord(r)
+        q = old_cfg.rank_of(tp=c.tp % old_cfg.tp, cp=c.cp % old_cfg.cp, dp=c.dp % old_cfg.dp,
+                            pp=c.pp % old_cfg.pp)
+        if not devices.holds_old_state(q):
+            peers = [old_cfg.rank_of(tp=c.tp % old_cfg.tp, cp=c.cp % old_cfg.cp, dp=k, pp=c.pp % old_cfg.pp)
+                     for k in range(old_cfg.dp)]
+            q = next((p for p in peers if devices.holds_old_state(p)), alive[0])
+        moves.extend(ObjectMove(name, q, d, q, r) for name in PER_RANK_OBJECTS)
+    return moves
