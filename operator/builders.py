@@ -118,7 +118,7 @@ def worker_pod(job: dict[str, Any], spec: JobSpec, index: int) -> dict[str, Any]
     tpl = spec.raw.get("template") or {}
     gpus = spec.workers.gpus_per_worker
     resources = json.loads(json.dumps(tpl.get("resources") or {}))
-    resources.setdefault("limits", {})["nvidia.com/gpu"] = gpus
+    resources.setdefault("limits", {})["nvidia.com/gpu"] = str(gpus)
     volumes, mounts = _checkpoint_volume(spec)
     # NCCL needs a large /dev/shm; the container default (64 MiB) is too small.
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from typing import Any
 
-from liveshard.operator.context import Options
+from liveshard.operator.options import Options
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -50,7 +50,12 @@ def run_operator(options: Options, stop_flag: Any = None, ready_flag: Any = None
     import kopf
     from prometheus_client import start_http_server
 
-    import liveshard.operator.handlers  # noqa: F401  (registers the handlers)
+    import liveshard.operator.handlers  # noqa: F401  (importing registers the handlers)
+
+    if options.webhook_port:
+        from liveshard.operator.handlers import admission
+
+        admission.register()
     from liveshard.operator.context import Context
     from liveshard.operator.kube import Kube, make_api_client
 

@@ -16,25 +16,10 @@ from typing import Any
 
 from liveshard.operator import signals
 from liveshard.operator.kube import Kube
+from liveshard.operator.options import Options
 from liveshard.operator.signals import Signal
 
 JobKey = tuple[str, str]  # (namespace, name)
-
-
-@dataclass
-class Options:
-    """How the operator runs (``liveshard operator`` flags)."""
-
-    namespaces: tuple[str, ...] = ()  # empty: all namespaces
-    server: str | None = None  # API server URL (tests, embedded cluster)
-    kubeconfig: str | None = None
-    metrics_port: int | None = 9090
-    liveness: str | None = "http://0.0.0.0:8080/healthz"
-    watch_server_timeout: int = 300  # ask the API server to end watches after this long
-    watch_client_timeout: int = 330  # and give up on a silent stream a little later
-    api_workers: int = 16
-    webhook_port: int | None = None  # serve the validating admission webhook on this port
-    webhook_host: str | None = None  # the name the API server reaches it by (e.g. the Service DNS)
 
 
 @dataclass
@@ -61,6 +46,12 @@ class Context:
     def forget(self, key: JobKey) -> None:
         self.wakers.pop(key, None)
         self.scale_up_checked.pop(key, None)
+
+    def forget_node(self, name: str) -> None:
+        self.node_state.pop(name, None)
+        self.signal_seen.pop(name, None)
+        for key in [k for k in self._node_signals if k[0] == name]:
+            del self._node_signals[key]
 
     def node_signal(self, name: str, node: dict[str, Any], now: datetime) -> Signal | None:
         """Classify a node; the same signal keeps the deadline it had when first seen."""

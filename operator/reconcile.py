@@ -183,6 +183,13 @@ class _Reconciler:
 
         coordinators = [p for p in self.pods if ((p.get("metadata") or {}).get("labels") or {}).get(
             builders.LABEL_ROLE) == builders.ROLE_COORDINATOR and not p["metadata"].get("deletionTimestamp")]
+        for p in coordinators:
+            if (p.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
+                # e.g. evicted: a stopped pod is not restarted, so replace it (next pass)
+                d.delete_pods.append(p["metadata"]["name"])
+                self.event("Warning", "CoordinatorReplaced",
+                           f"coordinator pod {p['metadata']['name']} stopped: "
+                           f"{(p.get('status') or {}).get('reason') or 'no reason given'}")
         d.create_coordinator = not coordinators
 
         workers = observe_workers(self.pods, self.nodes, self.node_labels, spec.elasticity.act_on, self.now)

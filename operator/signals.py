@@ -125,6 +125,11 @@ def classify_node(node: dict[str, Any], now: datetime) -> Signal | None:
         if sig is not None:
             found.append(sig)
 
+    if meta.get("deletionTimestamp"):
+        # The Node object itself is being deleted (Karpenter's termination finalizer drains it).
+        deadline = parse_time(annotations.get("karpenter.sh/nodeclaim-termination-timestamp"))
+        found.append(Signal(DISRUPTION, "node is being deleted", deadline, source="metadata.deletionTimestamp"))
+
     if spec.get("unschedulable") and not any(s.kind == CORDON for s in found):
         found.append(Signal(CORDON, "node cordoned (spec.unschedulable)", None, source="spec.unschedulable"))
 
@@ -187,7 +192,9 @@ def _classify_taint(taint: dict[str, Any], annotations: dict[str, str], now: dat
 
 
 _SHUTDOWN = re.compile(r"shutting down|shutdown", re.IGNORECASE)
-_AZURE_EVENT = re.compile(r"\b(Preempt|Terminate|Redeploy|Reboot|Freeze)\b")
+_AZURE_EVENT = re.compile(r"\b(preempt|terminat|redeploy|reboot|freez)", re.IGNORECASE)
+_AZURE_NAMES = {"preempt": "Preempt", "terminat": "Terminate", "redeploy": "Redeploy", "reboot": "Reboot",
+                "freez": "Freeze"}
 
 
 def _classify_node_condition(cond: dict[str, Any], now: datetime) -> Signal | None:
@@ -205,7 +212,7 @@ def _classify_node_condition(cond: dict[str, Any], now: datetime) -> Signal | No
                       since + NOT_READY_TOLERATION, failure=True, source="condition Ready")
     if ctype == "VMEventScheduled" and status == "True":
         match = _AZURE_EVENT.search(message) or _AZURE_EVENT.search(cond.get("reason") or "")
-        event = match.group(1) if match else ""
+        event = _AZURE_NAMES[match.group(1).lower()] if match else ""
         if event == "Preempt":
             return Signal(SPOT_INTERRUPTION, "Azure spot eviction scheduled (VMEventScheduled: Preempt)",
                           since + AZURE_NOTICE["Preempt"], source="condition VMEventScheduled")

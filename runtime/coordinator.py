@@ -262,7 +262,7 @@ class Coordinator:
 
     def _recover(self) -> None:
         assert self.current is not None
-        survivors = tuple(m for m in self.current.members if m not in self.dead)
+        survivors = tuple(m for m in (*self.current.members, *self.current.standbys) if m not in self.dead)
         self.store.set_json("recovery/requested", {"dead": sorted(self.dead), "time": time.time()})
         self._start(PlanRequest(members=survivors, reason=f"lost {', '.join(sorted(self.dead))} without notice"))
 

@@ -8,6 +8,7 @@ median step time, relative speed, and which members are stragglers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 from functools import lru_cache
@@ -61,11 +62,9 @@ def gpu_health() -> dict | None:
             "power_w": nvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
             "throttle": sorted(name for bit, name in _THROTTLE_BITS.items() if reasons & bit),
         }
-        try:
+        with contextlib.suppress(Exception):  # ECC not supported on this GPU
             out["ecc_uncorrected"] = nvml.nvmlDeviceGetTotalEccErrors(
                 h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)
-        except Exception:  # ECC not supported on this GPU
-            pass
         return out
     except Exception as e:
         return {"error": str(e)[:120]}

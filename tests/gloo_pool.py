@@ -6,10 +6,14 @@ so tests keep one pool and run many jobs on it. A job names a world size ``w``: 
 the others sit it out. ``run`` returns every rank's result, or raises with the failing ranks'
 tracebacks; a failed or timed-out job discards the pool's processes (the next job starts new
 ones), since ranks left waiting in a collective cannot be trusted.
+
+Members are not daemons (megatron's checkpoint writer starts helper processes), so close the
+pool when done; it is also closed at interpreter exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import queue
@@ -40,6 +44,7 @@ def _worker(member: int, tasks: Any, results: Any, preload: tuple[str, ...], tim
     for name in preload:  # pay the import cost once, while the pool starts
         importlib.import_module(name)
     world = 0
+    group_port = 0  # a member that sat out a smaller world still holds an older group
     while True:
         task = tasks.get()
         if task == _STOP:
@@ -48,7 +53,7 @@ def _worker(member: int, tasks: Any, results: Any, preload: tuple[str, ...], tim
         if member >= job_world:
             continue
         try:
-            if job_world != world:
+            if job_world != world or port != group_port:
                 if dist.is_initialized():
                     dist.destroy_process_group()
                 store = dist.TCPStore("127.0.0.1", port, job_world, is_master=member == 0,
@@ -56,6 +61,7 @@ def _worker(member: int, tasks: Any, results: Any, preload: tuple[str, ...], tim
                 dist.init_process_group("gloo", store=store, rank=member, world_size=job_world,
                                         timeout=timedelta(seconds=timeout_s))
                 world = job_world
+                group_port = port
             results.put((job_id, member, True, fn(member, job_world, *args)))
         except BaseException:  # report everything; the parent decides
             results.put((job_id, member, False, traceback.format_exc()))
@@ -84,7 +90,7 @@ class GlooPool:
         try:
             self._procs = [
                 self._ctx.Process(target=_worker, args=(m, self._tasks[m], self._results, self.preload,
-                                                        self.timeout_s), daemon=True)
+                                                        self.timeout_s))
                 for m in range(self.size)
             ]
             for p in self._procs:
@@ -95,6 +101,7 @@ class GlooPool:
             else:
                 os.environ["OMP_NUM_THREADS"] = env_threads
         self._world = 0
+        atexit.register(self.close)
 
     def run(self, fn: Callable[..., Any], *args: Any, world: int | None = None,
             timeout_s: float | None = None) -> list[Any]:
@@ -138,10 +145,11 @@ class GlooPool:
             if p.is_alive():
                 with contextlib.suppress(OSError, ValueError):
                     self._tasks[m].put(_STOP)
+        deadline = time.monotonic() + 5.0  # one grace period for all members, then kill
         for p in self._procs:
             if p.pid is None:  # never started
                 continue
-            p.join(timeout=5)
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)

@@ -16,7 +16,8 @@ and the kubernetes client rely on, as kube-apiserver does it:
   API server's style of message; tests/crd_validation.py);
 * discovery fixed for the core group (``groupVersion: v1``); lists carry ``kind``/``apiVersion``.
 
-Still missing (don't depend on it): label and field selectors (filter client-side), watch
+Namespaces are not objects here: ``/api/v1/namespaces`` lists ``default`` and every namespace
+in use. Still missing (don't depend on it): label and field selectors (filter client-side), watch
 resumption from a resourceVersion (every watch replays all objects), server-side timeouts,
 PUT on plain objects, kubelet/scheduler behaviour (pods stay Pending until a test patches them),
 pods are removed at once on delete (no graceful termination).
@@ -34,6 +35,7 @@ import asyncio
 import copy
 import datetime
 import itertools
+import json
 import secrets
 import threading
 import uuid
@@ -49,7 +51,7 @@ from crd_validation import CRDValidator, InvalidObject
 from kmock._internal import dicts as kmock_dicts
 
 _ACTIONS = (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE)
-_KEEP_REQUESTS = 500  # kmock records every request; keep memory flat in long runs
+_KEEP_REQUESTS = 16  # kmock records every request (see _handle)
 
 
 def _now() -> str:
@@ -117,9 +119,32 @@ class Emulator(kmock.KubernetesEmulator):
             return None
 
     # ---- request routing --------------------------------------------------------------------
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # kmock cannot parse the namespace collection's path (/api/v1/namespaces); kopf lists and
+        # watches it when it runs for named namespaces.
+        if raw_request.path.rstrip("/") == "/api/v1/namespaces" and raw_request.method == "GET":
+            return await self._namespaces(raw_request)
+        return await super().__call__(raw_request)
+
+    async def _namespaces(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        names = sorted({"default", *(ns for _, ns, _ in self._objects if ns)})
+        items = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n, "uid": f"ns-{n}"},
+                  "status": {"phase": "Active"}} for n in names]
+        if raw_request.query.get("watch") not in ("true", "1"):
+            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "NamespaceList",
+                                              "metadata": {"resourceVersion": str(next(self._rv))},
+                                              "items": items})
+        response = aiohttp.web.StreamResponse()
+        await response.prepare(raw_request)
+        for item in items:
+            await response.write(json.dumps({"type": "ADDED", "object": item}).encode() + b"\n")
+        await asyncio.Event().wait()  # namespaces never change here; the client ends the watch
+        return response
+
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        if len(self._requests) > 2 * _KEEP_REQUESTS:
-            del self._requests[:-_KEEP_REQUESTS]
+        # kmock matches each request against its reactions by scanning every request recorded so
+        # far: keep only the latest few, or each request costs O(requests served).
+        del self._requests[:-_KEEP_REQUESTS]
         for errors in self._errors:
             del errors[:-10]
         if request.resource is None:
@@ -135,7 +160,14 @@ class Emulator(kmock.KubernetesEmulator):
                 else:
                     body, status = await self._delete(request), 200
             return aiohttp.web.json_response(body, status=status)
-        return await super()._handle(request)
+        if request.action == kmock.action.FETCH and request.subresource in (None, "status"):
+            key = (request.resource, request.namespace, request.name)
+            if key not in self._objects or self._objects[key].deleted:
+                raise _error(404, "NotFound", f'{request.resource.plural} "{request.name}" not found')
+            return aiohttp.web.json_response(self._objects[key].raw)
+        # Reads go straight to kmock's reactions: there must be no await between recording the
+        # request and matching it (the list above is trimmed by concurrent requests).
+        return await kmock.RawHandler._handle(self, request)
 
     # ---- create / patch / delete ------------------------------------------------------------
     async def _create(self, request: kmock.Request) -> dict[str, Any]:

@@ -4,6 +4,7 @@ schedules behave as documented. (Real transfers: tests/test_reshard_exec.py.)"""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -11,8 +12,9 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
+from transition_cases import CASES, transition_case
 
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
@@ -25,8 +27,6 @@ from liveshard.runtime.vps.region import volume
 from liveshard.runtime.vps.schedule import schedule, staging_bytes
 from liveshard.runtime.vps.shards import is_flat, local_tensor_shapes
 from liveshard.runtime.vps.transition import NoSurvivingCopy, plan_transition
-
-from transition_cases import CASES, transition_case  # noqa: E402  (tests/ is on sys.path)
 
 P = ParallelConfig.parse
 
@@ -107,7 +107,24 @@ def test_named_cases_cover_every_element_once_from_real_holders(case):
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_transitions_cover_every_element_once(data):
-    check_plan(transition_case(data.draw, max_procs=12).plan())
+    case = transition_case(data.draw, max_procs=12)
+    note(repr(case))
+    check_plan(case.plan())
+
+
+def test_the_checker_catches_a_wrong_plan():
+    plan = next(c for c in CASES if c.name == "tp-change").plan()
+    check_plan(plan)
+    i = next(i for i, c in enumerate(plan.copies) if c.src != c.dst)
+    bad = copy.copy(plan)
+    bad.copies = list(plan.copies)
+    c = bad.copies[i]
+    bad.copies[i] = c._replace(src_rel=(c.src_rel[0] + 1, *c.src_rel[1:]))
+    with pytest.raises(AssertionError):
+        check_plan(bad)
+    bad.copies[i] = c._replace(dst=c.src)  # delivered to the wrong device: a hole and a double
+    with pytest.raises((AssertionError, KeyError)):
+        check_plan(bad)
 
 
 def test_no_op_transition_keeps_everything_in_place():
@@ -270,7 +287,7 @@ def test_cli_plan_transition_json_fields():
     assert len(r["rank_to_device"]) == 6 and not {6, 7} & set(r["rank_to_device"])
     assert r["bottleneck_bytes"] >= r["lower_bound_bytes"] > 0
     text = _cli("plan-transition", "--model", "tiny-moe", "--from", "tp=1,pp=2,dp=4,ep=2,dist_opt",
-                "--to", "tp=2,pp=1,dp=3,ep=2,etp=1", "--leave", "6,7")
+                "--to", "tp=2,pp=1,dp=3,ep=2,etp=1", "--leave", "6,7", "--join", "1", "--gpus-per-node", "4")
     assert text.returncode == 0 and "lower bound" in text.stdout and r["checksum"][:16] in text.stdout
 
 
@@ -305,3 +322,11 @@ def test_plans_at_scale_stay_exact_in_bytes():
     assert got == held
     assert not set(plan.rank_to_device) & set(range(512, 520))
     assert plan.bottleneck_bytes <= 1.05 * plan.lower_bound["lower_bound_bytes"]
+
+
+def test_planning_imports_neither_torch_nor_kopf():
+    code = ("import sys; import liveshard.runtime.vps.transition, liveshard.runtime.vps.schedule, "
+            "liveshard.runtime.vps.bound, liveshard.runtime.commands.plan_transition; "
+            "print(sorted(m for m in ('torch', 'kopf') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,5 +1,9 @@
-"""kopf handlers, one module per concern. Importing this package registers them all."""
+"""kopf handlers, one module per concern. Importing this package registers them all.
 
-from liveshard.operator.handlers import admission, jobs, nodes, pods, setup
+``admission`` is imported only when the operator serves its webhook (kopf refuses to run with
+admission handlers but no webhook server).
+"""
 
-__all__ = ["admission", "jobs", "nodes", "pods", "setup"]
+from liveshard.operator.handlers import jobs, nodes, pods, setup
+
+__all__ = ["jobs", "nodes", "pods", "setup"]

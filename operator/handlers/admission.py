@@ -1,9 +1,10 @@
 """Validating admission: what the CRD schema and its CEL rules cannot say.
 
 The schema checks types, ranges and cross-field rules; this checks the model itself (a valid
-ModelSpec, a known preset) and that the parallelism constraints fit it. It serves only when the
-operator runs with an admission webhook server (``liveshard operator --webhook``); without one
-the job loop reports the same problem in the job's status (phase Failed, condition Ready).
+ModelSpec, a known preset) and that the parallelism constraints fit it. It is registered only
+when the operator serves an admission webhook (``liveshard operator --webhook-port``): kopf
+refuses to start with admission handlers and no webhook server. Without it the job loop reports
+the same problem in the job's status (phase Failed, condition Ready).
 """
 
 from __future__ import annotations
@@ -15,9 +16,17 @@ import kopf
 from liveshard.operator.builders import GROUP, PLURAL, VERSION
 from liveshard.operator.jobspec import validate_spec
 
+_registered = False
 
-@kopf.on.validate(GROUP, VERSION, PLURAL, id="spec", operations=["CREATE", "UPDATE"])
-def check_spec(spec: kopf.Spec, **_: Any) -> None:
-    problem = validate_spec(dict(spec))
+
+def check_spec(spec: Any, **_: Any) -> None:
+    problem = validate_spec(dict(spec or {}))
     if problem:
         raise kopf.AdmissionError(problem, code=422)
+
+
+def register() -> None:
+    global _registered
+    if not _registered:
+        kopf.on.validate(GROUP, VERSION, PLURAL, id="spec", operations=["CREATE", "UPDATE"])(check_spec)
+        _registered = True

@@ -31,6 +31,6 @@ async def node_changed(name: str, type: str | None, memo: Any, nodes_index: kopf
         return
     ctx.node_state[name] = state
     if type == "DELETED":
-        ctx.node_state.pop(name, None)
+        ctx.forget_node(name)
     for key in set(pods_by_node.get(name, ())):
         ctx.wake(key)

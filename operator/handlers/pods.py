@@ -37,9 +37,11 @@ async def pods_by_node(namespace: str, labels: kopf.Labels, spec: kopf.Spec, **_
 
 
 @kopf.on.event("pods", labels=JOB_PODS)
-async def pod_changed(name: str, namespace: str, labels: kopf.Labels, body: kopf.Body, memo: Any,
-                      **_: Any) -> None:
+async def pod_changed(name: str, namespace: str, type: str | None, labels: kopf.Labels, body: kopf.Body,
+                      memo: Any, **_: Any) -> None:
     ctx = memo.context
-    if signals.classify_pod(body, datetime.now(UTC)) is not None:
-        ctx.signal_seen.setdefault(name, time.monotonic())
+    if type != "DELETED" and signals.classify_pod(body, datetime.now(UTC)) is not None:
+        ctx.signal_seen.setdefault(name, time.monotonic())  # for the notice-to-plan metric
+    else:
+        ctx.signal_seen.pop(name, None)
     ctx.wake((namespace, labels[LABEL_JOB]))

@@ -27,7 +27,8 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=STORAGE_PREFIX, key="last-handled-configuration")
-    settings.posting.level = logging.INFO
+    # Only warnings from kopf itself become Events; the job loop posts its own explicitly.
+    settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "liveshard-operator"
     settings.execution.max_workers = 8
     if options.webhook_port:

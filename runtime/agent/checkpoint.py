@@ -75,14 +75,16 @@ def load(built: Any, trainer: Any, directory: str | os.PathLike) -> None:
     rng_src = next(m.src_rank for m in moves if m.name == "rng" and m.dst_rank == rank)
     ensure_adam_state(built.optimizer)
     sd = _sharded_state_dict(built, is_loading=True)
-    sd["rng"] = ShardedObject("rng", None, (old_cfg.world_size,), (rng_src,), replica_id=0)
     loaded = dist_checkpointing.load(sd, str(directory))
     built.model.load_state_dict(loaded["model"])
     built.optimizer.load_state_dict(loaded["optimizer"])
     progress = loaded["progress"]
     trainer.restore_progress(progress)
     set_adam_step(built.optimizer, int(progress["step"]))
-    restore_rng(loaded["rng"])
+    # Each new rank reads one old rank's RNG states: some old shards are read twice, some not
+    # at all, which megatron's access check (one reader per shard) would reject.
+    rng = ShardedObject("rng", None, (old_cfg.world_size,), (rng_src,), replica_id=0)
+    restore_rng(dist_checkpointing.load({"rng": rng}, str(directory), validate_access_integrity=False)["rng"])
 
 
 def _plain(progress: dict) -> dict:

@@ -14,6 +14,7 @@ states, which follow the model-parallel position (tp, pp) they belong to.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 from collections import defaultdict
@@ -140,10 +141,8 @@ def capture_rng() -> dict:
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
-    try:
+    with contextlib.suppress(Exception):  # tracker not initialised on this rank
         state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
-    except Exception:  # tracker not initialised on this rank
-        pass
     return state
 
 

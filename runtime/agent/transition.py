@@ -82,7 +82,7 @@ class TransitionResult:
 def execute_transition(prep: Any, worker: str, sources: dict, objects: dict | None, *,
                        budget: int, verify: bool, mode: str | None = None) -> TransitionResult:
     """Move this worker's part of the transition ``prep`` over its transition group."""
-    from liveshard.runtime.transfer.executor import DEFAULT_MODE, execute
+    from liveshard.runtime.transfer import executor
     from liveshard.runtime.transfer.storage import DictStore
     from liveshard.runtime.vps.schedule import schedule
 
@@ -93,7 +93,8 @@ def execute_transition(prep: Any, worker: str, sources: dict, objects: dict | No
     for (state, name), tensor in sources.items():
         store.tensors.setdefault(state, {})[name] = tensor
     sched = schedule(plan, budget)
-    result = execute(plan, sched, device_id, store, objects or {}, mode=mode or DEFAULT_MODE,
+    result = executor.execute(plan, sched, device_id, store, objects or {},
+                              mode=mode or getattr(executor, "DEFAULT_MODE", "p2p"),
                      verify=verify, group=prep.group, ranks=group_ranks(old, new))
     tensors = {(state, name): t for state, name, t in result.store.items()}
     return TransitionResult(tensors, result.objects, result.stats)

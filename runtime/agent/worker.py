@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -48,8 +49,8 @@ from liveshard.runtime.agent.state import (
     restore_rng,
     state_tensors,
 )
-from liveshard.runtime.agent.transition import execute_transition, plan_for
 from liveshard.runtime.agent.trainer import Trainer, TrainingSettings
+from liveshard.runtime.agent.transition import execute_transition, plan_for
 from liveshard.runtime.control.protocol import Keys, MemberResult, WorldPlan, transition_members
 from liveshard.runtime.control.store import JobStore, connect_store
 from liveshard.runtime.parallel import ParallelConfig
@@ -72,6 +73,9 @@ class WorkerOptions:
     save_at_step: int | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
+    # Steps at which a scripted run's driver has something to do (publish a plan, arm a fault):
+    # workers hold there until released, so events land on exact steps.
+    hold_at_steps: tuple[int, ...] = ()
 
 
 @dataclass
@@ -106,6 +110,7 @@ class WorkerState:
     phase: str = "starting"
     records: list[StepRecord] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
+    ready: list[dict] = field(default_factory=list)  # when each generation's world could train
 
 
 class WorkerAgent:
@@ -204,7 +209,25 @@ class WorkerAgent:
             self._report(plan.generation, MemberResult(ok=False, error=f"prepare: {e}"))
 
     # ---- main loop ---------------------------------------------------------------------------
+    def bootstrap(self) -> float:
+        """Pay the one-off costs (imports, megatron's CPU/GPU set-up) before joining the job, so a
+        joiner is admitted ready and only the transfer and commit stop training."""
+        t0 = time.perf_counter()
+        import megatron.core.distributed
+        import megatron.core.models.gpt.gpt_layer_specs
+        import megatron.core.optimizer
+        import megatron.core.optimizer_param_scheduler
+        import megatron.core.pipeline_parallel  # noqa: F401
+
+        from liveshard.runtime.megatron import compat
+
+        compat.install()
+        if torch.cuda.is_available():
+            torch.cuda.init()
+        return time.perf_counter() - t0
+
     def run(self) -> WorkerState:
+        self.state.events.append({"kind": "bootstrap", "seconds": self.bootstrap(), "time": time.time()})
         info = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
         self.store.register_member(self.id, info)
         self._thread.start()
@@ -241,7 +264,10 @@ class WorkerAgent:
             if ready:
                 prep = max(ready, key=lambda p: p.plan.generation)
                 if prep.old is None:
-                    self._start_world(prep.plan)
+                    if self.id in prep.plan.members:
+                        self._start_world(prep.plan)
+                    else:
+                        self._adopt(prep.plan, None)  # a standby from the start
                     return True
                 if self.state.phase == "broken":
                     # The old world cannot agree on a step: the transition group, which every
@@ -282,6 +308,8 @@ class WorkerAgent:
         self.trainer = Trainer(self.built, self.settings)
 
     def _adopt(self, plan: WorldPlan, rank: int | None) -> None:
+        if rank is not None:
+            self.state.ready.append({"generation": plan.generation, "time": time.time()})
         self.state.generation = plan.generation
         self.state.plan = plan
         self.state.rank = rank
@@ -292,14 +320,19 @@ class WorkerAgent:
         assert t is not None
         try:
             loss = t.step()
+            self.state.records.append(StepRecord(t.step_count, loss, t.last_step_seconds, self.state.generation,
+                                                 self.built.cfg.world_size, t.consumed_samples, time.time()))
+            self._after_step()
         except Exception as e:  # a collective failed: a peer is gone
-            log.error("step %d failed: %s", t.step_count, e)
+            if not _is_comm_failure(e):
+                raise
+            log.error("world of generation %s broke at step %d: %s", self.state.generation, t.step_count, e)
             self.state.phase = "broken"
             self.state.events.append({"kind": "broken", "step": t.step_count, "error": str(e)[:200],
                                       "time": time.time()})
-            return
-        self.state.records.append(StepRecord(t.step_count, loss, t.last_step_seconds, self.state.generation,
-                                             self.built.cfg.world_size, t.consumed_samples, time.time()))
+
+    def _after_step(self) -> None:
+        t = self.trainer
         o = self.options
         if o.save_at_step is not None and t.step_count == o.save_at_step and o.save_dir:
             from liveshard.runtime.agent import checkpoint
@@ -320,6 +353,8 @@ class WorkerAgent:
         generation every rank has prepared. All ranks see the same result, so they decide alike.
         """
         t = self.trainer
+        if t.step_count in self.options.hold_at_steps:
+            self._hold(t.step_count)
         with self._lock:
             prepared = [g for g, p in self._prepared.items() if p.old is not None
                         and p.old.generation == self.state.generation]
@@ -348,6 +383,17 @@ class WorkerAgent:
         if self.state.rank == 0:
             self.store.set(Keys.switch(latest), str(t.step_count))
         self._switch(self._prepared[latest], switch_step=t.step_count)
+
+    def _hold(self, step: int, timeout: float = 300.0) -> None:
+        """A scripted run's gate: wait at ``step`` until the driver releases it (it has published
+        the plan due here, or armed a fault), so events land on exact steps however fast steps are."""
+        if self.store.wait_for(f"release/{step}", timeout=timeout) is None:
+            log.warning("step %d was not released in %.0f s; training on", step, timeout)
+        self._latest_seen = max(self._latest_seen, self.store.latest_generation())
+        kill_at = self.store.get(f"inject/kill/{self.id}")
+        if kill_at is not None and int(kill_at) == step:
+            log.warning("fault injection: SIGKILL at step %d", step)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _wait_prepared(self, gen: int, timeout: float = 300.0) -> Prepared | None:
         end = time.monotonic() + timeout
@@ -440,3 +486,13 @@ class WorkerAgent:
 
         layout = Layout(self.spec, self.built.cfg)
         return logical_checksums(layout, self.state.rank, state_tensors(self.built))
+
+
+def _is_comm_failure(e: BaseException) -> bool:
+    """A collective failed because a peer is gone (gloo/NCCL errors, timeouts), not a bug."""
+    if isinstance(e, (dist.DistError, TimeoutError, ConnectionError)):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and any(s in text for s in (
+        "Connection closed by peer", "Connection reset", "Timed out", "timed out", "NCCL", "gloo",
+        "Broken pipe", "ProcessGroup", "Socket"))

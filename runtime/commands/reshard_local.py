@@ -48,6 +48,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(plan, job, results: list[dict]) -> dict:
+    errors = {r["rank"]: r["error"] for r in results if r["error"]}
+    if errors:
+        return {"model": plan.spec.name, "from": str(plan.old_cfg), "to": str(plan.new_cfg), "ok": False,
+                "procs": len(results), "checksum": plan.checksum, "verified": job.verify,
+                "transfer_error": sorted(set(errors.values())),
+                "old_intact": not any(r["old_mismatches"] for r in results)}
     seconds = [max(r["seconds"][i] for r in results) for i in range(len(results[0]["seconds"]))]
     stats = [r["stats"] for r in results]
     mismatches = {r["rank"]: r["mismatches"] for r in results if r["mismatches"]}
@@ -80,6 +86,10 @@ def _report(plan, job, results: list[dict]) -> dict:
 
 
 def _print(r: dict) -> None:
+    if "transfer_error" in r:
+        print(f"model {r['model']}: {r['from']} -> {r['to']}: transfer FAILED ({'; '.join(r['transfer_error'])}); "
+              f"old shards {'intact' if r['old_intact'] else 'CHANGED'}")
+        return
     print(f"model {r['model']}: {r['from']} -> {r['to']} on {r['procs']} gloo processes ({r['mode']})")
     print(f"rank -> device {r['rank_to_device']}, checksum {r['checksum'][:16]}")
     print(f"moved {r['bytes_moved'] / 1e6:.2f} MB in {r['rounds']} rounds, local {r['local_bytes'] / 1e6:.2f} MB, "

@@ -27,6 +27,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--collective-timeout", type=float, default=20.0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     p.add_argument("--result", default=None, help="write steps, events and final checksums here (JSON)")
+    p.add_argument("--hold-at-steps", default="", help="comma-separated steps at which a plan is due (scripted runs)")
+    p.add_argument("--load", default=None, help="megatron checkpoint to start from")
+    p.add_argument("--save-dir", default=None)
+    p.add_argument("--save-at-step", type=int, default=None, help="save to --save-dir at this step, then exit")
+    p.add_argument("--checkpoint-dir", default=None, help="periodic safety checkpoints go here")
+    p.add_argument("--checkpoint-every", type=int, default=0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,7 +52,10 @@ def run(args: argparse.Namespace) -> int:
     settings = TrainingSettings(global_batch=args.global_batch, micro_batch=args.micro_batch,
                                 seq_length=args.seq_length, lr=args.lr, seed=args.seed)
     options = WorkerOptions(max_steps=args.max_steps, transfer_budget=args.budget, verify=args.verify,
-                            collective_timeout=args.collective_timeout)
+                            collective_timeout=args.collective_timeout,
+                            hold_at_steps=tuple(int(x) for x in args.hold_at_steps.split(",") if x),
+                            load_dir=args.load, save_dir=args.save_dir, save_at_step=args.save_at_step,
+                            checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every)
     agent = WorkerAgent(worker_id, host, int(port), spec, settings, options, job=args.job)
     state = agent.run()
     if args.result:
@@ -57,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
             "rank": state.rank,
             "steps": [r.__dict__ for r in state.records],
             "events": state.events,
+            "ready": state.ready,
             "checksums": agent.final_checksums() if agent.built is not None else {},
         }
         with open(args.result, "w") as f:

@@ -14,11 +14,12 @@ per logical tensor, so runs can be compared bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,10 +69,8 @@ class Procs:
                 p.kill()
         for p in [*self.workers.values(), self.coordinator]:
             if p is not None:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
 
 
 def _free_port() -> int:
@@ -122,6 +121,9 @@ class LocalRun:
                "--seq-length", str(r.seq_length), "--lr", str(r.lr), "--seed", str(r.seed),
                "--max-steps", str(max_steps), "--collective-timeout", str(r.collective_timeout),
                "--result", str(self.dir / f"{safe}.json"), *(extra or [])]
+        if r.checkpoint_every and "--checkpoint-every" not in (extra or []):
+            cmd += ["--checkpoint-dir", str(self.dir / "checkpoints" / "periodic"),
+                    "--checkpoint-every", str(r.checkpoint_every)]
         if r.verify:
             cmd.append("--verify")
         self.procs.workers[wid] = subprocess.Popen(cmd, stdout=self._logfile(safe), stderr=subprocess.STDOUT,
@@ -154,8 +156,9 @@ class LocalRun:
         ids = [f"w{i}" for i in range(r.workers)]
         joiners = [f"w{r.workers + i}" for i in range(sum(e.count for e in r.events if e.kind == "join"))]
         # Joiners start now: imports and megatron set-up happen before they are admitted.
+        holds = ",".join(str(e.step) for e in r.events)
         for wid in ids + joiners:
-            self.start_worker(wid, port, max_steps=r.steps)
+            self.start_worker(wid, port, max_steps=r.steps, extra=["--hold-at-steps", holds] if holds else [])
         StorePlanSource.post(store, PlanRequest(members=tuple(ids), config=str(self.cfg), reason="start"))
         self.say(f"started {len(ids)} workers ({len(joiners)} joiners waiting), config {self.cfg}")
         next_joiner = 0
@@ -165,11 +168,11 @@ class LocalRun:
             standbys = [m for m in status.get("standbys", [])]
             gen = status["generation"]
             if ev.kind == "kill":
-                self._wait_step(store, cur_members, ev.step)
-                for rank in ev.ranks:
-                    victim = cur_members[rank]
-                    self.procs.workers[victim].send_signal(signal.SIGKILL)
-                    self.say(f"step {ev.step}: killed {victim} (rank {rank}) without notice")
+                for rank in ev.ranks:  # the victim SIGKILLs itself when released at the step
+                    store.set(f"inject/kill/{cur_members[rank]}", str(ev.step))
+                store.set(f"release/{ev.step}", "1")
+                self.say(f"step {ev.step}: kill -9 of rank(s) {list(ev.ranks)} "
+                         f"({', '.join(cur_members[k] for k in ev.ranks)}) without notice")
                 status = self._wait_generation(store, gen + 1)
                 continue
             if ev.kind == "leave":
@@ -189,6 +192,8 @@ class LocalRun:
                 base = ParallelConfig.parse(status["config"])
                 request.config = str(fit_config(r.spec, base, len(request.members), r.global_batch, r.micro_batch))
             StorePlanSource.post(store, request)
+            self._wait_published(store, gen + 1)
+            store.set(f"release/{ev.step}", "1")
             self.say(f"step {ev.step}: {ev.kind} -> {request.config} ({request.reason})")
             status = self._wait_generation(store, gen + 1)
             if status.get("last_outcome") != "committed":
@@ -221,6 +226,14 @@ class LocalRun:
             time.sleep(0.05)
         raise TimeoutError(f"generation {gen} was not decided in {timeout:.0f} s")
 
+    def _wait_published(self, store, gen: int, timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        while store.latest_generation() < gen:
+            if time.monotonic() > end:
+                raise TimeoutError(f"the coordinator published no plan {gen} (see {self.dir}/coordinator.log)")
+            self._check_alive()
+            time.sleep(0.01)
+
     def _wait_step(self, store, members: tuple[str, ...], step: int, timeout: float = 600.0) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -238,7 +251,7 @@ class LocalRun:
 
     def _wait_workers(self, timeout: float) -> None:
         end = time.monotonic() + timeout
-        for wid, p in self.procs.workers.items():
+        for p in self.procs.workers.values():
             if p.returncode == -signal.SIGKILL:
                 continue
             left = max(1.0, end - time.monotonic())
@@ -297,24 +310,37 @@ class LocalRun:
         }
 
     def _event_report(self, history: list[dict], steps: list[dict]) -> list[dict]:
+        """Per event: the phases the members reported, and two wall-clock measures of the pause:
+        ``downtime`` (end of the last step before the change to the new world being ready to
+        train) and ``to_next_step`` (to the end of the first step after it)."""
         times = {s["step"]: s["time"] for s in steps}
-        durations = [times[k] - times[k - 1] for k in sorted(times) if k - 1 in times]
-        typical = statistics.median(durations) if durations else 0.0
+        ready: dict[int, float] = {}
+        for wid, res in self._worker_results().items():
+            segment = re.fullmatch(r"s(\d+)w\d+", wid)  # checkpoint mode: one world per segment
+            for r in res.get("ready", []):
+                gen = int(segment.group(1)) if segment else r["generation"]
+                ready[gen] = max(ready.get(gen, 0.0), r["time"])
+        changes = [h for h in history if h.get("generation")]
         out = []
-        for ev, h in zip(self.run.events, [h for h in history if h.get("generation", 0)]):
-            s = ev.step
-            pause = (times[s + 1] - times[s]) if s in times and s + 1 in times else None
+        for ev, h in zip(self.run.events, changes):
+            gen = h.get("generation")
+            last = max((s for s in times if s <= ev.step), default=None)
+            # the last step the old world completed (a kill may land after the event's step)
+            if ev.kind == "kill":
+                last = max((s["step"] for s in steps if s["generation"] < gen), default=last)
+            t_last = times.get(last)
+            t_ready = ready.get(gen)
+            t_next = times.get(last + 1) if last is not None else None
             out.append({
                 "event": str(ev),
                 "kind": ev.kind,
-                "step": s,
-                "generation": h.get("generation"),
+                "step": ev.step,
+                "generation": gen,
                 "config": h.get("config"),
                 "outcome": h.get("outcome"),
                 "phases": h.get("phases", {}),
-                # The training pause the change caused: the step that spans it, less a normal step.
-                "downtime": None if pause is None else max(0.0, pause - typical),
-                "typical_step_seconds": typical,
+                "downtime": None if t_last is None or t_ready is None else max(0.0, t_ready - t_last),
+                "to_next_step": None if t_last is None or t_next is None else t_next - t_last,
             })
         return out
 

@@ -9,7 +9,6 @@ checkpoint, recomputing the steps after it.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -51,22 +50,22 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
                 extra += ["--load", str(load_dir)]
             if ev is not None and ev.kind != "kill":
                 extra += ["--save-dir", str(save_dir), "--save-at-step", str(end_step)]
-            if r.checkpoint_every:
-                extra += ["--checkpoint-dir", str(ckpt_root / "periodic"), "--checkpoint-every",
-                          str(r.checkpoint_every)]
+            if ev is not None and ev.kind == "kill":
+                extra += ["--hold-at-steps", str(ev.step)]
             job.start_worker(wid, port, max_steps=r.steps, extra=extra)
         t0 = time.time()
         StorePlanSource.post(store, PlanRequest(members=tuple(ids), config=str(cfg), reason=f"segment {seg}"))
         job.say(f"segment {seg}: {cfg} on {len(ids)} new processes from step {start_step}")
         history.append({"generation": seg, "config": str(cfg), "world_size": cfg.world_size,
-                        "outcome": "committed", "reason": "start" if seg == 0 else str(prev_event),
+                        "outcome": "committed", "reason": "start" if seg == 0 else str(r.events[seg - 1]),
                         "phases": {}, "started": t0})
         if ev is not None and ev.kind == "kill":
-            job._wait_step(store, tuple(ids), ev.step)
             for rank in ev.ranks:
-                job.procs.workers[ids[rank]].send_signal(signal.SIGKILL)
+                store.set(f"inject/kill/{ids[rank]}", str(ev.step))
+            store.set(f"release/{ev.step}", "1")
+            for rank in ev.ranks:
+                job.procs.workers[ids[rank]].wait(timeout=600)
             job.say(f"step {ev.step}: killed rank(s) {list(ev.ranks)}; restarting everybody")
-            time.sleep(0.5)
             for p in job.procs.workers.values():  # the elastic agent's reaction: stop the rest
                 if p.poll() is None:
                     p.kill()
@@ -96,7 +95,6 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
             cfg = ParallelConfig.parse(ev.config)
         else:
             cfg = fit_config(r.spec, cfg, workers, r.global_batch, r.micro_batch)
-        prev_event = ev
         events.pop(0)
         seg += 1
         start_step = ev.step

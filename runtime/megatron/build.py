@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -54,7 +54,6 @@ class BuiltModel:
     seed: int
     pre_process: bool
     post_process: bool
-    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def chunks(self) -> list[Any]:
@@ -64,9 +63,6 @@ class BuiltModel:
     @property
     def rank(self) -> int:
         return dist.get_rank()
-
-    def named_parameters(self) -> dict[str, torch.nn.Parameter]:
-        return dict(self.model.named_parameters())
 
 
 def init_parallel(cfg: ParallelConfig) -> None:
@@ -96,16 +92,17 @@ def init_parallel(cfg: ParallelConfig) -> None:
 
 def transformer_config(spec: ModelSpec, cfg: ParallelConfig, **overrides: Any) -> Any:
     """The megatron ``TransformerConfig`` for ``spec`` under ``cfg``."""
-    from megatron.core.transformer import TransformerConfig
-
     spec.require_supported()
     cfg.validate(spec)
     if cfg.cp > 1 and not torch.cuda.is_available():
         raise ConfigError("cp", "context parallelism needs TransformerEngine attention (GPU only)",
                           "use cp=1 on CPU")
     if spec.is_moe and max(cfg.tp, cfg.expert_tp) > 1 and not torch.cuda.is_available():
-        raise ConfigError("etp", "MoE with tensor-parallel experts needs sequence parallelism, which "
-                                 "needs Apex or TransformerEngine (GPU only)", "use tp=1 for MoE on CPU")
+        raise ConfigError("tp" if cfg.tp > 1 else "etp",
+                          "MoE with tensor parallelism needs sequence parallelism, whose norms need "
+                          "Apex or TransformerEngine (GPU only)", "use tp=1 and etp=1 for MoE on CPU")
+    from megatron.core.transformer import TransformerConfig
+
     kwargs: dict[str, Any] = {name: getattr(spec, name) for name in _TRANSFORMER_FIELDS}
     dtype = _TORCH_DTYPES[spec.params_dtype]
     kwargs.update(

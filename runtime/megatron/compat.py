@@ -15,9 +15,13 @@ Three kinds of patch:
   (schedules, optimizers, grad clipping, utils, grad buffers) or use the CUDA RNG
   (``tensor_parallel.random``): inside those modules only, "cuda" means "cpu".
 * wrappers around megatron methods: the optimizers' ``Tensor.type()`` string checks
-  (``'torch.cuda.FloatTensor'``), the distributed optimizer's NCCL-only gather, and three bugs
-  of megatron's plain ``torch.optim.Adam`` path (no Apex/TransformerEngine) that break
-  distributed-optimizer checkpoint loading.
+  (``'torch.cuda.FloatTensor'``), the ``.cuda()`` in the tied-embedding setup, the distributed
+  optimizer's NCCL-only gather, and three bugs of megatron's plain ``torch.optim.Adam`` path
+  (no Apex/TransformerEngine) that break distributed-optimizer checkpoint loading; plus the MoE
+  router's reference to ``te_general_gemm``, a name that exists only with TransformerEngine.
+
+The Adam checkpoint bugs and the MoE name are not CPU issues (a GPU install without
+Apex/TransformerEngine has them too), but they are patched only here, with the rest.
 
 Written against megatron-core 0.16.1; each patch checks that its target exists, so a newer
 megatron-core that moved or fixed something loses only that patch (``applied()`` lists them).
@@ -54,6 +58,7 @@ def install() -> bool:
         _patch_rng(torch)
         _patch_type_checks()
         _patch_tied_embedding_setup()
+        _patch_moe_without_te()
         _patch_dp_zero_gather()
         _patch_adam_checkpoint_load(torch)
         _installed = True
@@ -335,6 +340,18 @@ def _patch_tied_embedding_setup() -> None:
     if cls is not None and _wrap_method(cls, "setup_embeddings_and_output_layer",
                                         _with_tensor_method("cuda", _stay_on_cpu)):
         _applied.append("tied embeddings: LanguageModule.setup_embeddings_and_output_layer")
+
+
+def _patch_moe_without_te() -> None:
+    """``moe_utils`` imports ``te_general_gemm`` only when TransformerEngine is installed but the
+    router's gating function tests ``te_general_gemm is not None`` either way (NameError)."""
+    try:
+        moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
+    except ImportError:
+        return
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+        _applied.append("moe router without TransformerEngine: moe_utils.te_general_gemm = None")
 
 
 # ---- distributed optimizer -------------------------------------------------------------------

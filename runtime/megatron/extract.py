@@ -19,6 +19,7 @@ The result has the format of the pure ``Layout(spec, cfg).regions(rank)``;
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +84,12 @@ def param_boxes(model: torch.nn.Module) -> list[ParamBox]:
             replica = sh.replica_id if isinstance(sh.replica_id, tuple) else (sh.replica_id,)
             out.append(ParamBox(name, param, sh.key, tuple(sh.global_shape), tuple(sh.global_offset),
                                 tuple(sh.local_shape), tuple(int(r) for r in replica), local_offset))
+    covered = Counter()
+    for b in out:
+        covered[b.name] += volume(b.local_shape)
+    for name, p in model.named_parameters():
+        if covered[name] != p.numel():
+            raise ValueError(f"{name}: the sharded_state_dict covers {covered[name]} of its {p.numel()} elements")
     return out
 
 
@@ -105,6 +112,31 @@ def optimizer_regions(boxes: list[ParamBox], optimizer: Any, rank: int) -> list[
             out.extend(_dist_opt_regions(opt, by_param, rank))
         else:
             out.extend(_replicated_opt_regions(opt, by_param, rank))
+    return out
+
+
+@dataclass(frozen=True)
+class LiveBuffer:
+    """One megatron grad buffer (``_ParamAndGradBuffer``) of a rank, by element index."""
+
+    expert: bool  # the expert-parallel buffer (reduced over the expert-data-parallel group)
+    dp_size: int
+    buckets: tuple[tuple[int, int], ...]  # (start, end) of each bucket, padding included
+    params: tuple[tuple[str, int, int], ...]  # (parameter name, start, bucket), in buffer order
+
+
+def grad_buffers(built: Any) -> list[LiveBuffer]:
+    """The rank's DDP grad buffers: dense first, then expert-parallel (as ``Layout.buffers``)."""
+    names = {id(p): n for n, p in built.model.named_parameters()}
+    out = []
+    for expert, buffers in ((False, built.ddp.buffers),
+                            (True, getattr(built.ddp, "expert_parallel_buffers", []))):
+        for buf in buffers:
+            buckets = tuple((b.offset, b.offset + b.grad_data.numel()) for b in buf.buckets)
+            params = tuple(sorted(((names[id(p)], start, bucket)
+                                   for p, (start, _, bucket) in buf.param_index_map.items()),
+                                  key=lambda t: t[1]))
+            out.append(LiveBuffer(expert, buf.data_parallel_group.size(), buckets, params))
     return out
 
 
@@ -262,4 +294,4 @@ def _unravel(flat: int, shape: Shape) -> Shape:
     return tuple(reversed(out))
 
 
-__all__ = ["ParamBox", "live_regions", "optimizer_regions", "param_boxes", "param_regions"]
+__all__ = ["LiveBuffer", "ParamBox", "grad_buffers", "live_regions", "optimizer_regions", "param_boxes", "param_regions"]

@@ -3,11 +3,14 @@
 Every process of the transition (old ranks, joiners, standbys, leavers; device ``d`` is process
 ``ranks[d]`` of ``group``) calls ``execute`` with the same plan and schedule:
 
-1. new local tensors are allocated (same device as the old shards), except that a new tensor
-   that is exactly an old tensor kept in place is the old tensor itself (no copy);
+1. a new local tensor that is exactly an old tensor kept in place is the old tensor itself (no
+   copy); the others are allocated on the old shards' device when first written;
 2. local copies (pieces a device already holds) are copied;
-3. each round packs one staging buffer per peer, exchanges all of them in one batched P2P group
-   (``batch_isend_irecv``) or one ``all_to_all_single``, and unpacks;
+3. each round exchanges all its messages in one batched P2P group (``batch_isend_irecv``) or
+   one ``all_to_all_single``. All-to-all packs one staging buffer per peer; P2P packs small
+   chunks the same way but sends large ones as messages of their own, read from and written to
+   the state tensors directly when those views are contiguous (no staging copy); the local
+   copies of step 2 run while round 0 is on the wire;
 4. small objects (step, scheduler, data position, RNG states) travel as pickled bytes;
 5. with ``verify``, every piece is checksummed at its source and its destination and the
    checksums compared; all ranks agree on the verdict (an all-reduce) before success.
@@ -28,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from liveshard.runtime.transfer import packing
+from liveshard.runtime.transfer import packing, transport
 from liveshard.runtime.transfer.storage import TORCH_DTYPES, DictStore
 from liveshard.runtime.vps.schedule import Chunk, Schedule
 from liveshard.runtime.vps.shards import local_tensor_shapes
@@ -67,7 +70,8 @@ class TransferResult:
 def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStore,
             old_objects: dict[str, Any] | None = None, *, mode: str = "p2p", verify: bool = False,
             group: dist.ProcessGroup | None = None, ranks: list[int] | None = None,
-            release_old: bool = False, tensor_device: torch.device | str | None = None) -> TransferResult:
+            release_old: bool = False, tensor_device: torch.device | str | None = None,
+            direct_min_bytes: int = packing.DIRECT_MIN_BYTES) -> TransferResult:
     """Run the transition as device ``device_id``; returns its new shards (empty for non-members)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -79,75 +83,100 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStor
     new_rank = plan.device_to_rank.get(device_id) if member else None
     copies = plan.copies
 
-    # 1. new tensors, aliasing those kept whole and in place
-    new = DictStore()
+    # 1. new tensors: an old tensor kept whole and in place is reused; the others are allocated
+    #    when first written, so that with release_old memory is handed over tensor by tensor
+    new = _NewStore(dev)
     alias = _aliases(plan, device_id, new_rank, old) if new_rank is not None else {}
-    allocated = 0
     if new_rank is not None:
         for state, per in local_tensor_shapes(plan.new_layout, new_rank).items():
             dtype = TORCH_DTYPES[plan.new_layout.dtype(state)]
-            out = new.tensors.setdefault(state, {})
             for name, shape in per.items():
                 src = alias.get((state, name))
                 if src is not None:
-                    out[name] = old.get(state, src)
-                    stats.aliased_bytes += out[name].numel() * out[name].element_size()
+                    t = new.put(state, name, old.get(state, src))
+                    stats.aliased_bytes += t.numel() * t.element_size()
                 else:
-                    out[name] = torch.empty(shape, dtype=dtype, device=dev)
-                    allocated += out[name].numel() * out[name].element_size()
+                    new.expect(state, name, shape, dtype)
     released = 0
-    peak_extra = allocated
+    peak_extra = 0
 
-    # 2. local copies
-    t0 = time.perf_counter()
+    # 2. local copies (in P2P mode they overlap round 0, see below)
     aliased_names = {name for (_, name) in alias}
-    for ci, c in enumerate(copies):
-        if c.src != device_id or c.dst != device_id:
-            continue
-        g = plan.groups[c.group]
-        if c.dst_view[0] in aliased_names and all((s, c.dst_view[0]) in alias for s in g.states):
-            continue
-        ch = Chunk(ci, (0,) * len(c.shape), c.shape, c.nbytes, 0, -1)
-        for state in g.states:
-            packing.piece(new, state, c.dst_view, c.dst_rel, ch).copy_(
-                packing.piece(old, state, c.src_view, c.src_rel, ch))
-        stats.local_bytes += c.nbytes
-    stats.local_seconds = time.perf_counter() - t0
-    if release_old and member:
-        released += _release(plan, sched, device_id, old, -1, alias)
+    local_ok = [True]
+
+    def local_copies() -> None:
+        t0 = time.perf_counter()
+        for ci, c in enumerate(copies):
+            if c.src != device_id or c.dst != device_id:
+                continue
+            g = plan.groups[c.group]
+            if c.dst_view[0] in aliased_names and all((s, c.dst_view[0]) in alias for s in g.states):
+                continue
+            ch = Chunk(ci, (0,) * len(c.shape), c.shape, c.nbytes, 0, -1)
+            for state in g.states:
+                dst = packing.piece(new, state, c.dst_view, c.dst_rel, ch)
+                src = packing.piece(old, state, c.src_view, c.src_rel, ch)
+                dst.copy_(src)
+                if verify and packing.checksum(dst) != packing.checksum(src):  # before any release
+                    local_ok[0] = False
+            stats.local_bytes += c.nbytes
+        stats.local_seconds += time.perf_counter() - t0
+        nonlocal peak_extra
+        peak_extra = max(peak_extra, new.allocated - released)
 
     # 3. rounds
     t0 = time.perf_counter()
     per_round = sched.for_device(device_id, copies) if member else [({}, {})] * sched.rounds
     sent_sums: dict[int, list[int]] = {}
-    group_size = dist.get_world_size(group)
+    group_size = transport.group_size(group)
+    pending_local = member
+    if mode != "p2p" or not per_round:
+        local_copies()
+        pending_local = False
+    if release_old and member and not pending_local:
+        released += _release(plan, sched, device_id, old, -1, alias)
     for r, (sends, recvs) in enumerate(per_round):
         tr = time.perf_counter()
-        send_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=dev)
-                     for p, chs in sends.items()}
-        recv_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=dev)
-                     for p, chs in recvs.items()}
-        staging = sum(b.numel() for b in send_bufs.values()) + sum(b.numel() for b in recv_bufs.values())
-        stats.peak_staging_bytes = max(stats.peak_staging_bytes, staging)
-        peak_extra = max(peak_extra, allocated - released + staging)
-        for p, chs in sends.items():
-            packing.pack(send_bufs[p], chs, plan, old)
-            if verify:
+        if verify:
+            for p, chs in sends.items():
                 sent_sums.setdefault(p, []).extend(_chunk_sums(chs, plan, old, src_side=True))
         if mode == "p2p":
-            _exchange_p2p(send_bufs, recv_bufs, rank_of, group)
+            out_msgs, in_msgs, unpack_later, staging = _p2p_messages(plan, sends, recvs, old, new, dev,
+                                                                     direct_min_bytes)
+            stats.peak_staging_bytes = max(stats.peak_staging_bytes, staging)
+            works = transport.post(out_msgs, in_msgs, rank_of, group)
+            if pending_local:  # overlap the local copies with round 0's traffic
+                local_copies()
+                pending_local = False
+                if release_old:
+                    released += _release(plan, sched, device_id, old, -1, alias)
+            transport.wait(works)
+            for finish in unpack_later:
+                finish()
+            peak_extra = max(peak_extra, new.allocated - released + staging)
+            del out_msgs, in_msgs, unpack_later
         else:
+            send_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=dev)
+                         for p, chs in sends.items()}
+            recv_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=dev)
+                         for p, chs in recvs.items()}
+            staging = sum(b.numel() for b in send_bufs.values()) + sum(b.numel() for b in recv_bufs.values())
+            stats.peak_staging_bytes = max(stats.peak_staging_bytes, staging)
+            for p, chs in sends.items():
+                packing.pack(send_bufs[p], chs, plan, old)
             _exchange_a2a(send_bufs, recv_bufs, rank_of, group, group_size, dev)
-        for p, chs in recvs.items():
-            packing.unpack(recv_bufs[p], chs, plan, new)
+            for p, chs in recvs.items():
+                packing.unpack(recv_bufs[p], chs, plan, new)
+            peak_extra = max(peak_extra, new.allocated - released + staging)
+            del send_bufs, recv_bufs
         stats.bytes_sent += sum(ch.nbytes for chs in sends.values() for ch in chs)
         stats.bytes_received += sum(ch.nbytes for chs in recvs.values() for ch in chs)
-        del send_bufs, recv_bufs
         if release_old and member:
             released += _release(plan, sched, device_id, old, r, alias)
         stats.round_seconds.append(time.perf_counter() - tr)
     stats.rounds_seconds = time.perf_counter() - t0
-    stats.peak_extra_bytes = peak_extra
+    new.allocate_rest()  # every element is written by the plan; this only guards empty tensors
+    stats.peak_extra_bytes = max(peak_extra, new.allocated - released)
 
     # 4. small objects
     new_objects = _move_objects(plan, device_id, old_objects or {}, rank_of, group, dev) if member else {}
@@ -155,16 +184,46 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStor
     # 5. verification
     if verify:
         t0 = time.perf_counter()
-        ok = _verify(plan, per_round, device_id, old, new, sent_sums, rank_of, group, dev) if member else True
+        ok = _verify(plan, per_round, new, sent_sums, rank_of, group, dev) if member else True
+        ok = ok and local_ok[0]
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=dev)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        transport.all_reduce(flag, dist.ReduceOp.MIN, group)
         stats.verify_seconds = time.perf_counter() - t0
         if not int(flag.item()):
             raise TransferError("checksums differ between sources and destinations"
                                 + ("" if ok else f" (device {device_id} saw a mismatch)"))
         stats.verified = True
     stats.seconds = time.perf_counter() - t_start
-    return TransferResult(new if new_rank is not None else DictStore(), new_objects, stats)
+    return TransferResult(DictStore(new.tensors) if new_rank is not None else DictStore(), new_objects, stats)
+
+
+class _NewStore(DictStore):
+    """The new shards: reused old tensors, plus tensors allocated on first access."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+        self.allocated = 0
+        self._pending: dict[tuple[str, str], tuple] = {}
+
+    def put(self, state: str, name: str, t: torch.Tensor) -> torch.Tensor:
+        self.tensors.setdefault(state, {})[name] = t
+        return t
+
+    def expect(self, state: str, name: str, shape, dtype) -> None:
+        self._pending[state, name] = (shape, dtype)
+
+    def get(self, state: str, name: str) -> torch.Tensor:
+        t = self.tensors.get(state, {}).get(name)
+        if t is None:
+            shape, dtype = self._pending.pop((state, name))
+            t = self.put(state, name, torch.empty(shape, dtype=dtype, device=self.device))
+            self.allocated += t.numel() * t.element_size()
+        return t
+
+    def allocate_rest(self) -> None:
+        for state, name in list(self._pending):
+            self.get(state, name)
 
 
 def _device_of(store: DictStore) -> torch.device:
@@ -227,12 +286,52 @@ def _release(plan, sched: Schedule, device_id: int, old: DictStore, after_round:
     return freed
 
 
+def _p2p_messages(plan, sends, recvs, old, new, dev, direct_min_bytes: int):
+    """This round's messages: per peer one packed buffer of small chunks, then one message per
+    (large chunk, state), straight from/into the state tensors where contiguous. Returns
+    (outgoing, incoming, finishers to run after the wait, staging bytes allocated)."""
+    out_msgs: list[tuple[int, torch.Tensor]] = []
+    in_msgs: list[tuple[int, torch.Tensor]] = []
+    later: list = []
+    staging = 0
+    for p, chs in sorted(sends.items()):
+        packed, direct = packing.split_direct(chs, direct_min_bytes)
+        if packed:
+            buf = torch.empty(packing.buffer_size(packed), dtype=torch.uint8, device=dev)
+            packing.pack(buf, packed, plan, old)
+            out_msgs.append((p, buf))
+            staging += buf.numel()
+        for ch in direct:
+            c = plan.copies[ch.copy]
+            for state in plan.groups[c.group].states:
+                v = packing.piece(old, state, c.src_view, c.src_rel, ch)
+                if not v.is_contiguous():
+                    v = v.contiguous()
+                    staging += v.numel() * v.element_size()
+                out_msgs.append((p, packing.as_bytes(v)))
+    for p, chs in sorted(recvs.items()):
+        packed, direct = packing.split_direct(chs, direct_min_bytes)
+        if packed:
+            buf = torch.empty(packing.buffer_size(packed), dtype=torch.uint8, device=dev)
+            in_msgs.append((p, buf))
+            staging += buf.numel()
+            later.append(lambda buf=buf, packed=packed: packing.unpack(buf, packed, plan, new))
+        for ch in direct:
+            c = plan.copies[ch.copy]
+            for state in plan.groups[c.group].states:
+                v = packing.piece(new, state, c.dst_view, c.dst_rel, ch)
+                if v.is_contiguous():
+                    in_msgs.append((p, packing.as_bytes(v)))
+                else:
+                    tmp = torch.empty(v.shape, dtype=v.dtype, device=dev)
+                    staging += tmp.numel() * tmp.element_size()
+                    in_msgs.append((p, packing.as_bytes(tmp)))
+                    later.append(lambda v=v, tmp=tmp: v.copy_(tmp))
+    return out_msgs, in_msgs, later, staging
+
+
 def _exchange_p2p(send_bufs, recv_bufs, rank_of, group) -> None:
-    ops = [dist.P2POp(dist.isend, buf, rank_of(p), group) for p, buf in sorted(send_bufs.items())]
-    ops += [dist.P2POp(dist.irecv, buf, rank_of(p), group) for p, buf in sorted(recv_bufs.items())]
-    if ops:
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
+    transport.exchange(send_bufs, recv_bufs, rank_of, group)
 
 
 def _exchange_a2a(send_bufs, recv_bufs, rank_of, group, group_size: int, dev) -> None:
@@ -246,7 +345,7 @@ def _exchange_a2a(send_bufs, recv_bufs, rank_of, group, group_size: int, dev) ->
         out_splits[gr] = buf.numel()
     send = torch.cat([b for _, b in order_in]) if order_in else torch.empty(0, dtype=torch.uint8, device=dev)
     recv = torch.empty(sum(out_splits), dtype=torch.uint8, device=dev)
-    dist.all_to_all_single(recv, send, out_splits, in_splits, group=group)
+    transport.all_to_all(recv, send, out_splits, in_splits, group)
     pos = 0
     for _, buf in order_out:
         buf.copy_(recv[pos:pos + buf.numel()])
@@ -263,16 +362,9 @@ def _chunk_sums(chs: list[Chunk], plan, store, src_side: bool) -> list[int]:
     return out
 
 
-def _verify(plan, per_round, device_id: int, old, new, sent_sums, rank_of, group, dev) -> bool:
+def _verify(plan, per_round, new, sent_sums, rank_of, group, dev) -> bool:
+    """Compare each received chunk's checksums with those its source computed before sending."""
     ok = True
-    for ci, c in enumerate(plan.copies):  # local copies: compare directly
-        if c.src == device_id and c.dst == device_id:
-            ch = Chunk(ci, (0,) * len(c.shape), c.shape, c.nbytes, 0, -1)
-            for state in plan.groups[c.group].states:
-                a = packing.piece(old, state, c.src_view, c.src_rel, ch)
-                b = packing.piece(new, state, c.dst_view, c.dst_rel, ch)
-                if packing.checksum(a) != packing.checksum(b):
-                    ok = False
     received: dict[int, list[Chunk]] = {}
     for _, recvs in per_round:
         for p, chs in recvs.items():

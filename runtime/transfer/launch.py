@@ -39,7 +39,8 @@ def run_ranks(fn, args: tuple, world: int, timeout_s: float = 300.0) -> list[Any
     saved = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # many ranks share few cores
     try:
-        procs = [ctx.Process(target=_child, args=(r, world, port, fn, args, results, timeout_s), daemon=True)
+        # not daemonic: checkpoint writers (megatron, DCP) start helper processes of their own
+        procs = [ctx.Process(target=_child, args=(r, world, port, fn, args, results, timeout_s), daemon=False)
                  for r in range(world)]
         for p in procs:
             p.start()

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec, load_model
-from liveshard.runtime.transfer.executor import execute
+from liveshard.runtime.transfer.executor import TransferError, execute
 from liveshard.runtime.transfer.reference import check_reference, fill_reference
 from liveshard.runtime.transfer.storage import DictStore
 from liveshard.runtime.vps.devices import DeviceMap, parse_devices
@@ -39,6 +39,7 @@ class LocalJob:
     check: bool = True  # compare new (and old) shards with the reference afterwards
     release_old: bool = False
     repeat: int = 1  # timed executions (the first one is reported as cold)
+    direct_min_bytes: int | None = None  # executor default unless set
 
     def spec(self) -> ModelSpec:
         return self.model if isinstance(self.model, ModelSpec) else load_model(self.model)
@@ -75,20 +76,25 @@ def run_rank(rank: int, world: int, job: LocalJob) -> dict:
     objects = reference_objects(rank) if is_old else {}
     result = None
     times = []
+    error = None
     for _ in range(max(1, job.repeat)):
         dist.barrier()
         t0 = time.perf_counter()
-        result = execute(plan, sched, rank, old, objects, mode=job.mode, verify=job.verify,
-                         release_old=job.release_old)
+        try:
+            extra = {} if job.direct_min_bytes is None else {"direct_min_bytes": job.direct_min_bytes}
+            result = execute(plan, sched, rank, old, objects, mode=job.mode, verify=job.verify,
+                             release_old=job.release_old, **extra)
+        except TransferError as e:  # every rank sees the verdict; the old state must be intact
+            error = str(e)
+            break
         dist.barrier()
         times.append(time.perf_counter() - t0)
-    assert result is not None
-    out = {"rank": rank, "seconds": times, "stats": asdict(result.stats), "checksum": plan.checksum,
-           "new_rank": plan.device_to_rank.get(rank), "mismatches": [], "old_mismatches": [],
-           "object_errors": []}
+    out = {"rank": rank, "seconds": times, "stats": asdict(result.stats) if result else None,
+           "checksum": plan.checksum, "new_rank": plan.device_to_rank.get(rank), "error": error,
+           "mismatches": [], "old_mismatches": [], "object_errors": []}
     if job.check and member:
         new_rank = plan.device_to_rank.get(rank)
-        if new_rank is not None:
+        if new_rank is not None and result is not None:
             out["mismatches"] = check_reference(new_layout, new_rank, result.store)
             out["object_errors"] = _check_objects(plan, new_rank, result.objects)
         if is_old and not job.release_old:

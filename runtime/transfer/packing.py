@@ -13,6 +13,24 @@ import torch
 from liveshard.runtime.transfer.storage import TORCH_DTYPES, sub_box, view_of
 from liveshard.runtime.vps.schedule import Chunk, aligned
 
+# P2P rounds send a chunk of at least this many staging bytes as messages of its own (one per
+# state), straight from the source tensor and into the destination tensor when those views are
+# contiguous; smaller chunks to the same peer share one packed buffer. Both sides split the same
+# way (it depends on the schedule only), so the messages pair up in order.
+DIRECT_MIN_BYTES = 1 << 20
+
+
+def split_direct(chunks: list[Chunk], min_bytes: int = DIRECT_MIN_BYTES) -> tuple[list[Chunk], list[Chunk]]:
+    """(chunks packed into one buffer, chunks sent as messages of their own), in schedule order."""
+    packed = [ch for ch in chunks if ch.staging < min_bytes]
+    direct = [ch for ch in chunks if ch.staging >= min_bytes]
+    return packed, direct
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's memory as a flat uint8 view (what goes on the wire)."""
+    return t.reshape(-1).view(torch.uint8)
+
 
 def piece(store, state: str, view, rel, ch: Chunk) -> torch.Tensor:
     """The view of chunk ``ch`` inside ``store``'s local tensor, for one state."""

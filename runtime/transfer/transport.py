@@ -27,22 +27,31 @@ def is_registered(group: Any) -> bool:
 def exchange(send_bufs: dict[int, torch.Tensor], recv_bufs: dict[int, torch.Tensor],
              rank_of: Callable[[int], int], group: Any) -> None:
     """Send ``send_bufs[peer]`` to and receive ``recv_bufs[peer]`` from each peer, all at once."""
-    if not send_bufs and not recv_bufs:
-        return
+    wait(post(sorted(send_bufs.items()), sorted(recv_bufs.items()), rank_of, group))
+
+
+def post(sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]],
+         rank_of: Callable[[int], int], group: Any) -> list[Any]:
+    """Start one batch of sends and receives (several per peer allowed: they pair up in list
+    order on both sides); ``wait`` on the returned works before touching the buffers."""
+    if not sends and not recvs:
+        return []
     if is_registered(group):
-        ops = [dist.P2POp(dist.isend, buf, rank_of(p), group) for p, buf in sorted(send_bufs.items())]
-        ops += [dist.P2POp(dist.irecv, buf, rank_of(p), group) for p, buf in sorted(recv_bufs.items())]
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
-        return
+        ops = [dist.P2POp(dist.isend, buf, rank_of(p), group) for p, buf in sends]
+        ops += [dist.P2POp(dist.irecv, buf, rank_of(p), group) for p, buf in recvs]
+        return list(dist.batch_isend_irecv(ops))
     coalesce = _is_nccl(group)
-    dev = next(iter({**send_bufs, **recv_bufs}.values())).device
+    dev = (sends or recvs)[0][1].device
     if coalesce:
         group._start_coalescing(dev)
-    works = [group.send([buf], rank_of(p), 0) for p, buf in sorted(send_bufs.items())]
-    works += [group.recv([buf], rank_of(p), 0) for p, buf in sorted(recv_bufs.items())]
+    works = [group.send([buf], rank_of(p), 0) for p, buf in sends]
+    works += [group.recv([buf], rank_of(p), 0) for p, buf in recvs]
     if coalesce:
         works = [group._end_coalescing(dev)]
+    return works
+
+
+def wait(works: list[Any]) -> None:
     for w in works:
         w.wait()
 

@@ -24,6 +24,7 @@ from liveshard.runtime.vps.region import Shape, flat_range_to_boxes, volume
 
 ALIGN = 16  # bytes; every slice in a staging buffer starts at a multiple of this
 DEFAULT_BUDGET = 1 << 30  # 1 GiB of staging per device
+CHUNKS_PER_BUDGET = 8  # pieces are split into chunks of at most budget / 8
 
 
 class Chunk(NamedTuple):
@@ -75,12 +76,14 @@ def schedule(plan, budget: int = DEFAULT_BUDGET) -> Schedule:
         raise ConfigError("--budget", f"{budget} bytes cannot stage even one element of every state "
                                       f"({smallest} bytes with {ALIGN}-byte alignment)",
                           f"give at least {smallest} bytes")
-    max_chunk = max(smallest, budget // 4)
+    max_chunk = max(smallest, budget // CHUNKS_PER_BUDGET)
     per_elem = [max(1, (max_chunk - ALIGN * len(g.itemsizes)) // g.itemsum) for g in groups]
+    # a round stays open for a device while it has room for the largest chunk
+    max_staging = max(staging_bytes(n, g.itemsizes) for n, g in zip(per_elem, groups))
 
     n = plan.devices.num_devices
     usage: list[list[int]] = [[] for _ in range(n)]
-    first_open = [0] * n
+    nxt: list[list[int]] = [[] for _ in range(n)]  # union-find "next open round" per device
     chunks: list[Chunk] = []
     last_read: dict[tuple[int, int, str], int] = {}
     for ci, c in enumerate(plan.copies):
@@ -97,29 +100,37 @@ def schedule(plan, budget: int = DEFAULT_BUDGET) -> Schedule:
             pieces = []
             for start in range(0, total, step):
                 pieces.extend(flat_range_to_boxes(c.shape, start, min(start + step, total)))
+        ns, nd = nxt[c.src], nxt[c.dst]
         us, ud = usage[c.src], usage[c.dst]
+        key = (c.src, c.group, c.src_view[0])
         for off, shp in pieces:
             numel = volume(shp)
             st = staging_bytes(numel, g.itemsizes)
-            r = max(first_open[c.src], first_open[c.dst])
-            while True:
-                a = us[r] if r < len(us) else 0
-                b = ud[r] if r < len(ud) else 0
-                if a + st <= budget and b + st <= budget:
+            r = _open(ns, 0)
+            while True:  # the first round open on both sides
+                r2 = _open(nd, r)
+                if r2 == r:
                     break
-                r += 1
-            for u in (us, ud):
+                r = _open(ns, r2)
+            for u, nx in ((us, ns), (ud, nd)):
                 while len(u) <= r:
+                    nx.append(len(u))
                     u.append(0)
                 u[r] += st
-            for dev, u in ((c.src, us), (c.dst, ud)):
-                k = first_open[dev]
-                while k < len(u) and u[k] + smallest > budget:
-                    k += 1
-                first_open[dev] = k
+                if u[r] + max_staging > budget:
+                    nx[r] = r + 1
             chunks.append(Chunk(ci, off, shp, numel * g.itemsum, st, r))
-            key = (c.src, c.group, c.src_view[0])
             if last_read.get(key, -1) < r:
                 last_read[key] = r
     rounds = max((len(u) for u in usage), default=0)
     return Schedule(budget, chunks, rounds, [max(u, default=0) for u in usage], last_read)
+
+
+def _open(nxt: list[int], r: int) -> int:
+    """First round >= r still open (rounds past the end are empty), with path compression."""
+    root = r
+    while root < len(nxt) and nxt[root] != root:
+        root = nxt[root]
+    while r < len(nxt) and nxt[r] != r:
+        nxt[r], r = root, nxt[r]
+    return root

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -151,13 +152,25 @@ class TransitionPlan:
 
     @cached_property
     def checksum(self) -> str:
+        """sha256 over the canonical plan: inputs, rank -> device map, every copy and object move.
+
+        Copies are encoded as integers (names and views through tables in first-use order), so
+        hashing a 10^5-copy plan costs a fraction of planning it.
+        """
         h = hashlib.sha256()
         h.update(repr((str(self.old_cfg), str(self.new_cfg), sorted(self.spec.to_dict().items()),
                        sorted(self.devices.describe().items()), self.rank_to_device,
-                       [tuple(g) for g in (
-                           (g.states, g.dtypes, g.old_geometry, g.new_geometry) for g in self.groups)])).encode())
-        h.update("".join(map(tuple.__repr__, self.copies)).encode())
-        h.update("".join(map(tuple.__repr__, self.objects)).encode())
+                       [(g.states, g.dtypes, g.old_geometry, g.new_geometry) for g in self.groups])).encode())
+        ids: dict = {}
+        setid = ids.setdefault
+        ints = array("q")
+        put = ints.extend
+        for src, dst, group, key, off, shape, sview, srel, dview, drel, nbytes in self.copies:
+            put((src, dst, group, setid(key, len(ids)), setid(sview, len(ids)), setid(dview, len(ids)),
+                 nbytes, len(shape), *off, *shape, *srel, *drel))
+        h.update(ints.tobytes())
+        h.update(repr(list(ids)).encode())
+        h.update(repr([tuple(m) for m in self.objects]).encode())
         return h.hexdigest()
 
 
@@ -276,6 +289,8 @@ def _local_copies_and_demands(inters: list[Inter], groups: tuple[StateGroup, ...
                               devices: DeviceMap) -> tuple[list[Copy], list[Demand]]:
     copies: list[Copy] = []
     demands: list[Demand] = []
+    alive = [devices.holds_old_state(d) for d in range(devices.num_devices)]
+    new_copy = tuple.__new__
     for gi, nb, ob, off, shp in inters:
         views = ob.views()
         sources = _sources(ob, devices)
@@ -285,17 +300,17 @@ def _local_copies_and_demands(inters: list[Inter], groups: tuple[StateGroup, ...
         npre = nb.npre
         lshape = shp[npre:]
         nbytes = volume(shp) * groups[gi].itemsum
-        srel_base = tuple(o - b for o, b in zip(off[npre:], ob.offset[npre:]))
+        srel = tuple(o - b for o, b in zip(off[npre:], ob.offset[npre:]))
         drel = tuple(o - b for o, b in zip(off[npre:], nb.offset[npre:]))
+        key = nb.key
         for _, ranks, nview in nb.groups:
             for r in ranks:
                 d = rank_to_device[r]
                 sview = views.get(d)
-                if sview is not None and devices.holds_old_state(d):
-                    copies.append(Copy(d, d, gi, nb.key, off, lshape, sview, srel_base, nview, drel, nbytes))
+                if sview is not None and alive[d]:
+                    copies.append(new_copy(Copy, (d, d, gi, key, off, lshape, sview, srel, nview, drel, nbytes)))
                 else:
-                    demands.append((nbytes, d, sources, gi, nb.key, off, lshape, views, srel_base,
-                                    nview, drel))
+                    demands.append((nbytes, d, sources, gi, key, off, lshape, views, srel, nview, drel))
     return copies, demands
 
 
@@ -303,7 +318,8 @@ def _choose_sources(demands: list[Demand], devices: DeviceMap, target: int) -> l
     nodes = devices.nodes
     load = [0] * devices.num_devices
     by_node_cache: dict[tuple[int, ...], dict[int, list[int]]] = {}
-    order = sorted(range(len(demands)), key=lambda i: -demands[i][0])
+    weights = [-dm[0] for dm in demands]
+    order = sorted(range(len(demands)), key=weights.__getitem__)  # largest first (LPT), stable
     chosen = [0] * len(demands)
     get = load.__getitem__
     for i in order:
@@ -326,12 +342,9 @@ def _choose_sources(demands: list[Demand], devices: DeviceMap, target: int) -> l
                 s = min(sources, key=get)
         load[s] += w
         chosen[i] = s
-    out = []
-    for i, dm in enumerate(demands):
-        nbytes, d, _, gi, key, off, lshape, views, srel, nview, drel = dm
-        s = chosen[i]
-        out.append(Copy(s, d, gi, key, off, lshape, views[s], srel, nview, drel, nbytes))
-    return out
+    new_copy = tuple.__new__
+    return [new_copy(Copy, (s, d, gi, key, off, lshape, views[s], srel, nview, drel, nbytes))
+            for s, (nbytes, d, _, gi, key, off, lshape, views, srel, nview, drel) in zip(chosen, demands)]
 
 
 def object_moves(old_cfg: ParallelConfig, new_cfg: ParallelConfig, rank_to_device: tuple[int, ...],

@@ -1,0 +1,211 @@
+"""The ElasticTrainingJob CRD: schema, defaults, CEL rules, and what only the operator can check."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+from crd_validation import CRDValidator, InvalidObject
+
+from liveshard.operator import signals
+from liveshard.operator.jobspec import read_spec, validate_spec
+from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.presets import PRESETS
+from liveshard.runtime.spec import ModelSpec
+
+CRD_PATH = Path(__file__).resolve().parents[1] / "crds" / "elastictrainingjob.yaml"
+CRD = yaml.safe_load(CRD_PATH.read_text())
+VERSION = CRD["spec"]["versions"][0]
+SCHEMA = VERSION["schema"]["openAPIV3Schema"]
+
+GOOD = {
+    "apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob",
+    "metadata": {"name": "llama-pretrain", "namespace": "ml"},
+    "spec": {
+        "model": {"preset": "llama3-8b"},
+        "image": "ghcr.io/example/liveshard-train:0.1",
+        "workers": {"min": 2, "max": 16, "gpusPerWorker": 8},
+        "template": {"nodeSelector": {"karpenter.sh/capacity-type": "spot"},
+                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+        "parallelism": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "globalBatch": 512},
+        "elasticity": {"actOn": ["spot-interruption", "disruption", "scale-in"], "scaleUpCooldownSeconds": 120},
+        "checkpoint": {"path": "/ckpt", "volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}},
+        "coordinator": {"nodeSelector": {"node-pool": "system"}},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def validator() -> CRDValidator:
+    return CRDValidator(CRD)
+
+
+def with_spec(**changes):
+    obj = copy.deepcopy(GOOD)
+    for path, value in changes.items():
+        target = obj["spec"]
+        keys = path.split("__")
+        for key in keys[:-1]:
+            target = target.setdefault(key, {})
+        if value is _DELETE:
+            target.pop(keys[-1], None)
+        else:
+            target[keys[-1]] = value
+    return obj
+
+
+_DELETE = object()
+
+
+# ---- the CRD's shape --------------------------------------------------------------------------
+def test_crd_identity_subresources_and_columns():
+    spec = CRD["spec"]
+    assert spec["group"] == "liveshard.io" and VERSION["name"] == "v1alpha1"
+    assert spec["names"]["kind"] == "ElasticTrainingJob" and "etj" in spec["names"]["shortNames"]
+    scale = VERSION["subresources"]["scale"]
+    assert scale == {"specReplicasPath": ".spec.workers.replicas", "statusReplicasPath": ".status.replicas",
+                     "labelSelectorPath": ".status.selector"}
+    assert "status" in VERSION["subresources"]
+    columns = {c["name"]: c["jsonPath"] for c in VERSION["additionalPrinterColumns"]}
+    assert columns["Phase"] == ".status.phase" and columns["World"] == ".status.worldSize"
+    assert columns["Plan"] == ".status.plan.config" and columns["Generation"] == ".status.plan.generation"
+    assert columns["Age"] == ".metadata.creationTimestamp"
+
+
+def test_schema_is_structural():
+    """Every node has a type (or preserves unknown fields), as apiextensions/v1 requires."""
+    def walk(node, path):
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+        for key, child in (node.get("properties") or {}).items():
+            walk(child, f"{path}.{key}")
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            walk(node["additionalProperties"], f"{path}{{}}")
+    walk(SCHEMA, "")
+
+
+def test_model_fields_follow_modelspec_and_presets():
+    model = SCHEMA["properties"]["spec"]["properties"]["model"]["properties"]
+    assert set(model) - {"preset"} == {f.name for f in dataclasses.fields(ModelSpec)}
+    assert sorted(model["preset"]["enum"]) == sorted(PRESETS)
+
+
+def test_act_on_enum_matches_the_signal_kinds():
+    act_on = SCHEMA["properties"]["spec"]["properties"]["elasticity"]["properties"]["actOn"]
+    assert act_on["items"]["enum"] == list(signals.NODE_KINDS)
+    assert act_on["default"] == list(signals.NODE_KINDS)
+
+
+def test_status_has_the_runtime_contract_fields():
+    status = SCHEMA["properties"]["status"]["properties"]
+    for key in ("phase", "conditions", "plan", "appliedGeneration", "history", "observedGeneration",
+                "replicas", "selector", "worldSize"):
+        assert key in status
+    plan = status["plan"]["properties"]
+    for key in ("generation", "config", "members", "worldSize", "reason", "deadline", "createdAt"):
+        assert key in plan
+
+
+# ---- accepted manifests -----------------------------------------------------------------------
+def test_a_good_manifest_passes_and_gets_defaults(validator):
+    out = validator.validate(GOOD)
+    assert out["spec"]["workers"]["gpusPerWorker"] == 8
+    assert out["spec"]["parallelism"]["microBatch"] == 1
+    assert out["spec"]["parallelism"]["distributedOptimizer"] is True
+    assert out["spec"]["elasticity"]["reconfigurationTimeoutSeconds"] == 300
+    assert out["spec"]["checkpoint"]["intervalMinutes"] == 30
+    assert out["spec"]["coordinator"]["port"] == 29400
+    assert out["spec"]["command"] == ["liveshard", "agent"]
+    assert read_spec(out["spec"]).workers.replicas == 16
+
+
+def test_an_inline_model_and_a_preset_with_overrides_pass(validator):
+    inline = with_spec(model={"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 250,
+                              "max_sequence_length": 64, "params_dtype": "fp32"})
+    validator.validate(inline)
+    assert read_spec(validator.default(inline)["spec"]).model.num_layers == 4
+    override = with_spec(model={"preset": "llama3-8b", "max_sequence_length": 4096})
+    validator.validate(override)
+    assert read_spec(override["spec"]).model.max_sequence_length == 4096
+
+
+# ---- rejected manifests: schema ---------------------------------------------------------------
+@pytest.mark.parametrize("changes,expected", [
+    ({"workers__max": _DELETE}, "spec.workers.max: Required value"),
+    ({"image": _DELETE}, "spec.image: Required value"),
+    ({"workers__gpusPerWorker": 0}, "spec.workers.gpusPerWorker: Invalid value: 0: must be >= 1"),
+    ({"workers__max": "16"}, "spec.workers.max: Invalid value: '16': must be of type integer"),
+    ({"model": {"preset": "llama-9000"}}, 'spec.model.preset: Unsupported value: \'llama-9000\''),
+    ({"workers__gpusperworker": 8}, 'spec.workers.gpusperworker: unknown field "gpusperworker"'),
+    ({"elasticity__actOn": ["spot"]}, 'spec.elasticity.actOn[0]: Unsupported value: \'spot\''),
+    ({"checkpoint__path": "ckpt"}, "spec.checkpoint.path: Invalid value"),
+    ({"workers__gpuMemory": "80 gigs"}, "spec.workers.gpuMemory: Invalid value"),
+    ({"model": {"preset": "tiny-gpt", "normalization": "BatchNorm"}}, "spec.model.normalization: Unsupported value"),
+])
+def test_schema_rejects_with_a_readable_message(validator, changes, expected):
+    with pytest.raises(InvalidObject) as e:
+        validator.validate(with_spec(**changes))
+    assert any(err.startswith(expected) for err in e.value.errors), e.value.errors
+    assert str(e.value).startswith('ElasticTrainingJob.liveshard.io "llama-pretrain" is invalid: ')
+
+
+# ---- rejected manifests: CEL rules ------------------------------------------------------------
+@pytest.mark.parametrize("changes,expected", [
+    ({"workers": {"min": 8, "max": 4}}, "spec.workers: Invalid value: workers.min must be <= workers.max"),
+    ({"workers": {"min": 2, "max": 4, "replicas": 6}}, "workers.replicas must lie within workers.min..workers.max"),
+    ({"workers": {"min": 2, "max": 4, "replicas": 1}}, "workers.replicas must lie within"),
+    ({"parallelism__globalBatch": 100, "parallelism__microBatch": 3}, "globalBatch must be a multiple of microBatch"),
+    ({"model": {"hidden_size": 64}}, "model: give a preset, or num_layers"),
+    ({"model": {"preset": "tiny-gpt", "num_attention_heads": 4, "num_query_groups": 3}},
+     "model.num_query_groups must divide num_attention_heads"),
+    ({"workers": {"min": 1, "max": 1, "gpusPerWorker": 1}, "parallelism__tp": [2, 4]},
+     "parallelism.tp: every allowed tp degree exceeds"),
+])
+def test_cel_rules_reject_cross_field_mistakes(validator, changes, expected):
+    with pytest.raises(InvalidObject) as e:
+        validator.validate(with_spec(**changes))
+    assert any(expected in err for err in e.value.errors), e.value.errors
+
+
+def test_transition_rules_keep_model_and_gpus_per_worker_fixed(validator):
+    old = validator.validate(GOOD)
+    scaled = copy.deepcopy(old)
+    scaled["spec"]["workers"]["replicas"] = 4
+    validator.validate(scaled, old)  # scaling is an allowed edit
+    changed = copy.deepcopy(old)
+    changed["spec"]["workers"]["gpusPerWorker"] = 4
+    with pytest.raises(InvalidObject, match="gpusPerWorker is immutable"):
+        validator.validate(changed, old)
+    changed = copy.deepcopy(old)
+    changed["spec"]["model"] = {"preset": "llama3-70b"}
+    with pytest.raises(InvalidObject, match="model is immutable"):
+        validator.validate(changed, old)
+
+
+# ---- what only the operator can check ---------------------------------------------------------
+@pytest.mark.parametrize("changes,field", [
+    ({"model": {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 250,
+                "max_sequence_length": 64, "num_moe_experts": 4, "moe_router_topk": 8}}, "spec.model.moe_router_topk"),
+    ({"parallelism__ep": [2]}, "spec.parallelism.ep"),
+    ({"parallelism__tp": [3, 5]}, "spec.parallelism.tp"),
+    ({"parallelism__seqLength": 100000}, "spec.parallelism.seqLength"),
+    ({"model": {"preset": "tiny-gpt", "position_embedding_type": "alibi"}}, "spec.model.position_embedding_type"),
+])
+def test_operator_side_validation_names_the_field(validator, changes, field):
+    obj = with_spec(**changes)
+    problem = validate_spec(obj["spec"])
+    assert problem is not None and problem.startswith(field), problem
+    with pytest.raises(ConfigError) as e:
+        read_spec(obj["spec"])
+    assert e.value.field == field
+    assert "\n" not in str(e.value)
+
+
+def test_gpu_memory_quantities():
+    spec = with_spec(workers__gpuMemory="40960Mi")["spec"]
+    assert read_spec(spec).workers.gpu_memory_bytes == 40 * 2**30
+    assert read_spec(with_spec(workers__gpuMemory="141G")["spec"]).workers.gpu_memory_bytes == 141 * 10**9

@@ -1,0 +1,327 @@
+"""The real operator (kopf, in a thread) against the API emulator, over HTTP.
+
+A test plays scheduler and kubelet (``run_pod``) and the runtime's coordinator (it acks plans by
+patching ``status.appliedGeneration``), and checks what the operator does in between.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import kubernetes.client as k8s
+import pytest
+from kube_emulator import KubeEmulator, run_pod
+
+from liveshard.operator import metrics
+from liveshard.operator.command import run_operator
+from liveshard.operator.options import Options
+from liveshard.operator.signals import parse_time
+
+CRD_PATH = Path(__file__).resolve().parents[1] / "crds" / "elastictrainingjob.yaml"
+NS = "default"
+GROUP, VERSION, PLURAL = "liveshard.io", "v1alpha1", "elastictrainingjobs"
+SPOT_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "spot-itn-0f1e2d3c", "effect": "NoSchedule"}
+
+
+class Operator:
+    """``liveshard operator`` in a background thread (kopf cannot share pytest's event loop)."""
+
+    def __init__(self, url: str, liveness: str | None = None, namespaces: tuple[str, ...] = ()) -> None:
+        self.options = Options(server=url, metrics_port=None, liveness=liveness, namespaces=namespaces)
+        self.stop_flag = threading.Event()
+        self.ready_flag = threading.Event()
+        self.thread = threading.Thread(target=run_operator, name="operator", daemon=True,
+                                       args=(self.options, self.stop_flag, self.ready_flag))
+
+    def start(self) -> Operator:
+        self.thread.start()
+        assert self.ready_flag.wait(30), "the operator did not start"
+        return self
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the operator did not stop"
+
+
+class Cluster:
+    def __init__(self, kube: KubeEmulator) -> None:
+        api = kube.api_client()
+        self.core = k8s.CoreV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+        self.rbac = k8s.RbacAuthorizationV1Api(api)
+        self.net = k8s.NetworkingV1Api(api)
+
+    def add_nodes(self, *names: str, gpu_mib: int = 81559) -> None:
+        for name in names:
+            self.core.create_node({"metadata": {"name": name, "labels": {"nvidia.com/gpu.memory": str(gpu_mib)}},
+                                   "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+
+    def create_job(self, name: str, workers: dict, **spec) -> dict:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ElasticTrainingJob",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {"model": {"preset": "gpt-125m"}, "image": "ghcr.io/example/train:1",
+                         "workers": workers, "parallelism": {"globalBatch": 64},
+                         "elasticity": {"scaleUpCooldownSeconds": 1}, **spec}}
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+
+    def job(self, name: str) -> dict:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+
+    def status(self, name: str) -> dict:
+        return self.job(name).get("status") or {}
+
+    def ack(self, name: str) -> int:
+        gen = self.status(name)["plan"]["generation"]
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, name,
+                                                          {"status": {"appliedGeneration": gen}})
+        return gen
+
+    def pods(self, job: str) -> dict[str, k8s.V1Pod]:
+        return {p.metadata.name: p for p in self.core.list_namespaced_pod(NS).items
+                if (p.metadata.labels or {}).get("liveshard.io/job") == job}
+
+    def workers(self, job: str) -> dict[str, k8s.V1Pod]:
+        return {n: p for n, p in self.pods(job).items() if p.metadata.labels.get("liveshard.io/role") == "worker"}
+
+    def schedule(self, job: str, nodes: list[str]) -> None:
+        """Bind every pending worker pod of ``job`` to a free node of ``nodes`` and start it."""
+        used = {p.spec.node_name for p in self.workers(job).values() if p.spec.node_name}
+        free = [n for n in nodes if n not in used]
+        for name, pod in sorted(self.workers(job).items()):
+            if not pod.spec.node_name and free:
+                run_pod(self.core, NS, name, free.pop(0))
+
+
+def wait_for(check, timeout: float = 15.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.03)
+
+
+@pytest.fixture(scope="module")
+def kube():
+    with KubeEmulator(crds=[CRD_PATH]) as emulator:
+        yield emulator
+
+
+@pytest.fixture(scope="module")
+def cluster(kube):
+    operator = Operator(kube.url).start()
+    yield Cluster(kube)
+    operator.stop()
+
+
+def start_running(cluster: Cluster, job: str, nodes: list[str], workers: dict) -> dict:
+    """Create the job, run its pods, and ack plans until one with every pod is running."""
+    count = workers.get("replicas", workers["max"])
+    cluster.add_nodes(*nodes)
+    cluster.create_job(job, workers)
+    wait_for(lambda: len(cluster.workers(job)) == count, what="worker pods")
+    cluster.schedule(job, nodes)
+
+    def running_on_all():
+        status = cluster.status(job)
+        plan = status.get("plan")
+        if not plan:
+            return None
+        if status.get("appliedGeneration", 0) < plan["generation"]:
+            cluster.ack(job)  # an early plan may cover fewer pods: a scale-up follows
+            return None
+        return status.get("phase") == "Running" and len(plan["members"]) == count and plan
+
+    return wait_for(running_on_all, what=f"a running plan over {count} pods")
+
+
+def next_plan(cluster: Cluster, job: str, after: int) -> dict:
+    return wait_for(lambda: (p := cluster.status(job)["plan"])["generation"] > after and p,
+                    what=f"a plan after generation {after}")
+
+
+# ---- create -----------------------------------------------------------------------------------
+def test_a_job_gets_its_pods_coordinator_service_policy_and_rbac(cluster):
+    cluster.create_job("alpha", {"min": 1, "max": 3, "gpusPerWorker": 2})
+    pods = wait_for(lambda: (p := cluster.pods("alpha")) and len(p) == 4 and p, what="pods")
+    uid = cluster.job("alpha")["metadata"]["uid"]
+    assert sorted(pods) == ["alpha-coordinator", "alpha-worker-0", "alpha-worker-1", "alpha-worker-2"]
+    worker = pods["alpha-worker-1"]
+    assert worker.metadata.owner_references[0].uid == uid and worker.metadata.owner_references[0].controller
+    assert worker.metadata.labels["liveshard.io/worker-index"] == "1"
+    assert worker.spec.containers[0].resources.limits["nvidia.com/gpu"] == "2"
+    assert worker.spec.subdomain == "alpha" and worker.spec.restart_policy == "Never"
+    coord = pods["alpha-coordinator"]
+    terms = coord.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+    assert {"karpenter.sh/capacity-type", "cloud.google.com/gke-spot"} <= {e.key for e in terms[0].match_expressions}
+
+    svc = wait_for(lambda: _get(cluster.core.read_namespaced_service, "alpha"), what="service")
+    assert svc.spec.cluster_ip == "None" and svc.spec.selector == {"liveshard.io/job": "alpha"}
+    policy = cluster.net.read_namespaced_network_policy("alpha-coordinator", NS)
+    assert policy.spec.pod_selector.match_labels["liveshard.io/role"] == "coordinator"
+    assert policy.spec.ingress[0]._from[0].pod_selector.match_labels == {"liveshard.io/job": "alpha"}
+    role = cluster.rbac.read_namespaced_role("alpha-liveshard", NS)
+    assert all(rule.resource_names == ["alpha"] for rule in role.rules)
+    assert {"elastictrainingjobs/status"} == {r for rule in role.rules if "patch" in rule.verbs for r in rule.resources}
+    binding = cluster.rbac.read_namespaced_role_binding("alpha-liveshard", NS)
+    assert binding.subjects[0].name == "alpha-liveshard" and binding.role_ref.name == "alpha-liveshard"
+
+    status = wait_for(lambda: (s := cluster.status("alpha")).get("phase") and s, what="status")
+    assert status["phase"] == "Pending" and status["replicas"] == 3
+    assert status["selector"] == "liveshard.io/job=alpha,liveshard.io/role=worker"
+
+
+def _get(fn, name):
+    try:
+        return fn(name, NS)
+    except k8s.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+# ---- spot notice ------------------------------------------------------------------------------
+def test_spot_taint_replans_within_the_notice_and_the_ack_removes_the_pod(cluster):
+    nodes = ["spot-a", "spot-b", "spot-c", "spot-d"]
+    first = start_running(cluster, "bravo", nodes, {"min": 1, "max": 4, "gpusPerWorker": 1})
+    assert len(first["members"]) == 4
+    victim = cluster.workers("bravo")["bravo-worker-2"].spec.node_name
+    replans_before = metrics.REPLANS.labels("spot-interruption")._value.get()
+    notices_before = _histogram_count(metrics.NOTICE_TO_PLAN)
+
+    tainted_at = time.time()
+    cluster.core.patch_node(victim, {"spec": {"unschedulable": True, "taints": [SPOT_ITN]}})
+    plan = next_plan(cluster, "bravo", first["generation"])
+    seen = time.time() - tainted_at
+
+    assert "bravo-worker-2" not in plan["members"] and plan["leaving"] == ["bravo-worker-2"]
+    assert plan["reason"].startswith("spot-interruption")
+    created, deadline = parse_time(plan["createdAt"]), parse_time(plan["deadline"])
+    assert created < deadline and 110 < (deadline - created).total_seconds() <= 120  # the 2-minute notice
+    assert seen < 5.0, f"plan took {seen:.2f}s"
+    assert metrics.REPLANS.labels("spot-interruption")._value.get() == replans_before + 1
+    assert _histogram_count(metrics.NOTICE_TO_PLAN) == notices_before + 1
+
+    time.sleep(0.5)  # nothing is deleted before the runtime acks
+    assert "bravo-worker-2" in cluster.workers("bravo")
+    assert cluster.status("bravo")["phase"] == "Reconfiguring"
+
+    cluster.ack("bravo")
+    wait_for(lambda: cluster.status("bravo")["phase"] == "Running", what="Running after the ack")
+    # deleted, then recreated under the same stable name, waiting for capacity
+    wait_for(lambda: (p := cluster.workers("bravo").get("bravo-worker-2")) is not None and not p.spec.node_name,
+             what="replacement pod")
+    status = cluster.status("bravo")
+    assert status["history"][-1]["outcome"] == "Applied" and status["worldSize"] == len(plan["members"])
+    assert "failures" not in status  # a preemption is not a failure
+    reasons = {e.reason for e in cluster.core.list_namespaced_event(NS).items
+               if e.involved_object.name == "bravo"}
+    assert {"Replanned", "Reconfigured", "WorkerRemoved"} <= reasons
+
+
+def _histogram_count(hist) -> float:
+    return next(s.value for m in hist.collect() for s in m.samples if s.name.endswith("_count"))
+
+
+# ---- scale ------------------------------------------------------------------------------------
+def test_kubectl_scale_down_and_back_up(cluster):
+    nodes = ["pool-a", "pool-b", "pool-c", "pool-d"]
+    first = start_running(cluster, "charlie", nodes, {"min": 1, "max": 4, "gpusPerWorker": 1})
+
+    scale = cluster.custom.patch_namespaced_custom_object_scale(GROUP, VERSION, NS, PLURAL, "charlie",
+                                                                {"spec": {"replicas": 2}})
+    assert scale["spec"]["replicas"] == 2 and scale["status"]["selector"].startswith("liveshard.io/job=charlie")
+    plan = next_plan(cluster, "charlie", first["generation"])
+    assert sorted(plan["leaving"]) == ["charlie-worker-2", "charlie-worker-3"]
+    assert plan["reason"].startswith("scale-down")
+    cluster.ack("charlie")
+    wait_for(lambda: sorted(cluster.workers("charlie")) == ["charlie-worker-0", "charlie-worker-1"],
+             what="pods 2 and 3 gone")
+    assert cluster.custom.get_namespaced_custom_object_scale(GROUP, VERSION, NS, PLURAL, "charlie")[
+        "status"]["replicas"] == 2
+
+    cluster.custom.patch_namespaced_custom_object_scale(GROUP, VERSION, NS, PLURAL, "charlie",
+                                                        {"spec": {"replicas": 4}})
+    wait_for(lambda: len(cluster.workers("charlie")) == 4, what="new pods")
+    cluster.schedule("charlie", nodes)
+    plan = next_plan(cluster, "charlie", plan["generation"])
+    assert plan["reason"].startswith("scale-up") and len(plan["members"]) == 4
+    assert sorted(plan["joining"]) == ["charlie-worker-2", "charlie-worker-3"]
+
+    with pytest.raises(k8s.ApiException) as e:
+        cluster.custom.patch_namespaced_custom_object_scale(GROUP, VERSION, NS, PLURAL, "charlie",
+                                                            {"spec": {"replicas": 9}})
+    assert e.value.status == 422 and "workers.replicas must lie within" in e.value.body
+
+
+# ---- bad input --------------------------------------------------------------------------------
+def test_invalid_manifests_are_refused_with_readable_messages(cluster):
+    with pytest.raises(k8s.ApiException) as e:
+        cluster.create_job("delta", {"min": 5, "max": 2})
+    body = json.loads(e.value.body)
+    assert e.value.status == 422
+    assert body["message"] == ('ElasticTrainingJob.liveshard.io "delta" is invalid: '
+                               "spec.workers: Invalid value: workers.min must be <= workers.max")
+    with pytest.raises(k8s.ApiException) as e:
+        cluster.create_job("delta", {"max": 2, "gpuPerWorker": 8})
+    assert 'spec.workers.gpuPerWorker: unknown field "gpuPerWorker"' in json.loads(e.value.body)["message"]
+
+
+def test_a_spec_only_the_operator_can_reject_fails_the_job_with_the_reason(cluster):
+    cluster.create_job("echo", {"max": 2, "gpusPerWorker": 1}, parallelism={"globalBatch": 64, "ep": [2]})
+    status = wait_for(lambda: (s := cluster.status("echo")).get("phase") == "Failed" and s, what="Failed")
+    assert status["message"].startswith("spec.parallelism.ep: [2] on a dense model")
+    assert not cluster.workers("echo")
+
+
+# ---- restart ----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_an_operator_restarted_mid_reconfiguration_finishes_it_from_the_status(tmp_path):
+    with KubeEmulator(crds=[CRD_PATH]) as kube:
+        cluster = Cluster(kube)
+        first = Operator(kube.url).start()
+        try:
+            first_plan = start_running(cluster, "foxtrot", ["r-a", "r-b", "r-c"],
+                                       {"min": 1, "max": 3, "gpusPerWorker": 1})
+            cluster.core.patch_node("r-b", {"spec": {"taints": [SPOT_ITN]}})
+            plan = next_plan(cluster, "foxtrot", first_plan["generation"])
+        finally:
+            first.stop()
+        leaving = plan["leaving"]
+        assert leaving and all(name in cluster.workers("foxtrot") for name in leaving)
+
+        port = _free_port()
+        # the second one watches only the job's namespace (liveshard operator -n default)
+        second = Operator(kube.url, liveness=f"http://127.0.0.1:{port}/healthz", namespaces=(NS,)).start()
+        try:
+            time.sleep(1.5)  # let it settle: it must not plan again nor delete before the ack
+            status = cluster.status("foxtrot")
+            assert status["plan"] == plan and status["phase"] == "Reconfiguring"
+            assert all(name in cluster.workers("foxtrot") for name in leaving)
+            probe = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read())
+            assert probe["jobs"] == 1
+
+            cluster.ack("foxtrot")
+            wait_for(lambda: not any(name in cluster.workers("foxtrot") and
+                                     cluster.workers("foxtrot")[name].spec.node_name == "r-b" for name in leaving),
+                     what="leaving pod deleted by the restarted operator")
+            status = wait_for(lambda: (s := cluster.status("foxtrot"))["phase"] == "Running" and s)
+            assert status["plan"]["generation"] == plan["generation"]
+            assert status["history"][-1]["outcome"] == "Applied"
+        finally:
+            second.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

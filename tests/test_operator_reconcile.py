@@ -1,0 +1,355 @@
+"""The operator's decision for one job, step by step, with the real planner (no cluster)."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+
+from liveshard.operator import builders, signals
+from liveshard.operator.jobspec import read_spec
+from liveshard.operator.planning import Candidate, plan_for
+from liveshard.operator.reconcile import reconcile
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+SPOT = {"key": "aws-node-termination-handler/spot-itn", "value": "spot-itn-1", "effect": "NoSchedule"}
+
+
+def make_job(max_workers=4, min_workers=1, gpus=2, status=None, **spec_extra):
+    spec = {"model": {"preset": "gpt-125m"}, "image": "img",
+            "workers": {"min": min_workers, "max": max_workers, "gpusPerWorker": gpus},
+            "parallelism": {"globalBatch": 64}, "elasticity": {"scaleUpCooldownSeconds": 60}}
+    for key, value in spec_extra.items():
+        spec[key] = value
+    return {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob",
+            "metadata": {"name": "train", "namespace": "ml", "uid": "job-uid", "generation": 1,
+                         "creationTimestamp": "2026-03-01T11:00:00Z", "resourceVersion": "7"},
+            "spec": spec, "status": status or {}}
+
+
+def make_pod(i, node=None, phase="Running", **meta):
+    p = {"metadata": {"name": f"train-worker-{i}", "namespace": "ml", "uid": f"pod-{i}",
+                      "labels": {builders.LABEL_JOB: "train", builders.LABEL_ROLE: "worker",
+                                 builders.LABEL_INDEX: str(i)}, **meta},
+         "spec": {"nodeName": node if node is not None else f"node-{i}"},
+         "status": {"phase": phase}}
+    if phase == "Pending" and node is None:
+        p["spec"] = {}
+    return p
+
+
+def coordinator():
+    return {"metadata": {"name": "train-coordinator", "labels": {builders.LABEL_JOB: "train",
+                                                                 builders.LABEL_ROLE: "coordinator"}}}
+
+
+def healthy(n):
+    return {f"node-{i}": None for i in range(n)}
+
+
+def step(job, pods, nodes, now=T0, **kw):
+    """Reconcile and apply the status patch to a copy of the job, as the API server would."""
+    d = reconcile(job, pods, nodes, now, **kw)
+    job = copy.deepcopy(job)
+    merge_patch(job.setdefault("status", {}), copy.deepcopy(d.status))
+    return d, job
+
+
+def merge_patch(target, patch):
+    """RFC 7386: dicts merge, None deletes, anything else replaces."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge_patch(target[key], value)
+        else:
+            target[key] = value
+
+
+def ack(job, gen=None):
+    job = copy.deepcopy(job)
+    job["status"]["appliedGeneration"] = gen or job["status"]["plan"]["generation"]
+    return job
+
+
+def running_job(n=4, **kw):
+    """A job whose first plan over n pods has been applied."""
+    job = make_job(**kw)
+    pods = [make_pod(i) for i in range(n)] + [coordinator()]
+    d, job = step(job, pods, healthy(n))
+    assert d.status["plan"]["generation"] == 1
+    d, job = step(ack(job), pods, healthy(n), T0 + timedelta(seconds=5))
+    assert job["status"]["phase"] == "Running"
+    return job, pods
+
+
+# ---- start -----------------------------------------------------------------------------------
+def test_a_new_job_gets_its_pods_and_coordinator_but_no_plan_yet():
+    d, job = step(make_job(), [], {})
+    assert d.create_workers == [0, 1, 2, 3]
+    assert d.create_coordinator
+    assert "plan" not in d.status
+    assert job["status"]["phase"] == "Pending"
+    assert job["status"]["selector"] == "liveshard.io/job=train,liveshard.io/role=worker"
+
+
+def test_the_first_plan_waits_for_all_desired_pods_unless_the_cooldown_passed():
+    job = make_job()
+    job["metadata"]["creationTimestamp"] = "2026-03-01T11:59:50Z"
+    pods = [make_pod(0), make_pod(1), make_pod(2, phase="Pending"), make_pod(3, phase="Pending"), coordinator()]
+    d, _ = step(job, pods, healthy(4))
+    assert "plan" not in d.status and 0 < d.requeue_after <= 51
+    d, _ = step(job, pods, healthy(4), T0 + timedelta(seconds=61))
+    plan = d.status["plan"]
+    assert plan["members"] == ["train-worker-0", "train-worker-1"] and plan["generation"] == 1
+    assert d.replan_reason == "initial"
+
+
+def test_initial_plan_matches_the_planner_and_maps_ranks_to_pods():
+    job = make_job()
+    pods = [make_pod(i) for i in range(4)] + [coordinator()]
+    d, job = step(job, pods, healthy(4))
+    plan = d.status["plan"]
+    spec = read_spec(job["spec"])
+    expected = plan_for(spec, [Candidate(f"train-worker-{i}", f"node-{i}") for i in range(4)])
+    assert plan["config"] == expected.config
+    assert plan["members"] == list(expected.members)
+    assert plan["worldSize"] == 8 == len(plan["members"]) * 2
+    assert plan["gpusPerWorker"] == 2
+    assert plan["microBatches"] * int(plan["config"].split("dp=")[1].split(",")[0]) == 64
+    assert job["status"]["phase"] == "Pending"
+    cond = {c["type"]: c for c in job["status"]["conditions"]}
+    assert cond["Reconfiguring"]["status"] == "True" and cond["Ready"]["status"] == "False"
+    assert d.requeue_after <= 5
+
+
+def test_ack_makes_the_job_ready_and_records_the_duration():
+    job, _pods = running_job()
+    cond = {c["type"]: c["status"] for c in job["status"]["conditions"]}
+    assert cond == {"Ready": "True", "Reconfiguring": "False", "Degraded": "False", "Suspended": "False"}
+    entry = job["status"]["history"][-1]
+    assert entry["outcome"] == "Applied" and entry["seconds"] == 5.0
+    assert job["status"]["worldSize"] == 8
+
+
+# ---- spot notice ------------------------------------------------------------------------------
+def test_spot_notice_replans_without_the_pod_then_deletes_it_only_after_the_ack():
+    job, pods = running_job()
+    now = T0 + timedelta(seconds=30)
+    nodes = healthy(4)
+    nodes["node-2"] = signals.classify_node({"metadata": {"name": "node-2"}, "spec": {"taints": [SPOT]}}, now)
+    d, job = step(job, pods, nodes, now)
+    plan = d.status["plan"]
+    assert plan["generation"] == 2
+    assert "train-worker-2" not in plan["members"] and plan["leaving"] == ["train-worker-2"]
+    assert plan["deadline"] == "2026-03-01T12:02:30.000000Z"  # the two-minute notice
+    assert plan["reason"].startswith("spot-interruption") and "node-2" in plan["reason"]
+    assert d.replan_reason == signals.SPOT_INTERRUPTION and d.triggers == ["node-2"]
+    assert d.delete_pods == [] and d.create_workers == []
+    assert job["status"]["phase"] == "Reconfiguring"
+
+    # the same view again (an operator restart, or a second wake-up) writes nothing new
+    d2, job2 = step(job, pods, nodes, now + timedelta(seconds=1))
+    assert d2.replan_reason is None and job2["status"]["plan"] == job["status"]["plan"]
+    assert d2.delete_pods == []
+
+    d3, job3 = step(ack(job), pods, nodes, now + timedelta(seconds=10))
+    assert d3.delete_pods == ["train-worker-2"] and d3.new_failures == 0
+    assert job3["status"]["phase"] == "Running" and job3["status"]["worldSize"] == plan["worldSize"]
+    # once it is gone the index is recreated: capacity elsewhere can pick it up
+    remaining = [p for p in pods if p["metadata"]["name"] != "train-worker-2"]
+    d4, _ = step(job3, remaining, nodes, now + timedelta(seconds=11))
+    assert d4.create_workers == [2]
+
+
+def test_a_policy_that_ignores_cordons_keeps_the_pod():
+    job, pods = running_job(elasticity={"actOn": ["spot-interruption"], "scaleUpCooldownSeconds": 60})
+    nodes = healthy(4)
+    nodes["node-1"] = signals.classify_node({"metadata": {}, "spec": {"unschedulable": True}}, T0)
+    d, _ = step(job, pods, nodes, T0 + timedelta(seconds=20))
+    assert d.replan_reason is None
+
+
+def test_a_crashed_member_is_replaced_and_counted_as_a_failure_but_a_preempted_one_is_not():
+    job, pods = running_job()
+    crashed = copy.deepcopy(pods)
+    crashed[1]["status"] = {"phase": "Failed", "reason": "Error"}
+    d, job2 = step(job, crashed, healthy(4), T0 + timedelta(seconds=20))
+    assert d.replan_reason == signals.POD_FAILED
+    assert "train-worker-1" not in d.status["plan"]["members"]
+    assert d.delete_pods == ["train-worker-1"]  # dead: nothing to copy from it
+    assert d.new_failures == 1 and job2["status"]["failures"] == 1
+
+    preempted = copy.deepcopy(pods)
+    preempted[1]["status"] = {"phase": "Failed", "reason": "Shutdown",
+                              "message": "Pod was terminated in response to imminent node shutdown."}
+    d, job3 = step(job, preempted, healthy(4), T0 + timedelta(seconds=20))
+    assert d.delete_pods == ["train-worker-1"] and d.new_failures == 0
+    assert "failures" not in job3["status"]
+
+
+def test_a_vanished_node_counts_its_pod_as_leaving():
+    job, pods = running_job()
+    nodes = healthy(4)
+    del nodes["node-3"]
+    d, _ = step(job, pods, nodes, T0 + timedelta(seconds=20))
+    assert d.replan_reason == signals.NODE_GONE
+    assert "train-worker-3" not in d.status["plan"]["members"]
+
+
+def test_a_member_pod_that_disappeared_triggers_a_plan():
+    job, pods = running_job()
+    d, _ = step(job, pods[1:], healthy(4), T0 + timedelta(seconds=20))
+    assert d.replan_reason == "member-lost" and "train-worker-0" not in d.status["plan"]["members"]
+    assert d.create_workers == [0]
+
+
+# ---- not enough GPUs --------------------------------------------------------------------------
+def test_too_few_gpus_suspends_with_the_reason_and_resumes_when_capacity_returns():
+    job, pods = running_job(min_workers=3)
+    nodes = healthy(4)
+    for n in ("node-0", "node-1"):
+        nodes[n] = signals.classify_node({"metadata": {}, "spec": {"taints": [SPOT]}}, T0)
+    d, job = step(job, pods, nodes, T0 + timedelta(seconds=20))
+    plan = d.status["plan"]
+    assert plan["members"] == [] and plan["config"] == ""
+    assert "fewer than workers.min=3" in plan["reason"]
+    assert job["status"]["phase"] == "Suspended"
+    cond = {c["type"]: c for c in job["status"]["conditions"]}
+    assert cond["Suspended"]["status"] == "True" and cond["Suspended"]["reason"] == "BelowMinWorkers"
+    assert ("Warning", "BelowMinWorkers") in {(t, r) for t, r, _ in d.events}
+
+    # ack of the stop plan: the leavers go; replacements are created
+    d, job = step(ack(job), pods, nodes, T0 + timedelta(seconds=40))
+    assert sorted(d.delete_pods) == ["train-worker-0", "train-worker-1"]
+    survivors = pods[2:4]
+    d, job = step(job, [*survivors, coordinator()], nodes, T0 + timedelta(seconds=41))
+    assert d.create_workers == [0, 1] and job["status"]["phase"] == "Suspended"
+    back = [make_pod(0, node="node-5"), make_pod(1, node="node-6"), *survivors, coordinator()]
+    nodes.update({"node-5": None, "node-6": None})
+    d, job = step(job, back, nodes, T0 + timedelta(seconds=60))
+    assert d.replan_reason == "resume" and len(d.status["plan"]["members"]) >= 3
+
+
+def test_a_model_that_fits_nowhere_is_suspended_with_the_planners_reason():
+    job = make_job(model={"preset": "llama3-70b"}, workers={"min": 1, "max": 1, "gpusPerWorker": 1,
+                                                            "gpuMemory": "16Gi"})
+    _d, job = step(job, [make_pod(0), coordinator()], healthy(1))
+    assert job["status"]["phase"] == "Suspended"
+    cond = {c["type"]: c for c in job["status"]["conditions"]}
+    assert cond["Suspended"]["reason"] == "NoFeasiblePlan"
+    assert "no feasible plan" in cond["Suspended"]["message"]
+
+
+# ---- scale ------------------------------------------------------------------------------------
+def test_scale_up_waits_for_the_cooldown_then_adds_the_new_pods():
+    job, pods = running_job(n=2, max_workers=4)
+    # the spec asks for 4 (replicas unset = max); pods 2 and 3 become Running later
+    pods = [*pods, make_pod(2), make_pod(3)]
+    d, _ = step(job, pods, healthy(4), T0 + timedelta(seconds=30))
+    assert d.replan_reason is None and 29 < d.requeue_after < 31
+    d, job2 = step(job, pods, healthy(4), T0 + timedelta(seconds=61))
+    assert d.replan_reason == "scale-up"
+    assert d.status["plan"]["joining"] == ["train-worker-2", "train-worker-3"]
+    assert d.status["plan"]["worldSize"] == 8
+    # the same candidates are not priced again while nothing changes
+    d, _ = step(ack(job2), pods, healthy(4), T0 + timedelta(seconds=62), scale_up_checked=d.scale_up_key)
+    assert d.replan_reason is None
+
+
+def test_scaling_down_through_replicas_removes_the_highest_indices():
+    job, pods = running_job()
+    job["spec"]["workers"]["replicas"] = 2
+    job["metadata"]["generation"] = 2
+    d, job = step(job, pods, healthy(4), T0 + timedelta(seconds=30))
+    assert d.replan_reason == "scale-down"
+    assert set(d.status["plan"]["leaving"]) == {"train-worker-2", "train-worker-3"}
+    assert d.delete_pods == []
+    d, job = step(ack(job), pods, healthy(4), T0 + timedelta(seconds=40))
+    assert sorted(d.delete_pods) == ["train-worker-2", "train-worker-3"]
+    assert job["status"]["observedGeneration"] == 2
+
+
+def test_an_invalid_spec_fails_the_job_with_the_field_named():
+    job = make_job(parallelism={"globalBatch": 64, "ep": [2]})
+    d, job = step(job, [], {})
+    assert job["status"]["phase"] == "Failed"
+    assert job["status"]["message"].startswith("spec.parallelism.ep:")
+    assert d.create_workers == [] and not d.create_coordinator
+    assert ("Warning", "InvalidSpec") in {(t, r) for t, r, _ in d.events}
+
+
+def test_a_stopped_coordinator_is_replaced():
+    job, pods = running_job()
+    evicted = coordinator()
+    evicted["status"] = {"phase": "Failed", "reason": "Evicted"}
+    d, _ = step(job, [*pods[:-1], evicted], healthy(4), T0 + timedelta(seconds=20))
+    assert d.delete_pods == ["train-coordinator"] and not d.create_coordinator
+    assert d.replan_reason is None  # training does not depend on it between reconfigurations
+    d, _ = step(job, pods[:-1], healthy(4), T0 + timedelta(seconds=21))
+    assert d.create_coordinator
+
+
+def test_an_unacked_plan_past_its_deadline_degrades_the_job():
+    job, pods = running_job()
+    nodes = healthy(4)
+    nodes["node-0"] = signals.classify_node({"metadata": {}, "spec": {"taints": [SPOT]}}, T0)
+    _, job = step(job, pods, nodes, T0 + timedelta(seconds=10))
+    _, job = step(job, pods, nodes, T0 + timedelta(minutes=3))
+    cond = {c["type"]: c for c in job["status"]["conditions"]}
+    assert cond["Degraded"]["status"] == "True" and cond["Degraded"]["reason"] == "AckDeadlineExceeded"
+
+
+def test_an_aborted_plan_is_retried_after_a_backoff():
+    job, pods = running_job()
+    d, job = step(job, pods[1:], healthy(4), T0 + timedelta(seconds=10))
+    gen = job["status"]["plan"]["generation"]
+    job["status"]["abortedGeneration"] = gen
+    job["status"]["abortReason"] = "transfer checksum mismatch"
+    d, job = step(job, pods[1:], healthy(4), T0 + timedelta(seconds=11))
+    assert d.replan_reason is None
+    assert job["status"]["history"][-1]["outcome"] == "Aborted"
+    assert {c["type"]: c["reason"] for c in job["status"]["conditions"]}["Degraded"] == "ReconfigurationAborted"
+    d, job = step(job, pods[1:], healthy(4), T0 + timedelta(seconds=45))
+    assert d.replan_reason == "retry" and job["status"]["plan"]["generation"] == gen + 1
+
+
+def test_every_status_the_decision_writes_fits_the_crd_schema():
+    """A real API server prunes or rejects status fields the CRD does not declare."""
+    from pathlib import Path
+
+    import yaml
+    from crd_validation import CRDValidator
+
+    validator = CRDValidator(yaml.safe_load((Path(__file__).resolve().parents[1] / "crds" /
+                                             "elastictrainingjob.yaml").read_text()))
+    job, pods = running_job(min_workers=3)
+    crashed = copy.deepcopy(pods)
+    crashed[0]["status"] = {"phase": "Failed", "reason": "Error"}
+    nodes = healthy(4)
+    nodes["node-1"] = signals.classify_node({"metadata": {}, "spec": {"taints": [SPOT]}}, T0)
+    states = [job]
+    _, job = step(job, crashed, nodes, T0 + timedelta(seconds=20))  # stop plan, a failure counted
+    states.append(job)
+    job["status"]["abortedGeneration"] = job["status"]["plan"]["generation"]
+    _, job = step(job, crashed, nodes, T0 + timedelta(seconds=21))
+    states.append(job)
+    for state in states:
+        assert validator.errors(validator.default(state)) == []
+    assert job["status"]["failures"] == 1 and job["status"]["countedFailures"] == ["pod-0"]
+
+
+def test_an_edit_that_changes_the_planners_answer_replans_and_one_that_does_not_only_observes():
+    job, pods = running_job()
+    assert "tp=1," in job["status"]["plan"]["config"]
+    edited = copy.deepcopy(job)
+    edited["spec"]["parallelism"] = {"globalBatch": 64, "tp": [2]}
+    edited["metadata"]["generation"] = 2
+    d, edited = step(edited, pods, healthy(4), T0 + timedelta(seconds=20))
+    assert d.replan_reason == "spec-changed" and d.status["plan"]["config"].startswith("tp=2,")
+    assert edited["status"]["observedGeneration"] == 2
+
+    same = copy.deepcopy(job)
+    same["spec"]["elasticity"]["reconfigurationTimeoutSeconds"] = 600
+    same["metadata"]["generation"] = 2
+    d, same = step(same, pods, healthy(4), T0 + timedelta(seconds=20))
+    assert d.replan_reason is None and same["status"]["observedGeneration"] == 2
