@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("liveshard.runtime.commands.worker", "run one training rank of a job"),
     "coordinator": ("liveshard.runtime.commands.coordinator", "run a job's coordinator (store and reconfiguration driver)"),
     "run-local": ("liveshard.runtime.commands.run_local", "train on local processes through a list of world changes"),
+    "local-cluster": ("liveshard.runtime.commands.local_cluster", "start or stop a Kubernetes cluster on this machine (emulated)"),
+    "demo": ("liveshard.runtime.commands.demo", "train on the local cluster through spot notices and node losses"),
 }
 
 

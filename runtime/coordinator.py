@@ -29,6 +29,7 @@ from liveshard.runtime.control.store import JobStore
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec
+from liveshard.runtime.telemetry import summarize
 
 log = logging.getLogger("liveshard.coordinator")
 
@@ -102,6 +103,9 @@ class Coordinator:
         self.dead: set[str] = set()
         self.history: list[dict] = []
         self.telemetry: dict[str, dict] = {}
+        self._step_history: dict[str, list[float]] = {}
+        self._last_report = 0.0
+        self.report_interval = 2.0
         self._first_seen: dict[str, float] = {}
 
     # ---- main loop ---------------------------------------------------------------------------
@@ -115,12 +119,16 @@ class Coordinator:
             time.sleep(period)
 
     def tick(self) -> None:
+        if self.current is None and self.pending is None:
+            self._adopt_running_world()
         self._watch_heartbeats()
         self._collect_results()
         if self.pending is None:
             request = self.source.poll()
             if request is not None:
                 self._start(request)
+        if time.monotonic() - self._last_report > self.report_interval:
+            self._report()
 
     # ---- plans -------------------------------------------------------------------------------
     def _start(self, request: PlanRequest) -> None:
@@ -187,7 +195,9 @@ class Coordinator:
                     gen.results[m] = MemberResult.from_json(text)
         failed = [m for m, r in gen.results.items() if not r.ok]
         timed_out = time.monotonic() - gen.started > self.transition_timeout
-        lost = [m for m in plan.members if m in self.dead]
+        # a dead source (an old member that is leaving) fails the transition as a dead new member does
+        lost = [m for m in (*plan.members, *transition_members(self.current, plan)) if m in self.dead] \
+            if self.current else [m for m in plan.members if m in self.dead]
         if failed or lost or timed_out or len(gen.results) == len(involved):
             if failed:
                 outcome = f"aborted: {failed[0]}: {gen.results[failed[0]].error}"
@@ -277,9 +287,36 @@ class Coordinator:
             "dead": sorted(self.dead),
             "history": self.history,
             "telemetry": self.telemetry,
+            "health": summarize(self.telemetry, self._step_history),
         }
 
+    def _adopt_running_world(self) -> None:
+        """After a restart (the store is new and empty), take over the world the workers run.
+
+        Workers re-register with the plan they train under; the newest one is the current world,
+        and it is published again so later plans can name it as their ``previous``.
+        """
+        best: WorldPlan | None = None
+        for m in self.store.members():
+            info = self.store.get_json(Keys.member(m)) or {}
+            if info.get("plan"):
+                plan = WorldPlan.from_json(info["plan"])
+                if best is None or plan.generation > best.generation:
+                    best = plan
+        if best is None:
+            return
+        self.current = best
+        self.next_generation = max(self.next_generation, best.generation + 1)
+        self.store.publish_plan(best)
+        self.store.set(Keys.outcome(best.generation), "committed")
+        self.history.append({"generation": best.generation, "config": best.config, "world_size": len(best.members),
+                             "reason": "adopted after a coordinator restart", "outcome": "committed",
+                             "phases": {}, "seconds": 0.0})
+        log.info("adopted running world of generation %d (%s)", best.generation, best.config)
+        self._report()
+
     def _report(self) -> None:
+        self._last_report = time.monotonic()
         status = self.status()
         self.source.report(status)
         self.store.set("coordinator/status", json.dumps(status, sort_keys=True, default=str))

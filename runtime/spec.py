@@ -252,6 +252,23 @@ def load_model(ref: str) -> ModelSpec:
     return ModelSpec.from_dict(data, source=str(path))
 
 
+def model_from_ref_or_env(ref: str | None) -> ModelSpec:
+    """``--model`` if given, else ``$LIVESHARD_MODEL`` (the resolved ModelSpec as JSON, set by the operator)."""
+    if ref:
+        return load_model(ref)
+    import json
+    import os
+
+    text = os.environ.get("LIVESHARD_MODEL")
+    if not text:
+        raise ConfigError("--model", "no model given", "pass --model PRESET|FILE or set LIVESHARD_MODEL")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return load_model(text)  # a preset name or a file
+    return ModelSpec.from_dict(data, source="LIVESHARD_MODEL")
+
+
 def human_count(n: float) -> str:
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= scale:

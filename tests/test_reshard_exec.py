@@ -86,3 +86,30 @@ def test_a_corrupted_transfer_fails_everywhere_and_leaves_old_state_intact(pool)
     for r in results:
         assert r["error"] and "checksums differ" in r["error"]
         assert r["old_mismatches"] == []
+
+
+def _cli(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "liveshard.runtime.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_reshard_local_verifies_and_reports_json():
+    import json
+
+    out = _cli("reshard-local", "--model", "tiny-moe", "--from", "tp=1,pp=2,dp=2,ep=2,dist_opt",
+               "--to", "tp=2,pp=1,dp=2,ep=2,etp=1", "--leave", "3", "--join", "1", "--gpus-per-node", "2",
+               "--procs", "5", "--budget", "16KiB", "--verify", "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout)
+    assert r["ok"] and r["verified"] and r["mismatched_regions"] == 0
+    assert r["peak_staging_bytes"] <= 16 * 1024
+    assert 3 not in r["rank_to_device"]
+
+
+def test_cli_reshard_local_checks_procs():
+    out = _cli("reshard-local", "--model", "tiny-gpt", "--from", "tp=2,pp=1,dp=2", "--to", "tp=1,pp=1,dp=4",
+               "--join", "1", "--procs", "4")
+    assert out.returncode == 2 and "--procs 5" in out.stderr and len(out.stderr.strip().splitlines()) == 1

@@ -68,10 +68,15 @@ def test_live_equals_checkpoint_bit_for_bit(live_and_checkpoint):
     assert live["checksums"] and live["checksums"] == ckpt["checksums"]
 
 
-def test_kill_without_notice_is_survived(tmp_path):
-    report = _run(tmp_path, "live", "4:kill=1", steps=8, workers=3, parallel="tp=1,pp=1,dp=2",
-                  heartbeat_timeout=2.0, collective_timeout=10.0)
+def test_coordinator_restart_and_kill_without_notice_are_survived(tmp_path):
+    """The coordinator is killed and restarted (training must not notice; the new one adopts the
+    running world), then a worker is SIGKILLed: survivors detect it, the standby takes its place
+    with state from the surviving replica, and training goes on from the same step."""
+    report = _run(tmp_path, "live", "2:coordinator=restart 4:kill=1", steps=8, workers=3,
+                  parallel="tp=1,pp=1,dp=2", heartbeat_timeout=2.0, collective_timeout=10.0)
     _check_training(report, 8)
-    ev = report["events"][0]
-    assert ev["kind"] == "kill" and ev["outcome"] == "committed"
+    restart, kill = report["events"]
+    assert restart["outcome"] == "restarted"
+    assert kill["kind"] == "kill" and kill["outcome"] == "committed"
+    assert kill["downtime"] < 30  # detected and resumed within seconds, not NCCL-timeout minutes
     assert {s["world_size"] for s in report["steps"] if s["step"] > 5} == {2}  # the standby replaced it

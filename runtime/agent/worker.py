@@ -121,7 +121,11 @@ class WorkerAgent:
         self.spec = spec
         self.settings = settings
         self.options = options or WorkerOptions()
-        self.store = JobStore(connect_store(host, port, timeout=300.0), job)
+        self._host, self._port, self._job = host, port, job
+        # One store client per thread: a c10d store client must not be used by two threads at once
+        # (a blocking rendezvous in one interleaves with the other's requests on the same socket).
+        self._stores = {"main": JobStore(connect_store(host, port, timeout=300.0), job),
+                        "control": JobStore(connect_store(host, port, timeout=300.0), job)}
         self.state = WorkerState()
         self.built: Any = None
         self.trainer: Trainer | None = None
@@ -130,18 +134,26 @@ class WorkerAgent:
         self._latest_seen = -1
         self._plan_cache: dict[int, WorldPlan] = {}
         self._stop = threading.Event()
+        self._stop_requested = False  # set by the control thread: training never waits on the store
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._control_loop, name=f"control-{worker_id}", daemon=True)
+
+    @property
+    def store(self) -> JobStore:
+        return self._stores["control" if threading.current_thread() is self._thread else "main"]
 
     # ---- control thread ----------------------------------------------------------------------
     def _control_loop(self) -> None:
         next_hb = 0.0
+        failures = 0
         while not self._stop.is_set():
             now = time.time()
             if now >= next_hb:
                 self._heartbeat(now)
                 next_hb = now + self.options.heartbeat_interval
             try:
+                if self.store.has(Keys.STOP):
+                    self._stop_requested = True
                 latest = self.store.latest_generation()
                 if latest > self._latest_seen:
                     self._latest_seen = latest
@@ -149,9 +161,31 @@ class WorkerAgent:
                 if plan is not None and self._involved(plan) and latest not in self._prepared \
                         and latest not in self._prepare_error and plan.generation != self.state.generation:
                     self._prepare(plan)
-            except Exception:  # the store may be restarting: keep heartbeating
-                log.debug("control loop: %s", traceback.format_exc())
+                failures = 0
+            except Exception:  # the coordinator (and its store) may be restarting
+                failures += 1
+                if failures >= 3:
+                    self._reconnect()
+                    failures = 0
             time.sleep(0.02)
+
+    def _reconnect(self) -> bool:
+        """Connect to a restarted coordinator and announce the world this worker trains in."""
+        try:
+            main = JobStore(connect_store(self._host, self._port, timeout=5.0), self._job)
+            store = JobStore(connect_store(self._host, self._port, timeout=5.0), self._job)
+        except Exception:
+            return False
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "reconnected": True}
+        if self.state.plan is not None:
+            info["plan"] = self.state.plan.to_json()
+        store.register_member(self.id, info)
+        # dict item assignments: the main thread picks its new client up at its next store call
+        self._stores["control"] = store
+        self._stores["main"] = main
+        self._latest_seen = max(self._latest_seen, self.state.generation or 0)
+        log.warning("reconnected to the coordinator; announced generation %s", self.state.generation)
+        return True
 
     def _heartbeat(self, now: float) -> None:
         t = self.trainer
@@ -177,6 +211,16 @@ class WorkerAgent:
         cur = self.state.plan
         return cur is not None and plan.previous == cur.generation and self.id in cur.members
 
+    def _wait_heartbeating(self, key: str, timeout: float) -> str | None:
+        """Wait for a store key from the control thread, heartbeating meanwhile (a member
+        waiting for a slow peer must not look dead to the coordinator)."""
+        end = time.monotonic() + timeout
+        while True:
+            value = self.store.wait_for(key, timeout=0.25)
+            if value is not None or time.monotonic() > end:
+                return value
+            self._heartbeat(time.time())
+
     def _prepare(self, plan: WorldPlan) -> None:
         """Background: transition plan, checksum agreement, transition group."""
         start = time.perf_counter()
@@ -190,7 +234,7 @@ class WorkerAgent:
                 checksum = transition.checksum
                 self.store.set(Keys.prepared(plan.generation, self.id), checksum)
                 for m in members:
-                    other = self.store.wait_for(Keys.prepared(plan.generation, m), timeout=120.0)
+                    other = self._wait_heartbeating(Keys.prepared(plan.generation, m), timeout=120.0)
                     if other is None:
                         raise RuntimeError(f"member {m} did not prepare generation {plan.generation}")
                     if other != checksum:
@@ -251,7 +295,7 @@ class WorkerAgent:
         if self.options.max_steps is not None and self.trainer is not None \
                 and self.trainer.step_count >= self.options.max_steps:
             return True
-        return self.store.has(Keys.STOP)
+        return self._stop_requested
 
     def _wait_for_plan(self) -> bool:
         """Not training (start, joiner, standby, broken world): wait for a plan to act on."""
@@ -276,7 +320,11 @@ class WorkerAgent:
                         self.store.set(Keys.switch(prep.plan.generation), str(self.trainer.step_count))
                     self._switch(prep, switch_step=self.trainer.step_count)
                     return True
-                step = self.store.wait_for(Keys.switch(prep.plan.generation), timeout=0.2)
+                try:
+                    step = self.store.wait_for(Keys.switch(prep.plan.generation), timeout=0.2)
+                except Exception:  # the coordinator is restarting
+                    time.sleep(0.2)
+                    continue
                 if step is not None:
                     self._switch(prep, switch_step=int(step))
                     return True
@@ -387,8 +435,16 @@ class WorkerAgent:
     def _hold(self, step: int, timeout: float = 300.0) -> None:
         """A scripted run's gate: wait at ``step`` until the driver releases it (it has published
         the plan due here, or armed a fault), so events land on exact steps however fast steps are."""
-        if self.store.wait_for(f"release/{step}", timeout=timeout) is None:
-            log.warning("step %d was not released in %.0f s; training on", step, timeout)
+        end = time.monotonic() + timeout
+        while True:
+            try:  # the store may be restarting with its coordinator: the control thread reconnects
+                if self.store.wait_for(f"release/{step}", timeout=0.5) is not None:
+                    break
+            except Exception:
+                time.sleep(0.2)
+            if time.monotonic() > end:
+                log.warning("step %d was not released in %.0f s; training on", step, timeout)
+                break
         self._latest_seen = max(self._latest_seen, self.store.latest_generation())
         kill_at = self.store.get(f"inject/kill/{self.id}")
         if kill_at is not None and int(kill_at) == step:
@@ -423,6 +479,7 @@ class WorkerAgent:
             ok, error = False, f"transfer: {type(e).__name__}: {e}"
             log.error("transfer for generation %d failed: %s", plan.generation, traceback.format_exc())
         phases["transfer"] = time.perf_counter() - t_stop
+        sources = None  # the old tensors live on only where the new state aliases them
         try:
             ok = worlds.group_all_ok(prep.group, ok)
         except Exception as e:

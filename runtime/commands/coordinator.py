@@ -9,16 +9,22 @@ import sys
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="0.0.0.0", help="address the store listens on")
+    p.add_argument("--host", default=os.environ.get("LIVESHARD_BIND", "0.0.0.0"), help="address the store listens on")
     p.add_argument("--port", type=int, default=int(os.environ.get("LIVESHARD_PORT", "29400")))
     p.add_argument("--job", default=os.environ.get("LIVESHARD_JOB", "job"))
-    p.add_argument("--model", required=True)
-    p.add_argument("--global-batch", type=int, default=8)
-    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--model", default=None,
+                   help="preset or YAML file (default: $LIVESHARD_MODEL, the ModelSpec JSON the operator sets)")
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="default: the job's spec.parallelism.globalBatch (kubernetes source), else 8")
+    p.add_argument("--micro-batch", type=int, default=None)
     p.add_argument("--heartbeat-timeout", type=float, default=3.0)
-    p.add_argument("--source", choices=("store", "kubernetes"), default="store",
+    # In a pod the operator built (LIVESHARD_ROLE=coordinator) plans come from the job's status.
+    p.add_argument("--source", choices=("store", "kubernetes"),
+                   default="kubernetes" if os.environ.get("LIVESHARD_ROLE") == "coordinator" else "store",
                    help="where plans come from: the local driver (store) or the job's status")
-    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "default"))
+    p.add_argument("--namespace", default=os.environ.get("LIVESHARD_NAMESPACE")
+                   or os.environ.get("POD_NAMESPACE", "default"))
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,17 +32,23 @@ def run(args: argparse.Namespace) -> int:
                         stream=sys.stderr)
     from liveshard.runtime.control.store import JobStore, serve_store
     from liveshard.runtime.coordinator import Coordinator, StorePlanSource
-    from liveshard.runtime.spec import load_model
+    from liveshard.runtime.spec import model_from_ref_or_env
 
-    spec = load_model(args.model)
+    spec = model_from_ref_or_env(args.model)
+    global_batch, micro_batch = args.global_batch, args.micro_batch
+    if args.source == "kubernetes":
+        from liveshard.runtime.kube_source import KubePlanSource, api_client
+
+        source = KubePlanSource(None, args.job, args.namespace, api=api_client(args.kubeconfig))
+        par = (source.read_job().get("spec") or {}).get("parallelism") or {}
+        global_batch = global_batch or int(par.get("globalBatch", 8))
+        micro_batch = micro_batch or int(par.get("microBatch", 1))
     store = JobStore(serve_store(args.host, args.port), args.job)
     if args.source == "kubernetes":
-        from liveshard.runtime.kube_source import KubePlanSource
-
-        source = KubePlanSource(store, args.job, args.namespace)
+        source.store = store
     else:
         source = StorePlanSource(store)
-    coordinator = Coordinator(store, spec, source, global_batch=args.global_batch,
-                              micro_batch=args.micro_batch, heartbeat_timeout=args.heartbeat_timeout)
+    coordinator = Coordinator(store, spec, source, global_batch=global_batch or 8,
+                              micro_batch=micro_batch or 1, heartbeat_timeout=args.heartbeat_timeout)
     coordinator.run()
     return 0

@@ -95,7 +95,7 @@ def _print(r: dict) -> None:
     print(f"moved {r['bytes_moved'] / 1e6:.2f} MB in {r['rounds']} rounds, local {r['local_bytes'] / 1e6:.2f} MB, "
           f"kept in place {r['aliased_bytes'] / 1e6:.2f} MB")
     print(f"time {', '.join(f'{s:.3f}' for s in r['seconds'])} s; busiest device "
-          f"{r['bottleneck_bytes'] / 1e6:.2f} MB at {r['bottleneck_gbps']:.2f} GB/s")
+          f"{r['bottleneck_bytes'] / 1e6:.2f} MB at {r['bottleneck_gbps']:.3f} GB/s")
     print(f"peak staging {r['peak_staging_bytes']} bytes (budget {r['budget_bytes']}), "
           f"peak extra {r['peak_extra_bytes']} bytes")
     if r["verified"]:

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     for e in report["events"]:
-        dt = e["downtime"]
+        dt = e.get("downtime")
         print(f"{e['event']:<28} {e['outcome']:<10} downtime {'-' if dt is None else f'{dt:.3f} s'}")
     last = report["steps"][-1] if report["steps"] else {}
     print(f"{len(report['steps'])} steps, final loss {last.get('loss')}, consumed {last.get('consumed_samples')}"

@@ -15,7 +15,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coordinator", default=os.environ.get("LIVESHARD_COORDINATOR", "127.0.0.1:29400"),
                    help="host:port of the job's coordinator store")
     p.add_argument("--job", default=os.environ.get("LIVESHARD_JOB", "job"))
-    p.add_argument("--model", required=True, help="preset name or YAML file")
+    p.add_argument("--model", default=None,
+                   help="preset name or YAML file (default: $LIVESHARD_MODEL, the ModelSpec JSON the operator sets)")
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--seq-length", type=int, default=32)
@@ -38,16 +39,17 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
-    from liveshard.runtime.spec import load_model
+    from liveshard.runtime.spec import model_from_ref_or_env
 
-    spec = load_model(args.model)
+    spec = model_from_ref_or_env(args.model)
     import torch
 
     torch.set_num_threads(args.threads)
     from liveshard.runtime.agent.trainer import TrainingSettings
     from liveshard.runtime.agent.worker import WorkerAgent, WorkerOptions
 
-    worker_id = args.id or (os.environ.get("POD_NAME") or socket.gethostname()) + "/" + os.environ.get("LOCAL_RANK", "0")
+    pod = os.environ.get("LIVESHARD_POD_NAME") or os.environ.get("POD_NAME") or socket.gethostname()
+    worker_id = args.id or pod + "/" + os.environ.get("LOCAL_RANK", "0")
     host, _, port = args.coordinator.rpartition(":")
     settings = TrainingSettings(global_batch=args.global_batch, micro_batch=args.micro_batch,
                                 seq_length=args.seq_length, lr=args.lr, seed=args.seed)

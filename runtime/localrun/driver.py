@@ -94,6 +94,7 @@ class LocalRun:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.procs = Procs()
         self.started = time.time()
+        self.history: dict[int, dict] = {}
 
     # ---- processes ---------------------------------------------------------------------------
     def _env(self) -> dict:
@@ -167,6 +168,15 @@ class LocalRun:
             cur_members = tuple(status["members"])
             standbys = [m for m in status.get("standbys", [])]
             gen = status["generation"]
+            if ev.kind == "coordinator":
+                self.procs.coordinator.send_signal(signal.SIGKILL)
+                self.procs.coordinator.wait()
+                self.say(f"step {ev.step}: coordinator killed; starting a new one")
+                self.start_coordinator(port)
+                store = self.connect(port)
+                status = self._wait_adopted(store, gen)
+                store.set(f"release/{ev.step}", "1")
+                continue
             if ev.kind == "kill":
                 for rank in ev.ranks:  # the victim SIGKILLs itself when released at the step
                     store.set(f"inject/kill/{cur_members[rank]}", str(ev.step))
@@ -199,17 +209,32 @@ class LocalRun:
             if status.get("last_outcome") != "committed":
                 raise RuntimeError(f"event {ev} ended {status.get('last_outcome')}")
         self._wait_workers(timeout=600)
-        final = self._status(store)  # before the stop: the coordinator's store goes with it
+        self._status(store)  # before the stop: the coordinator's store goes with it
         store.set(Keys.STOP, "1")
         try:
             self.procs.coordinator.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.procs.coordinator.kill()
-        return self._report(final.get("history", []))
+        return self._report([self.history[g] for g in sorted(self.history)])
 
     def _status(self, store) -> dict:
         text = store.get("coordinator/status")
-        return json.loads(text) if text else {}
+        st = json.loads(text) if text else {}
+        for h in st.get("history", []):  # kept across coordinator restarts
+            if h.get("generation") is not None:
+                self.history.setdefault(h["generation"], h)
+        return st
+
+    def _wait_adopted(self, store, gen: int, timeout: float = 120.0) -> dict:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            st = self._status(store)
+            if st.get("generation") == gen:
+                self.say(f"new coordinator adopted generation {gen}")
+                return st
+            self._check_alive()
+            time.sleep(0.05)
+        raise TimeoutError(f"the restarted coordinator did not adopt generation {gen}")
 
     def _wait_generation(self, store, gen: int, timeout: float = 600.0) -> dict:
         end = time.monotonic() + timeout
@@ -320,9 +345,15 @@ class LocalRun:
             for r in res.get("ready", []):
                 gen = int(segment.group(1)) if segment else r["generation"]
                 ready[gen] = max(ready.get(gen, 0.0), r["time"])
-        changes = [h for h in history if h.get("generation")]
+        changes = [h for h in history if h.get("generation") and "adopted" not in h.get("reason", "")]
         out = []
-        for ev, h in zip(self.run.events, changes):
+        for ev in self.run.events:
+            if ev.kind == "coordinator":
+                out.append({"event": str(ev), "kind": ev.kind, "step": ev.step, "outcome": "restarted"})
+                continue
+            if not changes:
+                break
+            h = changes.pop(0)
             gen = h.get("generation")
             last = max((s for s in times if s <= ev.step), default=None)
             # the last step the old world completed (a kill may land after the event's step)

@@ -2,7 +2,8 @@
 
 ``STEP`` is the optimizer step after which the change happens. ``leave`` and ``kill`` name ranks
 of the world current at that step; ``join`` adds ``K`` new workers; ``parallel`` switches to a
-config on the same workers. Pure.
+config on the same workers; ``coordinator=restart`` kills the coordinator and starts a new one
+(training must not notice, and later changes must still work). Pure.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 
-KINDS = ("leave", "join", "kill", "parallel")
+KINDS = ("leave", "join", "kill", "parallel", "coordinator")
 
 
 @dataclass(frozen=True)
@@ -21,11 +22,11 @@ class Event:
     kind: str
     ranks: tuple[int, ...] = ()  # leave, kill
     count: int = 0  # join
-    config: str | None = None  # parallel
+    config: str | None = None  # parallel; for "coordinator" the action ("restart")
 
     def __str__(self) -> str:
         arg = {"leave": ",".join(map(str, self.ranks)), "kill": ",".join(map(str, self.ranks)),
-               "join": str(self.count), "parallel": self.config}[self.kind]
+               "join": str(self.count), "parallel": self.config, "coordinator": self.config}[self.kind]
         return f"{self.step}:{self.kind}={arg}"
 
 
@@ -55,6 +56,10 @@ def parse_events(text: str | None) -> list[Event]:
             if not arg.isdigit() or int(arg) < 1:
                 raise ConfigError("--events", f"join needs a positive count, got {arg!r}")
             out.append(Event(step, kind, count=int(arg)))
+        elif kind == "coordinator":
+            if arg != "restart":
+                raise ConfigError("--events", f"coordinator events take 'restart', got {arg!r}")
+            out.append(Event(step, kind, config=arg))
         else:
             ParallelConfig.parse(arg)  # fail early with the config's own message
             out.append(Event(step, kind, config=arg))

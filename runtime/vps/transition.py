@@ -26,6 +26,7 @@ from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from heapq import heapify, heapreplace
 from typing import NamedTuple
 
 from liveshard.runtime.errors import ConfigError
@@ -318,6 +319,7 @@ def _choose_sources(demands: list[Demand], devices: DeviceMap, target: int) -> l
     nodes = devices.nodes
     load = [0] * devices.num_devices
     by_node_cache: dict[tuple[int, ...], dict[int, list[int]]] = {}
+    heaps: dict[tuple[int, ...], list[tuple[int, int]]] = {}
     weights = [-dm[0] for dm in demands]
     order = sorted(range(len(demands)), key=weights.__getitem__)  # largest first (LPT), stable
     chosen = [0] * len(demands)
@@ -339,7 +341,17 @@ def _choose_sources(demands: list[Demand], devices: DeviceMap, target: int) -> l
                 if load[s] + w > target:
                     s = -1
             if s < 0:
-                s = min(sources, key=get)
+                if len(sources) <= 8:
+                    s = min(sources, key=get)
+                else:  # many replicas: a lazy heap per candidate set (loads only grow)
+                    h = heaps.get(sources)
+                    if h is None:
+                        h = heaps[sources] = [(load[c], c) for c in sources]
+                        heapify(h)
+                    while h[0][0] != load[h[0][1]]:
+                        heapreplace(h, (load[h[0][1]], h[0][1]))
+                    s = h[0][1]
+                    heapreplace(h, (load[s] + w, s))
         load[s] += w
         chosen[i] = s
     new_copy = tuple.__new__

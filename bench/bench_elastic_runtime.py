@@ -1,0 +1,212 @@
+"""Downtime of a world change: liveshard live vs checkpoint/restart vs torchrun's elastic agent.
+
+Same model (``gpt-125m``: 124M parameters, fp32, Adam), same machine, same run:
+
+* **live**: ``run-local --mode live`` with a spot notice (a member leaves) and a join;
+* **checkpoint**: the same events the restart way (megatron checkpoint, new processes, load);
+* **torchrun**: two elastic agents (``--nnodes=1:2``, c10d rendezvous with tuned timeouts, the
+  mechanism under Kubeflow PyTorchJob's elasticPolicy) training the same megatron model with a
+  checkpoint after every step; one agent and its worker are killed (a node lost);
+* **overhead**: median step time of the agent vs a plain megatron loop, no events.
+
+Downtime is measured on wall clocks from the end of the last step before the change to the end
+of the first step after it (``to_next_step``), and, for liveshard, also to the moment the new
+world can train (``downtime``). Prints a table and writes ``bench/results/elastic_runtime.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_liveshard(args, mode: str, events: str, steps: int, workdir: Path) -> dict:
+    from liveshard.runtime.localrun.driver import RunSpec, run_local
+    from liveshard.runtime.localrun.events import parse_events
+    from liveshard.runtime.spec import load_model
+
+    return run_local(RunSpec(model=args.model, spec=load_model(args.model), workers=2, parallel="tp=1,pp=1,dp=2",
+                             steps=steps, global_batch=args.global_batch, seq_length=args.seq_length,
+                             events=parse_events(events), mode=mode, workdir=str(workdir)))
+
+
+def _kill_tree(pid: int) -> None:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    for p in [*root.children(recursive=True), root]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGKILL)
+
+
+def _store_host(agents: list, port: int):
+    import psutil
+
+    for a in agents:
+        procs = [psutil.Process(a.pid), *psutil.Process(a.pid).children(recursive=True)]
+        for p in procs:
+            try:
+                if any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                       for c in p.net_connections(kind="tcp")):
+                    return a
+            except psutil.Error:
+                continue
+    return agents[0]
+
+
+def run_torchrun(args, workdir: Path, kill_after: int, steps: int) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "steps.jsonl"
+    port = _port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=bench", "--max-restarts=3",
+           "--rdzv-conf=last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2",
+           str(HERE / "torchrun_peer.py"), "--model", args.model, "--steps", str(steps),
+           "--global-batch", str(args.global_batch), "--seq-length", str(args.seq_length),
+           "--ckpt", str(workdir / "ckpt"), "--step-log", str(log)]
+    # Both agents start together so the first rendezvous has both (min 1, max 2).
+    logs = [open(workdir / f"agent{i}.log", "w") for i in range(2)]  # noqa: SIM115 - closed below
+    agents = [subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+              for f in logs]
+    t_kill = None
+    survivor = None
+    try:
+        end = time.monotonic() + 1200
+        while time.monotonic() < end:
+            rows = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+            if t_kill is None and any(r["step"] >= kill_after and r["world"] == 2 for r in rows):
+                # Kill the agent that does not host the rendezvous store (killing the host ends
+                # the whole job), with its worker: a node lost.
+                host = _store_host(agents, port)
+                victim = next(a for a in agents if a is not host)
+                survivor = host
+                _kill_tree(victim.pid)
+                t_kill = time.time()
+            if survivor is not None and survivor.poll() is not None:
+                break
+            if all(a.poll() is not None for a in agents):
+                break
+            time.sleep(0.05)
+    finally:
+        for a in agents:
+            _kill_tree(a.pid)
+        for f in logs:
+            f.close()
+    rows = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    before = [r for r in rows if r["world"] == 2]
+    after = [r for r in rows if r["world"] == 1]
+    steady = [b["time"] - a["time"] for a, b in itertools.pairwise(rows) if a["world"] == b["world"] == 2]
+    return {
+        "kill_time": t_kill,
+        "last_step_before": before[-1] if before else None,
+        "first_step_after": after[0] if after else None,
+        "kill_to_next_step": (after[0]["time"] - t_kill) if after and t_kill else None,
+        "to_next_step": (after[0]["time"] - before[-1]["time"]) if after and before else None,
+        "steady_step_seconds": statistics.median(steady) if steady else None,
+        "rows": rows,
+    }
+
+
+def run_plain(args, steps: int) -> list[float]:
+    out = subprocess.run([sys.executable, str(HERE / "plain_loop.py"), "--model", args.model, "--steps", str(steps),
+                          "--global-batch", str(args.global_batch), "--seq-length", str(args.seq_length)],
+                         capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=1800)
+    times = [json.loads(x)["time"] for x in out.stdout.splitlines() if x.startswith("{")]
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def _step_gaps(report: dict) -> list[float]:
+    t = [s["time"] for s in report["steps"]]
+    return [b - a for a, b in itertools.pairwise(t)]
+
+
+def _f(x, fmt=".3f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def print_table(result: dict) -> None:
+    print(f"{'event':<12} {'live ready s':>12} {'live->step s':>13} {'ckpt->step s':>13} {'ratio':>7}")
+    for lv, ck in zip(result.get("live", {}).get("events", []), result.get("checkpoint", {}).get("events", [])):
+        ratio = ck["to_next_step"] / lv["to_next_step"] if lv.get("to_next_step") and ck.get("to_next_step") else None
+        print(f"{lv['event']:<12} {_f(lv.get('downtime')):>12} {_f(lv.get('to_next_step')):>13} "
+              f"{_f(ck.get('to_next_step')):>13} {_f(ratio, '.1f'):>7}")
+    tr = result.get("torchrun") or {}
+    if tr:
+        leave = (result.get("live", {}).get("events") or [{}])[0]
+        ratio = tr["to_next_step"] / leave["to_next_step"] if tr.get("to_next_step") and leave.get("to_next_step") else None
+        print(f"torchrun elastic: node lost -> next step {_f(tr.get('kill_to_next_step'), '.2f')} s (last step "
+              f"before -> next step {_f(tr.get('to_next_step'), '.2f')} s); vs liveshard leave: {_f(ratio, '.1f')}x")
+    ov = result.get("overhead")
+    if ov:
+        print(f"steady state: plain {ov['plain_step_seconds']:.3f} s/step, agent {ov['agent_step_seconds']:.3f} "
+              f"s/step -> overhead {100 * ov['overhead']:+.2f}%")
+    print(f"live and checkpoint final state bit-identical: {result.get('bit_identical')}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="gpt-125m")
+    p.add_argument("--global-batch", type=int, default=2)
+    p.add_argument("--seq-length", type=int, default=32)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--overhead-steps", type=int, default=12)
+    p.add_argument("--out", default=str(HERE / "results" / "elastic_runtime.json"))
+    p.add_argument("--parts", default="live,checkpoint,torchrun,overhead",
+                   help="which measurements to run (others are kept from an existing --out file)")
+    args = p.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="liveshard-bench-"))
+    events = "2:leave=1 4:join=1"
+    parts = set(args.parts.split(","))
+    out = Path(args.out)
+    result: dict = json.loads(out.read_text()) if out.exists() and parts != {"live", "checkpoint", "torchrun",
+                                                                             "overhead"} else {}
+    result.update({"model": args.model, "machine": f"{os.cpu_count()} CPU cores, gloo", "events": events})
+
+    if "live" in parts:
+        live = run_liveshard(args, "live", events, args.steps, root / "live")
+        result["live"] = {"events": live["events"], "checksums": live["checksums"]}
+    if "checkpoint" in parts:
+        ckpt = run_liveshard(args, "checkpoint", events, args.steps, root / "checkpoint")
+        result["checkpoint"] = {"events": ckpt["events"], "checksums": ckpt["checksums"]}
+    if "live" in result and "checkpoint" in result:
+        a, b = result["live"]["checksums"], result["checkpoint"]["checksums"]
+        result["bit_identical"] = bool(a) and a == b
+    if "torchrun" in parts:
+        result["torchrun"] = run_torchrun(args, root / "torchrun", kill_after=2, steps=args.steps)
+    if "overhead" in parts:
+        plain = run_plain(args, args.overhead_steps)
+        agent = run_liveshard(args, "live", "", args.overhead_steps, root / "overhead")
+        pm, am = statistics.median(plain[2:]), statistics.median(_step_gaps(agent)[2:])
+        result["overhead"] = {"plain_step_seconds": pm, "agent_step_seconds": am, "overhead": am / pm - 1}
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print_table(result)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""The restart-based peer: the same megatron training under torchrun's elastic agent.
+
+Run by ``bench_elastic_runtime.py`` as ``torchrun --nnodes=MIN:MAX ... torchrun_peer.py``: every
+(re)start builds the model for the world it gets (DP over all ranks), loads the newest megatron
+``dist_checkpointing`` checkpoint, trains, and saves a checkpoint after every step (the best case
+for a restart-based system: no step is lost). Rank 0 appends one JSON line per completed step
+to ``--step-log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="gpt-125m")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--global-batch", type=int, default=2)
+    p.add_argument("--seq-length", type=int, default=32)
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--step-log", required=True)
+    args = p.parse_args()
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    from liveshard.runtime.agent import checkpoint
+    from liveshard.runtime.agent.trainer import Trainer, TrainingSettings
+    from liveshard.runtime.megatron.build import build_model
+    from liveshard.runtime.parallel import ParallelConfig
+    from liveshard.runtime.spec import load_model
+
+    spec = load_model(args.model)
+    cfg = ParallelConfig(dp=dist.get_world_size())
+    settings = TrainingSettings(global_batch=args.global_batch, seq_length=args.seq_length)
+    ckpts = sorted(p for p in Path(args.ckpt).glob("step*") if (p / "liveshard.json").exists())
+    built = build_model(spec, cfg, seed=settings.seed, hidden_dropout=0.0, attention_dropout=0.0,
+                        perform_initialization=not ckpts)
+    trainer = Trainer(built, settings)
+    if ckpts:
+        checkpoint.load(built, trainer, ckpts[-1])
+    rank = dist.get_rank()
+    while trainer.step_count < args.steps:
+        loss = trainer.step()
+        if rank == 0:
+            with open(args.step_log, "a") as f:
+                f.write(json.dumps({"step": trainer.step_count, "time": time.time(), "loss": loss,
+                                    "world": dist.get_world_size(), "restart": int(os.environ.get(
+                                        "TORCHELASTIC_RESTART_COUNT", "0"))}) + "\n")
+        checkpoint.save(built, trainer, Path(args.ckpt) / f"step{trainer.step_count:06d}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

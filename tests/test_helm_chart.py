@@ -1,0 +1,301 @@
+"""The Helm chart, rendered and linted by Helm's own engine (helm-python-sdk), every rendered
+object checked against the Kubernetes API schemas (kubernetes-validate, strict)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "liveshard"
+KUBE_VERSION = "1.30.0"
+
+CUSTOM = {
+    "image": {"repository": "registry.example.com/ml/liveshard-operator", "tag": "1.2.3", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "watchNamespaces": ["training", "research"],
+    "operator": {"watchTimeoutSeconds": 120, "healthPort": 8081, "verbose": True, "extraArgs": ["--webhook-port=9443"]},
+    "serviceAccount": {"name": "ls-op", "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}},
+    "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": 1, "memory": "1Gi"}},
+    "nodeSelector": {"node-role": "system"},
+    "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+    "priorityClassName": "system-cluster-critical",
+    "podLabels": {"team": "ml"},
+    "metrics": {"port": 9100, "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kps"}}},
+    "dashboard": {"enabled": True, "namespace": "monitoring"},
+}
+
+# Bring-your-own account and RBAC, no metrics endpoint.
+MINIMAL = {"serviceAccount": {"create": False, "name": "preexisting"}, "rbac": {"create": False},
+           "metrics": {"enabled": False}, "replicas": 0}
+
+# The operator's permissions, verb by verb: what operator/kube.py and operator/handlers/ call,
+# plus what the per-job Role it creates grants (RBAC escalation rules: it must hold them).
+EXPECTED_NODE_RULES = {("", "nodes"): {"get", "list", "watch"}}
+EXPECTED_JOB_RULES = {
+    ("", "pods"): {"create", "delete", "get", "list", "watch", "patch"},
+    ("", "events"): {"create"},
+    ("", "services"): {"create"},
+    ("", "serviceaccounts"): {"create"},
+    ("networking.k8s.io", "networkpolicies"): {"create"},
+    ("rbac.authorization.k8s.io", "roles"): {"create"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"create"},
+    ("liveshard.io", "elastictrainingjobs"): {"get", "list", "watch", "patch"},
+    ("liveshard.io", "elastictrainingjobs/status"): {"get", "patch", "update"},
+}
+
+
+def render(values: dict[str, Any] | None = None, namespace: str = "liveshard-system") -> list[dict[str, Any]]:
+    chart = helm.Chart.load(str(CHART))
+    out = chart.render(values or {}, name="ls", namespace=namespace)
+    objs = []
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        objs += [o for o in yaml.safe_load_all(text) if o]
+    return objs
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def rules_of(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                out.setdefault((group, res), set()).update(rule["verbs"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def default_objs() -> list[dict[str, Any]]:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def custom_objs() -> list[dict[str, Any]]:
+    return render(CUSTOM, namespace="ml-system")
+
+
+def test_lint_strict_passes_with_default_and_custom_values():
+    for values in ({}, CUSTOM, MINIMAL):
+        report = helm.lint(str(CHART), values, strict=True)
+        problems = [m for m in report["messages"] if m["severity"] >= 2]
+        assert report["errors"] == [] and problems == [], report
+
+
+@pytest.mark.parametrize("values", [{}, CUSTOM, MINIMAL], ids=["default", "custom", "minimal"])
+def test_every_rendered_object_is_valid_kubernetes(values):
+    for obj in render(values):
+        if obj["kind"] == "ServiceMonitor":  # a CRD kind: kubernetes-validate has no schema for it
+            assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+            continue
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+def test_kubernetes_validate_rejects_a_bad_object(default_objs):
+    """The validator itself must be able to fail (strict mode: unknown fields)."""
+    deployment = json.loads(json.dumps(by_kind(default_objs, "Deployment")[0]))
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGett"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBE_VERSION, strict=True)
+
+
+def test_default_render_has_exactly_the_expected_objects(default_objs):
+    kinds = sorted(o["kind"] for o in default_objs)
+    assert kinds == sorted(["ServiceAccount", "Deployment", "Service", "ClusterRole", "ClusterRole",
+                            "ClusterRoleBinding", "ClusterRoleBinding"])
+    assert not by_kind(default_objs, "ServiceMonitor") and not by_kind(default_objs, "ConfigMap")
+
+
+def test_operator_deployment_security_and_probe(default_objs):
+    (dep,) = by_kind(default_objs, "Deployment")
+    spec = dep["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    assert c["command"] == ["liveshard", "operator"]
+    # The probe hits the port and path the operator's --liveness flag serves.
+    probe = c["livenessProbe"]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert f"--liveness=http://0.0.0.0:{ports[probe['port']]}{probe['path']}" in c["args"]
+    assert "--metrics-port=9090" in c["args"]
+    assert c["image"] == "ghcr.io/liveshard/operator:0.1.0"  # appVersion by default
+
+
+def test_operator_args_parse_with_the_real_command(custom_objs):
+    """The rendered args are accepted by ``liveshard operator``'s own parser."""
+    import argparse
+
+    from liveshard.operator.command import configure, options_from
+
+    (dep,) = by_kind(custom_objs, "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    options = options_from(parser.parse_args(c["args"]))
+    assert options.namespaces == ("training", "research")
+    assert options.metrics_port == 9100 and options.liveness == "http://0.0.0.0:8081/healthz"
+    assert options.watch_server_timeout == 120 and options.webhook_port == 9443
+
+
+def test_custom_values_reach_the_objects(custom_objs):
+    (dep,) = by_kind(custom_objs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == "registry.example.com/ml/liveshard-operator:1.2.3"
+    assert c["imagePullPolicy"] == "Always"
+    assert c["resources"] == CUSTOM["resources"]
+    assert pod["nodeSelector"] == {"node-role": "system"} and pod["tolerations"] == CUSTOM["tolerations"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["serviceAccountName"] == "ls-op"
+    assert dep["spec"]["template"]["metadata"]["labels"]["team"] == "ml"
+    assert all(o["metadata"]["namespace"] == "ml-system"
+               for o in custom_objs if o["kind"] in ("Deployment", "Service", "ServiceAccount", "ServiceMonitor"))
+    (sm,) = by_kind(custom_objs, "ServiceMonitor")
+    (svc,) = by_kind(custom_objs, "Service")
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"] == "metrics"
+    assert sm["spec"]["endpoints"][0]["interval"] == "15s" and sm["metadata"]["labels"]["release"] == "kps"
+    assert svc["spec"]["ports"][0]["port"] == 9100
+    assert sm["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    (cm,) = by_kind(custom_objs, "ConfigMap")
+    assert cm["metadata"]["namespace"] == "monitoring" and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_minimal_values_render_only_the_deployment():
+    objs = render(MINIMAL)
+    assert [o["kind"] for o in objs] == ["Deployment"]
+    (c,) = objs[0]["spec"]["template"]["spec"]["containers"]
+    assert objs[0]["spec"]["replicas"] == 0
+    assert objs[0]["spec"]["template"]["spec"]["serviceAccountName"] == "preexisting"
+    assert "--metrics-port=0" in c["args"] and [p["name"] for p in c["ports"]] == ["health"]
+
+
+def test_rbac_has_no_wildcards_and_exactly_the_listed_verbs(default_objs):
+    roles = {r["metadata"]["name"]: r for r in by_kind(default_objs, "ClusterRole")}
+    assert set(roles) == {"ls-liveshard-nodes", "ls-liveshard-jobs"}
+    for role in roles.values():
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], (role["metadata"]["name"], rule)
+            assert "nonResourceURLs" not in rule and "resourceNames" not in rule
+    assert rules_of(roles["ls-liveshard-nodes"]) == EXPECTED_NODE_RULES
+    assert rules_of(roles["ls-liveshard-jobs"]) == EXPECTED_JOB_RULES
+    bindings = by_kind(default_objs, "ClusterRoleBinding")
+    assert sorted(b["roleRef"]["name"] for b in bindings) == sorted(roles)
+    for b in bindings:
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "ls-liveshard", "namespace": "liveshard-system"}]
+
+
+def test_watch_namespaces_bind_job_permissions_only_there(custom_objs):
+    (crb,) = by_kind(custom_objs, "ClusterRoleBinding")  # nodes only: they are cluster-scoped
+    assert crb["roleRef"]["name"] == "ls-liveshard-nodes"
+    rbs = by_kind(custom_objs, "RoleBinding")
+    assert sorted(rb["metadata"]["namespace"] for rb in rbs) == ["research", "training"]
+    for rb in rbs:
+        assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                 "name": "ls-liveshard-jobs"}
+        assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "ls-op", "namespace": "ml-system"}]
+
+
+def test_operator_holds_every_permission_it_uses_and_grants(default_objs):
+    """Derived from the code: every kind Kube.create makes, and the per-job Role's rules (which
+    the operator may only grant if it holds them)."""
+    from liveshard.operator import builders
+    from liveshard.operator.jobspec import read_spec
+
+    roles = {r["metadata"]["name"]: r for r in by_kind(default_objs, "ClusterRole")}
+    held = rules_of(roles["ls-liveshard-jobs"])
+    job = {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob",
+           "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
+           "spec": {"model": {"preset": "tiny-gpt"}, "image": "img", "workers": {"max": 2, "gpusPerWorker": 1}}}
+    spec = read_spec(job["spec"])
+    plural = {"Pod": "pods", "Service": "services", "ServiceAccount": "serviceaccounts", "Role": "roles",
+              "RoleBinding": "rolebindings", "NetworkPolicy": "networkpolicies"}
+    for child in [*builders.job_children(job, spec), builders.worker_pod(job, spec, 0),
+                  builders.coordinator_pod(job, spec)]:
+        group = child["apiVersion"].rpartition("/")[0]
+        assert "create" in held[(group, plural[child["kind"]])], child["kind"]
+    for rule in builders.role(job)["rules"]:
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                assert set(rule["verbs"]) <= held[(group, res)], (res, rule["verbs"])
+
+
+@pytest.mark.parametrize(("bad", "where"), [
+    ({"replicas": "two"}, "/replicas"),
+    ({"replicas": 2}, "/replicas"),
+    ({"unknownKey": True}, "unknownKey"),
+    ({"image": {"repository": ""}}, "/image/repository"),
+    ({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
+    ({"resources": {"requests": {"cpu": "lots"}}}, "/resources/requests/cpu"),
+    ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "/metrics/serviceMonitor/enabled"),
+    ({"operator": {"healthPort": 70000}}, "/operator/healthPort"),
+], ids=lambda v: json.dumps(v) if isinstance(v, dict) else "")
+def test_schema_rejects_broken_values(bad, where):
+    chart = helm.Chart.load(str(CHART))
+    with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
+        chart.validate_schema(bad)
+    with pytest.raises(helm.HelmError):  # an install renders with the same check
+        chart.render(bad, name="ls", namespace="x")
+
+
+def test_schema_accepts_the_defaults_and_custom_values():
+    chart = helm.Chart.load(str(CHART))
+    chart.validate_schema({})
+    chart.validate_schema(CUSTOM)
+
+
+def test_chart_crd_is_the_top_level_crd_byte_for_byte():
+    assert (CHART / "crds" / "elastictrainingjob.yaml").read_bytes() == \
+        (ROOT / "crds" / "elastictrainingjob.yaml").read_bytes(), \
+        "run: cp crds/elastictrainingjob.yaml helm/liveshard/crds/"
+    assert not (CHART / "crds" / "elastictrainingjob.yaml").is_symlink()  # `helm package` drops links
+    chart = helm.Chart.load(str(CHART))
+    (crd,) = chart.crds
+    obj = yaml.safe_load(crd["data"])
+    assert obj["metadata"]["name"] == "elastictrainingjobs.liveshard.io"
+    kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+def test_dashboard_queries_only_metrics_the_operator_exports():
+    from prometheus_client import REGISTRY
+
+    from liveshard.operator import metrics  # noqa: F401  (registers the operator's metrics)
+
+    exported = set()
+    for family in REGISTRY.collect():
+        if family.name.startswith("liveshard_"):
+            exported.add(family.name)
+            exported.update(s.name for s in family.samples)
+            if family.type == "counter":
+                exported.add(family.name + "_total")
+            if family.type == "histogram":
+                exported.update(family.name + suffix for suffix in ("_bucket", "_sum", "_count"))
+    dash = json.loads((CHART / "dashboards" / "liveshard.json").read_text())
+    used = set()
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            used.update(re.findall(r"liveshard_[a-z_]+", target["expr"]))
+    assert used and used <= exported, used - exported
+    # Every metric family the operator exports is on the dashboard.
+    families = {f.name for f in REGISTRY.collect() if f.name.startswith("liveshard_")}
+    assert all(any(u.startswith(f) for u in used) for f in families), families

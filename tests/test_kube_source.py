@@ -1,0 +1,122 @@
+"""KubePlanSource against the API emulator and a real c10d store: operator plans in, acks out."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import kubernetes.client as k8s
+import pytest
+from kube_emulator import KubeEmulator
+
+from liveshard.runtime.control.protocol import Keys
+from liveshard.runtime.control.store import JobStore, serve_store
+from liveshard.runtime.kube_source import KubePlanSource, pod_speeds, worker_ids
+
+CRD = Path(__file__).resolve().parents[1] / "crds" / "elastictrainingjob.yaml"
+GROUP, VERSION, PLURAL, NS, JOB = "liveshard.io", "v1alpha1", "elastictrainingjobs", "default", "j"
+
+
+@pytest.fixture(scope="module")
+def kube():
+    with KubeEmulator(crds=[CRD]) as kube:
+        yield kube
+
+
+@pytest.fixture
+def env(kube):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = JobStore(serve_store("127.0.0.1", port), JOB)
+    custom = k8s.CustomObjectsApi(kube.api_client())
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ElasticTrainingJob", "metadata": {"name": JOB},
+            "spec": {"model": {"preset": "tiny-gpt"}, "image": "x", "workers": {"max": 4, "gpusPerWorker": 2}}}
+    custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+    source = KubePlanSource(store, JOB, NS, api=kube.api_client(), poll_interval=0.0)
+    yield source, store, custom
+    custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, JOB)
+
+
+def write_plan(custom, gen: int, members: list[str], config: str = "tp=2,pp=1,dp=2", **extra) -> None:
+    plan = {"generation": gen, "config": config, "members": members, "gpusPerWorker": 2,
+            "reason": extra.pop("reason", "initial"), **extra}
+    custom.patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, JOB, {"status": {"plan": plan}})
+
+
+def status(custom) -> dict:
+    return custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, JOB).get("status") or {}
+
+
+def alive(store, *workers: str) -> None:
+    for w in workers:
+        store.register_member(w, {"pid": 1})
+        store.set_json(Keys.heartbeat(w), {"time": time.time(), "state": "waiting"})
+
+
+def test_worker_ids_expand_pods_in_rank_order():
+    assert worker_ids(["b", "a"], 2) == ("b/0", "b/1", "a/0", "a/1")
+
+
+def test_speeds_are_relative_to_the_median_worker():
+    tele = {"a/0": {"step_seconds": 1.0}, "a/1": {"step_seconds": 1.0}, "b/0": {"step_seconds": 2.0}}
+    assert pod_speeds(tele) == {"a": 1.0, "b": 0.5}
+
+
+def test_plan_waits_for_its_workers_then_is_acked_when_committed(env):
+    source, store, custom = env
+    write_plan(custom, 1, ["j-worker-1", "j-worker-0"])
+    assert source.poll() is None  # no worker has registered yet
+    alive(store, "j-worker-1/0", "j-worker-1/1", "j-worker-0/0", "j-worker-0/1")
+    req = source.poll()
+    assert req.members == ("j-worker-1/0", "j-worker-1/1", "j-worker-0/0", "j-worker-0/1")
+    assert req.config == "tp=2,pp=1,dp=2" and req.switch_at_step is None
+    assert source.poll() is None  # handed on once
+    # the coordinator publishes it as runtime generation 0, then commits it
+    source.report({"pending": 0, "history": [], "members": []})
+    assert "appliedGeneration" not in status(custom)
+    source.report({"pending": None, "generation": 0, "config": "tp=2,pp=1,dp=2,ep=1", "members": list(req.members),
+                   "history": [{"generation": 0, "outcome": "committed"}]})
+    st = status(custom)
+    assert st["appliedGeneration"] == 1 and st["appliedAt"].endswith("Z")
+
+
+def test_runtime_generations_stay_apart_and_a_matching_plan_is_acked_at_once(env):
+    source, store, custom = env
+    alive(store, "j-worker-0/0", "j-worker-0/1", "j-worker-1/0", "j-worker-1/1")
+    write_plan(custom, 3, ["j-worker-0", "j-worker-1"])
+    source.poll()
+    source.report({"pending": 0, "history": []})
+    world = ["j-worker-0/0", "j-worker-0/1", "j-worker-1/0", "j-worker-1/1"]
+    source.report({"pending": None, "generation": 0, "config": "tp=2,pp=1,dp=2", "members": world,
+                   "history": [{"generation": 0, "outcome": "committed"}]})
+    assert status(custom)["appliedGeneration"] == 3
+    # the runtime recovers on its own (runtime generation 1): nothing is written for it
+    survivors = world[:2]
+    source.report({"pending": None, "generation": 1, "config": "tp=2,pp=1,dp=1", "members": survivors, "dead": world[2:],
+                   "history": [{"generation": 0, "outcome": "committed"}, {"generation": 1, "outcome": "committed"}]})
+    assert status(custom)["appliedGeneration"] == 3
+    # the operator's plan for the same survivors needs no new world: acked directly
+    write_plan(custom, 4, ["j-worker-0"], config="tp=2,pp=1,dp=1,ep=1", reason="node-gone: x", leaving=["j-worker-1"])
+    assert source.poll() is None
+    assert status(custom)["appliedGeneration"] == 4
+    assert source.runtime_of == {3: 0}
+
+
+def test_a_rejected_or_aborted_plan_is_reported_aborted(env):
+    source, store, custom = env
+    alive(store, "j-worker-0/0", "j-worker-0/1")
+    write_plan(custom, 5, ["j-worker-0"], config="tp=2,pp=1,dp=1")
+    assert source.poll() is not None
+    source.report({"pending": None, "history": [{"generation": None, "outcome": "rejected: no fit"}]})
+    st = status(custom)
+    assert st["abortedGeneration"] == 5 and "no fit" in st["abortReason"]
+    write_plan(custom, 6, ["j-worker-0"], config="tp=2,pp=1,dp=1")
+    assert source.poll() is not None
+    source.report({"pending": 7, "history": []})
+    source.report({"pending": None, "history": [{"generation": 7, "outcome": "aborted: member died"}]})
+    st = status(custom)
+    assert st["abortedGeneration"] == 6 and st["abortReason"] == "aborted: member died"
+    assert "appliedGeneration" not in st
