@@ -55,7 +55,8 @@ def _step(demo, fn):
 
 def test_job_starts_and_trains(story):
     st = _step(story, lambda: story.wait_training(2, steps=3))
-    assert st["phase"] in ("Running", "Reconfiguring")
+    # the operator sets Running once it has seen the ack
+    _step(story, lambda: story.wait("phase Running", lambda s, c: s.get("phase") == "Running"))
     assert sorted(st["plan"]["members"]) == [worker(0), worker(1)]
     pods = story.pods()
     assert pods[f"{JOB}-coordinator"]["spec"]["nodeName"] == "control-0"  # kept off spot nodes

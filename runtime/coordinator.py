@@ -113,10 +113,24 @@ class Coordinator:
         end = None if stop_after is None else time.monotonic() + stop_after
         while end is None or time.monotonic() < end:
             if self.store.has(Keys.STOP) and self.pending is None:
+                self._drain()
                 self._report()
                 return
             self.tick()
             time.sleep(period)
+
+    def _drain(self, timeout: float = 60.0) -> None:
+        """After a stop, keep the store up until the workers have seen it and exited: they read
+        the stop key from it (a restarted coordinator would have a store without it)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            live = [m for m in ((*self.current.members, *self.current.standbys) if self.current else ())
+                    if m not in self.dead]
+            beats = [self.store.get_json(Keys.heartbeat(m)) or {} for m in live]
+            if all(b.get("state") == "exited" or time.time() - b.get("time", 0) > self.heartbeat_timeout
+                   for b in beats):
+                return
+            time.sleep(0.1)
 
     def tick(self) -> None:
         if self.current is None and self.pending is None:

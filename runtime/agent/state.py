@@ -4,9 +4,8 @@
 megatron model: the parameter itself for ``param``; for optimizer state the full-shape fp32 main
 copy / Adam moment, or, with the distributed optimizer, this DP rank's flat shard of them. The
 keys are exactly the ``(region.state, region.local_name)`` pairs of the rank's layout, so the
-executor can read and write any region in place. ``allocate_like_layout`` makes empty tensors of
-the same shapes for a layout the process does not run yet (the receiving side of a switch), and
-``load_state`` copies them into a freshly built model at commit.
+executor can read any region in place, and ``load_state`` copies the tensors a transition
+delivered into a freshly built model at commit.
 
 Small state travels as objects: the training progress (step, data cursor, LR schedule) and RNG
 states, which follow the model-parallel position (tp, pp) they belong to.
@@ -92,27 +91,6 @@ def state_tensors(built: Any) -> dict[StateKey, torch.Tensor]:
             for state in (EXP_AVG, EXP_AVG_SQ):
                 t = st[state]
                 out[state, name] = t.view(-1) if isinstance(opt, DistributedOptimizer) else t
-    return out
-
-
-def allocate_like_layout(layout: Layout, rank: int, device: Any = "cpu") -> dict[StateKey, torch.Tensor]:
-    """Empty tensors for every ``(state, local_name)`` that ``rank`` of ``layout`` holds."""
-    out: dict[StateKey, torch.Tensor] = {}
-    params = layout.local_params(rank)
-    pdtype = _DTYPES[layout.spec.params_dtype]
-    for p in params:
-        out[PARAM, p.name] = torch.empty(p.local_shape, dtype=pdtype, device=device)
-    if not layout.cfg.dist_opt:
-        for state in layout.optimizer_states:
-            for p in params:
-                out[state, p.name] = torch.empty(p.local_shape, dtype=torch.float32, device=device)
-        return out
-    for state in layout.optimizer_states:
-        sizes: dict[str, int] = defaultdict(int)
-        for reg in layout.dist_opt_regions(rank, state):
-            sizes[reg.local_name] += reg.numel
-        for name, n in sizes.items():
-            out[state, name] = torch.empty(n, dtype=torch.float32, device=device)
     return out
 
 

@@ -63,6 +63,7 @@ class Demo:
         self.store: Any = None
         self._seen_history = 0
         self.final_status: dict | None = None
+        self.final_coordinator: dict = {}
         self._last_line = ""
 
     # ---- set-up ------------------------------------------------------------------------------
@@ -209,7 +210,7 @@ class Demo:
         """Ask every worker to stop (the store's stop key) and wait for their results."""
         from liveshard.runtime.control.protocol import Keys
 
-        self.coordinator()
+        self.final_coordinator = self.coordinator()
         self.final_status = self.status()  # the stop ends the job's pods: judge the plans before it
         self.store.set(Keys.STOP, "1")
         end = time.monotonic() + timeout
@@ -277,7 +278,16 @@ class Demo:
         return ordered, problems
 
     def report(self, ordered: list[dict], problems: list[str], error: str | None = None) -> dict:
-        co = self.coordinator() if self.store is not None else {}
+        co = self.final_coordinator or (self.coordinator() if self.store is not None else {})
+        times = [s["time"] for s in ordered]
+        for i, ev in enumerate(self.events):
+            # the wall-clock pause training saw: the longest gap between step completions from
+            # the event to a few seconds after its plan was acked (or the next event)
+            end = ev.time + (ev.acked_after or 0.0) + 5.0
+            if i + 1 < len(self.events):
+                end = min(end, self.events[i + 1].time)
+            gaps = [b - a for a, b in itertools.pairwise(times) if b >= ev.time and a <= end]
+            ev.detail["longest_step_gap_seconds"] = round(max(gaps), 3) if gaps else None
         report = {
             "ok": not problems and error is None,
             "error": error,
@@ -287,6 +297,7 @@ class Demo:
             "started": self.started,
             "steps": ordered,
             "events": [ev.__dict__ for ev in self.events],
+            # the coordinator's record: runtime generations with phases and downtime
             "reconfigurations": (co.get("history") if co else None) or [],
             "job_status": self._status_or_none(),
         }
