@@ -124,7 +124,7 @@ def worker_pod(job: dict[str, Any], spec: JobSpec, index: int) -> dict[str, Any]
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     container: dict[str, Any] = {
-        "name": "worker", "image": spec.image, "command": list(spec.raw.get("command") or ["liveshard", "agent"]),
+        "name": "worker", "image": spec.image, "command": list(spec.raw.get("command") or ["liveshard", "worker"]),
         "env": [*_env(job, spec, ROLE_WORKER), {"name": "LIVESHARD_WORKER_INDEX", "value": str(index)}],
         "resources": resources, "volumeMounts": mounts,
     }

@@ -119,7 +119,7 @@ def test_a_good_manifest_passes_and_gets_defaults(validator):
     assert out["spec"]["elasticity"]["reconfigurationTimeoutSeconds"] == 300
     assert out["spec"]["checkpoint"]["intervalMinutes"] == 30
     assert out["spec"]["coordinator"]["port"] == 29400
-    assert out["spec"]["command"] == ["liveshard", "agent"]
+    assert out["spec"]["command"] == ["liveshard", "worker"]
     assert read_spec(out["spec"]).workers.replicas == 16
 
 
