@@ -59,24 +59,22 @@ def set_adam_step(optimizer: Any, step: int) -> None:
                 st["step"] = torch.tensor(float(step))
 
 
-def state_tensors(built: Any) -> dict[StateKey, torch.Tensor]:
-    """Every ``(state, local_name)`` of a live model, mapped to the tensor that holds it."""
+def _optimizer_slots(built: Any):
+    """(local name, torch optimizer, main param, flat) for every parameter the optimizers step.
+
+    ``flat``: the distributed optimizer's shard of the parameter (1-D), else the whole tensor.
+    """
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-    ensure_adam_state(built.optimizer)
     names = {id(p): n for n, p in built.model.named_parameters()}
-    out: dict[StateKey, torch.Tensor] = {}
-    for name, p in built.model.named_parameters():
-        out[PARAM, name] = p.data
-    sixteen_bit = built.spec.params_dtype != "fp32"
     for opt in _inner_optimizers(built.optimizer):
         inner = getattr(opt, "optimizer", None)
         if inner is None:
             continue
-        if isinstance(opt, DistributedOptimizer):
-            pairs = []
-            for model_param, (gi, go) in opt.model_param_group_index_map.items():
-                pairs.append((model_param, inner.param_groups[gi]["params"][go]))
+        flat = isinstance(opt, DistributedOptimizer)
+        if flat:
+            pairs = [(m, inner.param_groups[gi]["params"][go])
+                     for m, (gi, go) in opt.model_param_group_index_map.items()]
         elif hasattr(opt, "float16_groups"):
             pairs = [(m, main) for g16, g32 in zip(opt.float16_groups, opt.fp32_from_float16_groups)
                      for m, main in zip(g16, g32)]
@@ -84,32 +82,60 @@ def state_tensors(built: Any) -> dict[StateKey, torch.Tensor]:
         else:
             pairs = [(p, p) for group in inner.param_groups for p in group["params"]]
         for model_param, main in pairs:
-            name = names[id(model_param)]
-            if sixteen_bit:
-                out[MAIN_PARAM, name] = main.data.view(-1) if isinstance(opt, DistributedOptimizer) else main.data
-            st = inner.state[main]
-            for state in (EXP_AVG, EXP_AVG_SQ):
-                t = st[state]
-                out[state, name] = t.view(-1) if isinstance(opt, DistributedOptimizer) else t
+            yield names[id(model_param)], inner, main, flat
+
+
+def state_tensors(built: Any) -> dict[StateKey, torch.Tensor]:
+    """Every ``(state, local_name)`` of a live model, mapped to the tensor that holds it."""
+    ensure_adam_state(built.optimizer)
+    out: dict[StateKey, torch.Tensor] = {(PARAM, n): p.data for n, p in built.model.named_parameters()}
+    sixteen_bit = built.spec.params_dtype != "fp32"
+    for name, inner, main, flat in _optimizer_slots(built):
+        if sixteen_bit:
+            out[MAIN_PARAM, name] = main.data.view(-1) if flat else main.data
+        st = inner.state[main]
+        for state in (EXP_AVG, EXP_AVG_SQ):
+            out[state, name] = st[state].view(-1) if flat else st[state]
     return out
 
 
 def load_state(built: Any, tensors: dict[StateKey, torch.Tensor], step: int) -> None:
-    """Copy received tensors into a freshly built model and optimizer, in place."""
-    live = state_tensors(built)
-    missing = sorted(set(live) - set(tensors))
-    extra = sorted(set(tensors) - set(live))
+    """Put received tensors into a freshly built model and optimizer.
+
+    Weights and fp32 main weights are copied into the model's own storage (DDP's buffers); Adam
+    moments are adopted as they are, with no zero-fill and no copy.
+    """
+    params = dict(built.model.named_parameters())
+    slots = list(_optimizer_slots(built))
+    sixteen_bit = built.spec.params_dtype != "fp32"
+    expected = {(PARAM, n) for n in params}
+    for name, _, _, _ in slots:
+        expected |= {(EXP_AVG, name), (EXP_AVG_SQ, name)} | ({(MAIN_PARAM, name)} if sixteen_bit else set())
+    missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
     if missing or extra:
         raise RuntimeError(f"received state does not match the built model: missing {missing[:3]}, "
                            f"unexpected {extra[:3]}")
+
+    def check(key: StateKey, src: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
+        if src.numel() != numel or src.dtype != dtype:
+            raise RuntimeError(f"{key}: received {src.dtype} x {src.numel()}, the model holds {dtype} x {numel}")
+
     with torch.no_grad():
-        for key, dst in live.items():
-            src = tensors[key]
-            if src.shape != dst.shape or src.dtype != dst.dtype:
-                raise RuntimeError(f"{key}: received {src.dtype}{tuple(src.shape)}, "
-                                   f"model holds {dst.dtype}{tuple(dst.shape)}")
-            dst.copy_(src)
-    set_adam_step(built.optimizer, step)
+        for name, p in params.items():
+            src = tensors[PARAM, name]
+            check((PARAM, name), src, p.numel(), p.dtype)
+            p.data.copy_(src.view_as(p.data))
+        for name, inner, main, _ in slots:
+            if sixteen_bit:
+                src = tensors[MAIN_PARAM, name]
+                check((MAIN_PARAM, name), src, main.numel(), main.dtype)
+                main.data.copy_(src.view_as(main.data))
+            st = inner.state[main]
+            for state in (EXP_AVG, EXP_AVG_SQ):
+                src = tensors[state, name]
+                check((state, name), src, main.numel(), torch.float32)
+                st[state] = src.view_as(main.data) if src.is_contiguous() else src.reshape(main.shape).clone()
+            st["step"] = torch.tensor(float(step))
 
 
 # ---- small objects -----------------------------------------------------------------------------

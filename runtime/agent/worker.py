@@ -62,6 +62,7 @@ log = logging.getLogger("liveshard.worker")
 @dataclass
 class WorkerOptions:
     heartbeat_interval: float = 0.5
+    poll_interval: float = 0.05  # how often the control thread looks for new plans
     collective_timeout: float = 20.0  # seconds before a collective with a dead peer fails
     transfer_budget: int = 64 << 20  # staging bytes per rank during a transfer
     verify: bool = False  # per-region checksums after each transfer
@@ -146,6 +147,7 @@ class WorkerAgent:
     def _control_loop(self) -> None:
         next_hb = 0.0
         failures = 0
+        handled = -1  # newest generation whose plan this thread has looked at
         while not self._stop.is_set():
             now = time.time()
             if now >= next_hb:
@@ -157,17 +159,24 @@ class WorkerAgent:
                 latest = self.store.latest_generation()
                 if latest > self._latest_seen:
                     self._latest_seen = latest
-                plan = self.store.plan(latest) if latest >= 0 else None
-                if plan is not None and self._involved(plan) and latest not in self._prepared \
-                        and latest not in self._prepare_error and plan.generation != self.state.generation:
-                    self._prepare(plan)
+                if latest > handled:  # read a plan until it is acted on, not on every poll after
+                    plan = self.store.plan(latest)
+                    if plan is not None:
+                        if latest in self._prepared or latest in self._prepare_error \
+                                or latest <= (self.state.generation if self.state.generation is not None else -1):
+                            handled = latest
+                        elif self._involved(plan):
+                            self._prepare(plan)
+                            handled = latest
                 failures = 0
             except Exception:  # the coordinator (and its store) may be restarting
                 failures += 1
                 if failures >= 3:
-                    self._reconnect()
+                    if self._reconnect():
+                        handled = -1  # a new store: look at its plans afresh
                     failures = 0
-            time.sleep(0.02)
+            # Polling costs the training processes CPU; 20 Hz keeps plans prompt enough.
+            time.sleep(self.options.poll_interval)
 
     def _reconnect(self) -> bool:
         """Connect to a restarted coordinator and announce the world this worker trains in."""
