@@ -98,18 +98,9 @@ def pod_speeds(telemetry: dict[str, dict]) -> dict[str, float]:
 
 def api_client(kubeconfig: str | None = None) -> Any:
     """The official client: the pod's service account, else ``kubeconfig`` / $KUBECONFIG."""
-    import kubernetes.client
-    import kubernetes.config
+    from liveshard.operator.kube import make_api_client
 
-    config = kubernetes.client.Configuration()
-    if kubeconfig:
-        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
-    else:
-        try:
-            kubernetes.config.load_incluster_config(client_configuration=config)
-        except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config(client_configuration=config)
-    return kubernetes.client.ApiClient(config)
+    return make_api_client(kubeconfig=kubeconfig)
 
 
 class KubePlanSource:

@@ -52,7 +52,7 @@ class RunSpec:
     seed: int = 1234
     verify: bool = False
     checkpoint_every: int = 0
-    heartbeat_timeout: float = 3.0
+    heartbeat_timeout: float = 10.0
     collective_timeout: float = 20.0
     workdir: str | None = None
     log: Any = None  # a file for progress lines (None: quiet)
