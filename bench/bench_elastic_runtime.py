@@ -10,8 +10,10 @@ Same model (``gpt-125m``: 124M parameters, fp32, Adam), same machine, same run:
 * **overhead**: median step time of the agent vs a plain megatron loop, no events.
 
 Downtime is measured on wall clocks from the end of the last step before the change to the end
-of the first step after it (``to_next_step``), and, for liveshard, also to the moment the new
-world can train (``downtime``). Prints a table and writes ``bench/results/elastic_runtime.json``.
+of the first step after it (``to_next_step``); ``lost`` is that less one steady step of the new
+world (median over its later steps, same run): the training time the change cost. For
+liveshard also the moment the new world can train (``ready``). Prints a table and writes
+``bench/results/elastic_runtime.json``.
 """
 
 from __future__ import annotations
@@ -119,13 +121,17 @@ def run_torchrun(args, workdir: Path, kill_after: int, steps: int) -> dict:
     before = [r for r in rows if r["world"] == 2]
     after = [r for r in rows if r["world"] == 1]
     steady = [b["time"] - a["time"] for a, b in itertools.pairwise(rows) if a["world"] == b["world"] == 2]
+    steady_after = [b["time"] - a["time"] for a, b in itertools.pairwise(after[1:]) if a["world"] == b["world"] == 1]
+    to_next = (after[0]["time"] - before[-1]["time"]) if after and before else None
     return {
         "kill_time": t_kill,
         "last_step_before": before[-1] if before else None,
         "first_step_after": after[0] if after else None,
         "kill_to_next_step": (after[0]["time"] - t_kill) if after and t_kill else None,
-        "to_next_step": (after[0]["time"] - before[-1]["time"]) if after and before else None,
+        "to_next_step": to_next,
         "steady_step_seconds": statistics.median(steady) if steady else None,
+        "steady_step_seconds_after": statistics.median(steady_after) if steady_after else None,
+        "lost": to_next - statistics.median(steady_after) if to_next is not None and steady_after else None,
         "rows": rows,
     }
 
@@ -143,22 +149,44 @@ def _step_gaps(report: dict) -> list[float]:
     return [b - a for a, b in itertools.pairwise(t)]
 
 
+def add_lost_time(report: dict) -> None:
+    """Per event: ``lost`` = to_next_step less the new world's steady step time (median gap
+    between its later consecutive steps, up to the next event)."""
+    steps = report["steps"]
+    evs = report["events"]
+    for i, ev in enumerate(evs):
+        end = evs[i + 1]["step"] if i + 1 < len(evs) else None
+        later = [s for s in steps if s["step"] > ev["step"] + 1 and (end is None or s["step"] <= end)]
+        prev = {s["step"]: s for s in steps}
+        gaps = [s["time"] - prev[s["step"] - 1]["time"] for s in later if s["step"] - 1 in prev
+                and prev[s["step"] - 1]["step"] > ev["step"]]
+        ev["steady_after"] = statistics.median(gaps) if gaps else None
+        ev["lost"] = ev["to_next_step"] - ev["steady_after"] if gaps and ev.get("to_next_step") else None
+
+
 def _f(x, fmt=".3f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
 def print_table(result: dict) -> None:
-    print(f"{'event':<12} {'live ready s':>12} {'live->step s':>13} {'ckpt->step s':>13} {'ratio':>7}")
+    print(f"{'event':<12} {'live ready':>10} {'live->step':>10} {'live lost':>9} {'ckpt->step':>10} "
+          f"{'ckpt lost':>9} {'x (->step)':>10} {'x (lost)':>8}")
     for lv, ck in zip(result.get("live", {}).get("events", []), result.get("checkpoint", {}).get("events", [])):
-        ratio = ck["to_next_step"] / lv["to_next_step"] if lv.get("to_next_step") and ck.get("to_next_step") else None
-        print(f"{lv['event']:<12} {_f(lv.get('downtime')):>12} {_f(lv.get('to_next_step')):>13} "
-              f"{_f(ck.get('to_next_step')):>13} {_f(ratio, '.1f'):>7}")
+        print(f"{lv['event']:<12} {_f(lv.get('downtime')):>10} {_f(lv.get('to_next_step')):>10} "
+              f"{_f(lv.get('lost')):>9} {_f(ck.get('to_next_step')):>10} {_f(ck.get('lost')):>9} "
+              f"{_f(_ratio(ck.get('to_next_step'), lv.get('to_next_step')), '.1f'):>10} "
+              f"{_f(_ratio(ck.get('lost'), lv.get('lost')), '.1f'):>8}")
     tr = result.get("torchrun") or {}
     if tr:
         leave = (result.get("live", {}).get("events") or [{}])[0]
-        ratio = tr["to_next_step"] / leave["to_next_step"] if tr.get("to_next_step") and leave.get("to_next_step") else None
-        print(f"torchrun elastic: node lost -> next step {_f(tr.get('kill_to_next_step'), '.2f')} s (last step "
-              f"before -> next step {_f(tr.get('to_next_step'), '.2f')} s); vs liveshard leave: {_f(ratio, '.1f')}x")
+        print(f"torchrun elastic: node lost -> next step {_f(tr.get('kill_to_next_step'), '.2f')} s; last step "
+              f"before -> next step {_f(tr.get('to_next_step'), '.2f')} s, lost {_f(tr.get('lost'), '.2f')} s; "
+              f"vs liveshard leave: {_f(_ratio(tr.get('to_next_step'), leave.get('to_next_step')), '.1f')}x "
+              f"(->step), {_f(_ratio(tr.get('lost'), leave.get('lost')), '.1f')}x (lost)")
     ov = result.get("overhead")
     if ov:
         print(f"steady state: plain {ov['plain_step_seconds']:.3f} s/step, agent {ov['agent_step_seconds']:.3f} "
@@ -171,14 +199,15 @@ def main() -> None:
     p.add_argument("--model", default="gpt-125m")
     p.add_argument("--global-batch", type=int, default=2)
     p.add_argument("--seq-length", type=int, default=32)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--overhead-steps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--overhead-steps", type=int, default=10)
+    p.add_argument("--overhead-rounds", type=int, default=2)
     p.add_argument("--out", default=str(HERE / "results" / "elastic_runtime.json"))
     p.add_argument("--parts", default="live,checkpoint,torchrun,overhead",
                    help="which measurements to run (others are kept from an existing --out file)")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="liveshard-bench-"))
-    events = "2:leave=1 4:join=1"
+    events = "2:leave=1 5:join=1"
     parts = set(args.parts.split(","))
     out = Path(args.out)
     result: dict = json.loads(out.read_text()) if out.exists() and parts != {"live", "checkpoint", "torchrun",
@@ -187,9 +216,11 @@ def main() -> None:
 
     if "live" in parts:
         live = run_liveshard(args, "live", events, args.steps, root / "live")
+        add_lost_time(live)
         result["live"] = {"events": live["events"], "checksums": live["checksums"]}
     if "checkpoint" in parts:
         ckpt = run_liveshard(args, "checkpoint", events, args.steps, root / "checkpoint")
+        add_lost_time(ckpt)
         result["checkpoint"] = {"events": ckpt["events"], "checksums": ckpt["checksums"]}
     if "live" in result and "checkpoint" in result:
         a, b = result["live"]["checksums"], result["checkpoint"]["checksums"]
@@ -197,10 +228,16 @@ def main() -> None:
     if "torchrun" in parts:
         result["torchrun"] = run_torchrun(args, root / "torchrun", kill_after=2, steps=args.steps)
     if "overhead" in parts:
-        plain = run_plain(args, args.overhead_steps)
-        agent = run_liveshard(args, "live", "", args.overhead_steps, root / "overhead")
-        pm, am = statistics.median(plain[2:]), statistics.median(_step_gaps(agent)[2:])
-        result["overhead"] = {"plain_step_seconds": pm, "agent_step_seconds": am, "overhead": am / pm - 1}
+        # Alternate the two (plain, agent, plain, agent, ...) so that drift of the machine's speed
+        # falls on both; the first two steps of every run are warm-up.
+        plain_gaps: list[float] = []
+        agent_gaps: list[float] = []
+        for k in range(args.overhead_rounds):
+            plain_gaps += run_plain(args, args.overhead_steps)[2:]
+            agent_gaps += _step_gaps(run_liveshard(args, "live", "", args.overhead_steps, root / f"overhead{k}"))[2:]
+        pm, am = statistics.median(plain_gaps), statistics.median(agent_gaps)
+        result["overhead"] = {"plain_step_seconds": pm, "agent_step_seconds": am, "overhead": am / pm - 1,
+                              "plain_steps": plain_gaps, "agent_steps": agent_gaps}
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -18,6 +18,15 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    # As the liveshard worker does after its imports: keep the long-lived import-time objects out
+    # of the garbage collector's full passes (what Megatron-LM's --manual-gc is for).
+    import gc
+
+    import megatron.core.distributed
+    import megatron.core.models.gpt  # noqa: F401
+
+    gc.collect()
+    gc.freeze()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     from liveshard.runtime.agent.trainer import Trainer, TrainingSettings
     from liveshard.runtime.megatron.build import build_model

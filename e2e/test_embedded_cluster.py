@@ -1,8 +1,9 @@
 """The embedded cluster end to end: emulated API server, the real operator (a process), the
 node agent running the real coordinator and workers as processes (CPU, gloo).
 
-One job lives through the demo's story; the tests run in file order and share it (about a
-minute on 2 cores). A test that finds an earlier step broken fails with that step's error.
+First a job of 2-GPU worker pods (one process per GPU) on its own cluster; then one job lives
+through the demo's story: the tests run in file order and share it (about a minute on 2 cores).
+A test that finds an earlier step broken fails with that step's error.
 """
 
 from __future__ import annotations
@@ -26,6 +27,43 @@ JOB = "tiny-gpt"
 
 def worker(i: int) -> str:
     return f"{JOB}-worker-{i}"
+
+
+def test_multi_gpu_pods_run_one_rank_per_gpu_and_survive_a_spot_notice(tmp_path):
+    """Two pods of ``gpusPerWorker: 2`` on two 2-GPU nodes: a world of 4 ranks (``<pod>/0``,
+    ``<pod>/1``), then a spot notice takes one node: the plan shrinks to the other pod's 2 ranks,
+    training goes on, and the tainted node's pod is deleted after the ack.
+
+    Global batch 320: with 240 the planner's cost model keeps a tiny model inside one node (dp=2
+    on NVLink beats dp=4 across nodes); with 320 it uses all 4 GPUs. First in the file, so that
+    the story's cluster (a module fixture) is not running beside it."""
+    # gpu_nodes=3: two nodes at the start, as in the story (the third never joins here)
+    d = Demo(tmp_path / "multi", job="mgpu", log=sys.stderr, gpu_nodes=3, replicas=2, gpus_per_worker=2,
+             global_batch=320)
+    pod = lambda i: f"mgpu-worker-{i}"  # noqa: E731
+    try:
+        d.start()
+        st = d.wait_training(2, steps=3)
+        assert st["plan"]["gpusPerWorker"] == 2 and st["plan"]["worldSize"] == 4
+        assert st["plan"]["config"].startswith("tp=1,pp=1,dp=4")
+        assert sorted(d.coordinator()["members"]) == [f"{pod(i)}/{r}" for i in (0, 1) for r in (0, 1)]
+        ev = d.spot_notice(pod(1))
+        st = d.answer(ev, [pod(0)])
+        assert st["plan"]["worldSize"] == 2 and st["plan"]["leaving"] == [pod(1)]
+        assert sorted(d.coordinator()["members"]) == [f"{pod(0)}/0", f"{pod(0)}/1"]
+        d.wait("the leaving pod deleted", lambda s, c: pod(1) not in d.pods()
+               or d.pods()[pod(1)]["metadata"]["uid"] != ev.detail["uid"])
+        start = d.step()
+        d.wait("3 more steps", lambda s, c: d.step() >= start + 3)
+        d.finish()
+        steps, problems = d.check()
+        assert problems == []
+        assert {s["world_size"] for s in steps} == {2, 4}
+        results = d.results()
+        assert sorted(results) == [f"{pod(i)}.{r}" for i in (0, 1) for r in (0, 1)]  # one file per rank
+        assert {results[f"{pod(1)}.{r}"]["phase"] for r in (0, 1)} == {"left"}
+    finally:
+        d.stop()
 
 
 @pytest.fixture(scope="module")

@@ -104,12 +104,16 @@ class Coordinator:
         self.history: list[dict] = []
         self.telemetry: dict[str, dict] = {}
         self._step_history: dict[str, list[float]] = {}
+        self._adopted_checkpoint: dict | None = None  # announced by workers after a restart
         self._last_report = 0.0
         self.report_interval = 2.0
         self._first_seen: dict[str, float] = {}
 
     # ---- main loop ---------------------------------------------------------------------------
-    def run(self, stop_after: float | None = None, period: float = 0.05) -> None:
+    def run(self, stop_after: float | None = None, period: float = 0.02, idle_period: float = 0.2) -> None:
+        """Tick until stopped: every ``period`` seconds while a generation is being switched to,
+        every ``idle_period`` otherwise (each tick reads every member's heartbeat; between
+        reconfigurations that is all there is to do, and the workers need the CPU)."""
         end = None if stop_after is None else time.monotonic() + stop_after
         while end is None or time.monotonic() < end:
             if self.store.has(Keys.STOP) and self.pending is None:
@@ -117,7 +121,7 @@ class Coordinator:
                 self._report()
                 return
             self.tick()
-            time.sleep(period)
+            time.sleep(period if self.pending is not None else idle_period)
 
     def _drain(self, timeout: float = 60.0) -> None:
         """After a stop, keep the store up until the workers have seen it and exited: they read
@@ -146,12 +150,15 @@ class Coordinator:
 
     # ---- plans -------------------------------------------------------------------------------
     def _start(self, request: PlanRequest) -> None:
+        if request.config == "":
+            self._start_stop(request)
+            return
         members = tuple(m for m in request.members if m not in self.dead)
         try:
             if request.config is not None:
                 cfg = ParallelConfig.parse(request.config)
             else:
-                base = (ParallelConfig.parse(self.current.config) if self.current
+                base = (ParallelConfig.parse(self.current.config) if self.current and not self.current.is_stop
                         else ParallelConfig())
                 cfg = fit_config(self.spec, base, len(members), self.global_batch, self.micro_batch)
             cfg.validate(self.spec)
@@ -163,19 +170,31 @@ class Coordinator:
             self._report()
             return
         dead = tuple(sorted(self.dead & set(self.current.members))) if self.current else ()
+        restore_from = None
         if self.current is None:
             ordered, standbys = members[: cfg.world_size], members[cfg.world_size:]
         else:
             from liveshard.runtime.agent.transition import order_members
+            from liveshard.runtime.vps.transition import NoSurvivingCopy
 
             try:
+                if self.current.is_stop:
+                    raise NoSurvivingCopy("plan", "the job was stopped: its state is in its last checkpoint",
+                                          "restore from the last checkpoint")
                 ordered, standbys = order_members(self.spec, self.current, str(cfg), members, dead)
-            except ConfigError as e:  # e.g. some state has no surviving copy
-                log.error("no transition to %s: %s", cfg, e)
-                self.history.append({"generation": None, "reason": request.reason,
-                                     "outcome": f"rejected: {e}"})
-                self._report()
-                return
+            except ConfigError as e:
+                # With no surviving copy of some state, the last checkpoint is the way back.
+                checkpoint = self.latest_checkpoint() if isinstance(e, NoSurvivingCopy) else None
+                if checkpoint is None:
+                    log.error("no transition to %s: %s", cfg, e)
+                    self.history.append({"generation": None, "reason": request.reason,
+                                         "outcome": f"rejected: {e}" + (" (and no checkpoint to restore from)"
+                                                                        if isinstance(e, NoSurvivingCopy) else "")})
+                    self._report()
+                    return
+                log.warning("%s: restoring step %s from %s", e, checkpoint.get("step"), checkpoint["path"])
+                restore_from = checkpoint["path"]
+                ordered, standbys = members[: cfg.world_size], members[cfg.world_size:]
         plan = WorldPlan(
             generation=self.next_generation,
             config=str(cfg),
@@ -187,7 +206,40 @@ class Coordinator:
             deadline=request.deadline,
             dead=dead,
             created=time.time(),
+            restore_from=restore_from,
         )
+        self._publish(plan)
+
+    def _start_stop(self, request: PlanRequest) -> None:
+        """A stop: the running world saves a checkpoint, and every worker waits for a plan that
+        restores it (the operator's answer when no layout fits the workers that remain)."""
+        if self.current is None or self.current.is_stop:
+            self.history.append({"generation": None, "reason": request.reason,
+                                 "outcome": "rejected: no running world to stop"})
+            self._report()
+            return
+        alive = tuple(m for m in (*self.current.members, *self.current.standbys, *request.members)
+                      if m not in self.dead)
+        plan = WorldPlan(
+            generation=self.next_generation,
+            config="",
+            members=(),
+            standbys=tuple(dict.fromkeys(alive)),
+            reason=request.reason,
+            previous=self.current.generation,
+            switch_at_step=request.switch_at_step,
+            deadline=request.deadline,
+            dead=tuple(sorted(self.dead & set(self.current.members))),
+            created=time.time(),
+        )
+        self._publish(plan)
+
+    def latest_checkpoint(self) -> dict | None:
+        """The newest complete checkpoint the workers reported (rank 0 writes it after a save)."""
+        info = self.store.get_json(Keys.CHECKPOINT)
+        return info if info else self._adopted_checkpoint
+
+    def _publish(self, plan: WorldPlan) -> None:
         self.next_generation += 1
         self.pending = Generation(plan, time.monotonic())
         self.store.publish_plan(plan)
@@ -266,6 +318,12 @@ class Coordinator:
         for m in sorted(watched - self.dead):
             hb = self.store.get_json(Keys.heartbeat(m))
             if hb is None:
+                # Registered (e.g. re-announced to a restarted coordinator) but silent since: the
+                # registration is its last sign of life. Never seen: a long grace (still starting).
+                info = self.store.get_json(Keys.member(m))
+                if info is not None and now - float(info.get("time", now)) > self.heartbeat_timeout:
+                    newly_dead.append(m)
+                    continue
                 first = self._first_seen.setdefault(m, now)
                 if now - first > max(30.0, 10 * self.heartbeat_timeout):
                     newly_dead.append(m)
@@ -313,6 +371,9 @@ class Coordinator:
         best: WorldPlan | None = None
         for m in self.store.members():
             info = self.store.get_json(Keys.member(m)) or {}
+            ckpt = info.get("checkpoint")
+            if ckpt and (self._adopted_checkpoint is None or ckpt["step"] > self._adopted_checkpoint["step"]):
+                self._adopted_checkpoint = ckpt
             if info.get("plan"):
                 plan = WorldPlan.from_json(info["plan"])
                 if best is None or plan.generation > best.generation:

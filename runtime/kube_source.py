@@ -25,6 +25,10 @@ on only when every member has registered in the store and heartbeats (a joiner t
 would stall the other members' preparation). A plan whose members do not all come up within
 ``REGISTER_TIMEOUT`` is reported aborted; the operator then plans again.
 
+A stop plan (``config: ""``, no members) becomes a stop request: the running world saves a
+checkpoint to the job's checkpoint directory and every worker waits; it is acked once saved. The
+next plan with members restores that checkpoint under its own config.
+
 A worker id is ``<pod>/<local rank>``: a member pod with ``gpusPerWorker = g`` stands for the
 workers ``<pod>/0 .. <pod>/g-1``, so rank ``r`` is local GPU ``r % g`` of pod ``members[r // g]``.
 """
@@ -149,9 +153,15 @@ class KubePlanSource:
         if gen <= max(self.handled, done):
             return None
         if not plan.get("config") or not plan.get("members"):
+            # A stop: the running world saves a checkpoint; a later plan with members restores it.
             self.handled = gen
-            self._abort(gen, "stop plans are not supported by this coordinator: training continues")
-            return None
+            if not self.current.get("config"):  # nothing is running (already stopped, or not started)
+                self._ack(gen, time.time())
+                return None
+            self.awaiting = gen
+            log.info("operator plan %d: stop (%s)", gen, plan.get("reason", ""))
+            return PlanRequest(members=(), config="", reason=f"operator plan {gen}: {plan.get('reason', '')}".strip(),
+                               deadline=parse_time(plan.get("deadline")))
         members = worker_ids(list(plan["members"]), int(plan.get("gpusPerWorker") or 1))
         first = self._waiting_since.setdefault(gen, now)
         missing = self.not_up(members)

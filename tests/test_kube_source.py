@@ -120,3 +120,22 @@ def test_a_rejected_or_aborted_plan_is_reported_aborted(env):
     st = status(custom)
     assert st["abortedGeneration"] == 6 and st["abortReason"] == "aborted: member died"
     assert "appliedGeneration" not in st
+
+
+def test_a_stop_plan_becomes_a_stop_request_and_is_acked_when_saved(env):
+    source, store, custom = env
+    world = ["j-worker-0/0", "j-worker-0/1"]
+    alive(store, *world)
+    source.report({"pending": None, "generation": 0, "config": "tp=2,pp=1,dp=1", "members": world,
+                   "history": [{"generation": 0, "outcome": "committed"}]})
+    write_plan(custom, 8, [], config="", reason="below-min-workers: 1 of 2")
+    req = source.poll()
+    assert req is not None and req.config == "" and req.members == () and "below-min-workers" in req.reason
+    source.report({"pending": 1, "generation": 0, "config": "tp=2,pp=1,dp=1", "members": world, "history": []})
+    source.report({"pending": None, "generation": 1, "config": "", "members": [],
+                   "history": [{"generation": 0, "outcome": "committed"}, {"generation": 1, "outcome": "committed"}]})
+    assert status(custom)["appliedGeneration"] == 8
+    # a second stop while stopped needs nothing: acked at once
+    write_plan(custom, 9, [], config="", reason="no-feasible-plan")
+    assert source.poll() is None
+    assert status(custom)["appliedGeneration"] == 9

@@ -80,3 +80,43 @@ def test_coordinator_restart_and_kill_without_notice_are_survived(tmp_path):
     assert kill["kind"] == "kill" and kill["outcome"] == "committed"
     assert kill["downtime"] < 30  # detected and resumed within seconds, not NCCL-timeout minutes
     assert {s["world_size"] for s in report["steps"] if s["step"] > 5} == {2}  # the standby replaced it
+
+
+def test_stop_and_resume_through_a_checkpoint_changes_nothing(tmp_path):
+    """A stop (what the operator plans when too few workers remain) saves a checkpoint and leaves
+    every worker waiting; resuming loads it. The run ends bit-identical to an uninterrupted one."""
+    steps = 5
+    stopped = _run(tmp_path, "live", "2:stop=resume", steps=steps, parallel="tp=1,pp=1,dp=2")
+    plain = _run(tmp_path / "plain", "live", "", steps=steps, parallel="tp=1,pp=1,dp=2")
+    _check_training(stopped, steps)
+    stop = stopped["events"][0]
+    assert stop["kind"] == "stop" and stop["outcome"] == "committed" and stop["phases"]["save"] > 0
+    assert [s["loss"] for s in stopped["steps"]] == [s["loss"] for s in plain["steps"]]
+    assert stopped["checksums"] and stopped["checksums"] == plain["checksums"]
+
+
+def test_loss_with_no_surviving_copy_rolls_back_to_the_last_checkpoint(tmp_path):
+    """tp=2 on two workers: a kill -9 takes the only copy of half of every weight. The survivors
+    restore the last safety checkpoint (step 2) under the config that fits them and recompute
+    from there: the same state as switching live to that config at step 2."""
+    steps = 5
+    rolled = _run(tmp_path, "live", "3:kill=1", steps=steps, parallel="tp=2,pp=1,dp=1", checkpoint_every=2,
+                  heartbeat_timeout=2.0, collective_timeout=10.0)
+    switched = _run(tmp_path / "ref", "live", "2:parallel=tp=1,pp=1,dp=1", steps=steps, parallel="tp=2,pp=1,dp=1")
+    _check_training(rolled, steps)
+    kill = rolled["events"][0]
+    assert kill["outcome"] == "committed"
+    by_step = {s["step"]: s for s in rolled["steps"]}
+    assert by_step[3]["world_size"] == 1  # step 3 recomputed by the survivor after the rollback
+    assert rolled["checksums"] and rolled["checksums"] == switched["checksums"]
+    assert [s["loss"] for s in rolled["steps"]][2:] == [s["loss"] for s in switched["steps"]][2:]
+
+
+def test_kill_in_checkpoint_mode_restarts_from_the_periodic_checkpoint(tmp_path):
+    """The restart-based path's answer to a kill -9: stop everything, restart the survivors from
+    the last periodic checkpoint. It must end where a planned leave at that checkpoint ends."""
+    steps = 5
+    killed = _run(tmp_path, "checkpoint", "3:kill=1", steps=steps, parallel="tp=1,pp=1,dp=2", checkpoint_every=2)
+    left = _run(tmp_path / "ref", "checkpoint", "2:leave=1", steps=steps, parallel="tp=1,pp=1,dp=2")
+    _check_training(killed, steps)
+    assert killed["checksums"] and killed["checksums"] == left["checksums"]

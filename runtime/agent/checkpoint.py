@@ -7,14 +7,17 @@ megatron's ``fully_reshardable`` format, so it loads at any TP/PP/DP), the train
 rank the transition planner would have given it (``vps.transition.object_moves``), so a restart
 through a checkpoint and a live switch leave exactly the same state.
 
-Saving can run asynchronously (megatron's async ``torch_dist`` strategy) so the periodic safety
-checkpoint costs training little; a kill with no surviving copy of some state falls back to it.
+Safety checkpoints are written asynchronously (megatron's async ``torch_dist`` strategy: a
+background process writes while training goes on); a kill with no surviving copy of some state
+falls back to the newest complete one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,24 +35,55 @@ def _sharded_state_dict(built: Any, is_loading: bool = False) -> dict:
     return {"model": model_sd, "optimizer": opt_sd}
 
 
-def save(built: Any, trainer: Any, directory: str | os.PathLike) -> None:
-    """Save every rank's state to ``directory`` (collective over the training world)."""
+def save(built: Any, trainer: Any, directory: str | os.PathLike, queue: Any = None,
+         on_complete: Callable[[], None] | None = None) -> None:
+    """Save every rank's state to ``directory`` (collective over the training world).
+
+    With ``queue`` (megatron's ``AsyncCallsQueue``) the shards are written by a background
+    process while training goes on; the checkpoint is complete (``liveshard.json`` written,
+    ``on_complete`` called) when the queue finalizes it, which every rank must ask for at the
+    same step (``queue.maybe_finalize_async_calls``). Without it, it is complete on return.
+    """
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     path = Path(directory)
     if dist.get_rank() == 0:
-        path.mkdir(parents=True, exist_ok=True)
+        if path.exists():  # what an interrupted save left behind: never mixed with this one
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
     dist.barrier()
     sd = _sharded_state_dict(built)
     world = dist.get_world_size()
     sd["rng"] = ShardedObject("rng", capture_rng(), (world,), (dist.get_rank(),), replica_id=0)
     sd["progress"] = trainer.progress()
     sd["config"] = str(built.cfg)
-    dist_checkpointing.save(sd, str(path))
-    if dist.get_rank() == 0:
-        (path / "liveshard.json").write_text(json.dumps({"config": str(built.cfg), **_plain(trainer.progress())}))
-    dist.barrier()
+    meta = json.dumps({"config": str(built.cfg), **_plain(trainer.progress())})
+
+    def finish() -> None:  # after every rank's shards and the global metadata are written
+        if dist.get_rank() == 0:
+            (path / "liveshard.json").write_text(meta)
+        if on_complete is not None:
+            on_complete()
+
+    if queue is None:
+        dist_checkpointing.save(sd, str(path))
+        dist.barrier()
+        finish()
+        return
+    request = dist_checkpointing.save(sd, str(path), async_sharded_save=True)
+    request.add_finalize_fn(finish)
+    queue.schedule_async_request(request)
+
+
+def is_complete(directory: str | os.PathLike, step: int | None = None) -> bool:
+    """Whether ``directory`` holds a finished checkpoint (of ``step``, if given): rank 0 writes
+    ``liveshard.json`` after every rank's shards are written."""
+    try:
+        meta = read_meta(directory)
+    except (OSError, ValueError):
+        return False
+    return step is None or int(meta.get("step", -1)) == step
 
 
 def read_meta(directory: str | os.PathLike) -> dict:

@@ -102,8 +102,9 @@ def state_tensors(built: Any) -> dict[StateKey, torch.Tensor]:
 def load_state(built: Any, tensors: dict[StateKey, torch.Tensor], step: int) -> None:
     """Put received tensors into a freshly built model and optimizer.
 
-    Weights and fp32 main weights are copied into the model's own storage (DDP's buffers); Adam
-    moments are adopted as they are, with no zero-fill and no copy.
+    Weights and fp32 main weights become the received tensors themselves when the model keeps
+    them in storage of their own, and are copied into DDP's buffers when it does not (the
+    distributed optimizer); Adam moments are adopted as they are, with no zero-fill and no copy.
     """
     params = dict(built.model.named_parameters())
     slots = list(_optimizer_slots(built))
@@ -124,18 +125,32 @@ def load_state(built: Any, tensors: dict[StateKey, torch.Tensor], step: int) -> 
         for name, p in params.items():
             src = tensors[PARAM, name]
             check((PARAM, name), src, p.numel(), p.dtype)
-            p.data.copy_(src.view_as(p.data))
+            _adopt_or_copy(p, src)
         for name, inner, main, _ in slots:
             if sixteen_bit:
                 src = tensors[MAIN_PARAM, name]
                 check((MAIN_PARAM, name), src, main.numel(), main.dtype)
-                main.data.copy_(src.view_as(main.data))
+                _adopt_or_copy(main, src)
             st = inner.state[main]
             for state in (EXP_AVG, EXP_AVG_SQ):
                 src = tensors[state, name]
                 check((state, name), src, main.numel(), torch.float32)
                 st[state] = src.view_as(main.data) if src.is_contiguous() else src.reshape(main.shape).clone()
             st["step"] = torch.tensor(float(step))
+
+
+def _owns_storage(t: torch.Tensor) -> bool:
+    return t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes
+
+
+def _adopt_or_copy(param: torch.Tensor, src: torch.Tensor) -> None:
+    """Make ``src`` the parameter's storage when the parameter owns its own (not a view into a
+    DDP buffer, as with the distributed optimizer) and ``src`` is a whole tensor of its own (the
+    old tensor kept in place, or a fresh one the transfer filled); otherwise copy into it."""
+    if _owns_storage(param.data) and _owns_storage(src) and src.device == param.device:
+        param.data = src.view_as(param.data)
+    else:
+        param.data.copy_(src.view_as(param.data))
 
 
 # ---- small objects -----------------------------------------------------------------------------

@@ -82,6 +82,7 @@ class TransitionResult:
 def execute_transition(prep: Any, worker: str, sources: dict, objects: dict | None, *,
                        budget: int, verify: bool, mode: str | None = None) -> TransitionResult:
     """Move this worker's part of the transition ``prep`` over its transition group."""
+    from liveshard.runtime.agent import world as worlds
     from liveshard.runtime.transfer import executor
     from liveshard.runtime.transfer.storage import DictStore
     from liveshard.runtime.vps.schedule import schedule
@@ -95,6 +96,8 @@ def execute_transition(prep: Any, worker: str, sources: dict, objects: dict | No
     sched = schedule(plan, budget)
     result = executor.execute(plan, sched, device_id, store, objects or {},
                               mode=mode or getattr(executor, "DEFAULT_MODE", "p2p"),
-                     verify=verify, group=prep.group, ranks=group_ranks(old, new))
+                              verify=verify, group=prep.group, ranks=group_ranks(old, new),
+                              tensor_device=worlds.device(),  # a joiner has no old tensor to take it from
+                              destinations=getattr(prep, "destinations", None))
     tensors = {(state, name): t for state, name, t in result.store.items()}
     return TransitionResult(tensors, result.objects, result.stats)

@@ -27,6 +27,7 @@ region from surviving replicas (or falls back to the last checkpoint).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -55,6 +56,7 @@ from liveshard.runtime.control.protocol import Keys, MemberResult, WorldPlan, tr
 from liveshard.runtime.control.store import JobStore, connect_store
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec
+from liveshard.runtime.vps.region import PARAM
 
 log = logging.getLogger("liveshard.worker")
 
@@ -62,7 +64,7 @@ log = logging.getLogger("liveshard.worker")
 @dataclass
 class WorkerOptions:
     heartbeat_interval: float = 0.5
-    poll_interval: float = 0.05  # how often the control thread looks for new plans
+    poll_interval: float = 0.25  # how often the control thread looks for new plans
     collective_timeout: float = 20.0  # seconds before a collective with a dead peer fails
     transfer_budget: int = 64 << 20  # staging bytes per rank during a transfer
     verify: bool = False  # per-region checksums after each transfer
@@ -73,7 +75,11 @@ class WorkerOptions:
     save_dir: str | None = None
     save_at_step: int | None = None
     checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
+    checkpoint_every: int = 0  # steps between safety checkpoints (0: off)
+    checkpoint_interval: float = 0.0  # seconds between safety checkpoints (0: off)
+    # Safety checkpoints are written in the background; this many steps after one starts, every
+    # rank waits for it to be complete (0: finalize whenever it is done, checked at each step).
+    checkpoint_finalize_steps: int = 0
     # Steps at which a scripted run's driver has something to do (publish a plan, arm a fault):
     # workers hold there until released, so events land on exact steps.
     hold_at_steps: tuple[int, ...] = ()
@@ -90,6 +96,8 @@ class Prepared:
     group_rank: int
     members: tuple[str, ...]  # transition group members
     seconds: float
+    destinations: Any = None  # a joiner's new tensors, allocated and touched while it waits
+    grad_buffer: Any = None  # and memory for its gradients (a DDP grad buffer), likewise
 
 
 @dataclass
@@ -137,6 +145,11 @@ class WorkerAgent:
         self._stop = threading.Event()
         self._stop_requested = False  # set by the control thread: training never waits on the store
         self._lock = threading.Lock()
+        self._last_checkpoint: dict | None = None  # newest complete checkpoint this worker saved
+        self._last_save = time.monotonic()
+        self._device = worlds.device()  # fixed in the main thread (CUDA's current device is per thread)
+        self._saves: Any = None  # megatron AsyncCallsQueue of this world's background saves
+        self._save_started_at = 0  # step at which the save in flight started
         self._thread = threading.Thread(target=self._control_loop, name=f"control-{worker_id}", daemon=True)
 
     @property
@@ -175,8 +188,10 @@ class WorkerAgent:
                     if self._reconnect():
                         handled = -1  # a new store: look at its plans afresh
                     failures = 0
-            # Polling costs the training processes CPU; 20 Hz keeps plans prompt enough.
-            time.sleep(self.options.poll_interval)
+            # Every poll takes CPU (and the GIL) from training. Plans come with notice (a spot
+            # warning gives minutes) and are prepared in the background, so a few polls a second
+            # are prompt enough; a failed poll retries sooner (the coordinator may be restarting).
+            time.sleep(self.options.poll_interval if failures == 0 else 0.05)
 
     def _reconnect(self) -> bool:
         """Connect to a restarted coordinator and announce the world this worker trains in."""
@@ -188,10 +203,13 @@ class WorkerAgent:
         info = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "reconnected": True}
         if self.state.plan is not None:
             info["plan"] = self.state.plan.to_json()
+        if self._last_checkpoint is not None:
+            info["checkpoint"] = self._last_checkpoint
         store.register_member(self.id, info)
         # dict item assignments: the main thread picks its new client up at its next store call
         self._stores["control"] = store
         self._stores["main"] = main
+        self._heartbeat(time.time())
         self._latest_seen = max(self._latest_seen, self.state.generation or 0)
         log.warning("reconnected to the coordinator; announced generation %s", self.state.generation)
         return True
@@ -235,8 +253,9 @@ class WorkerAgent:
         start = time.perf_counter()
         try:
             old = self.store.plan(plan.previous) if plan.previous is not None else None
-            if old is None:
-                prepared = Prepared(plan, None, None, None, 0, plan.members, time.perf_counter() - start)
+            if old is None or not plan.is_live_transition:
+                # a first world, or one built through a checkpoint: nothing to plan or connect
+                prepared = Prepared(plan, old, None, None, 0, plan.members, time.perf_counter() - start)
             else:
                 transition = plan_for(self.spec, old, plan)
                 members = transition_members(old, plan)
@@ -251,8 +270,20 @@ class WorkerAgent:
                 group_rank = members.index(self.id)
                 group = worlds.build_transition_group(self.store.store, Keys.transfer_prefix(plan.generation),
                                                       group_rank, len(members), self.options.collective_timeout)
+                destinations = grad_buffer = None
+                if self.id in plan.members and self.id not in old.members:
+                    # A joiner is idle until the switch: pay the first touch of its new memory now.
+                    from liveshard.runtime.control.protocol import transition_devices
+                    from liveshard.runtime.transfer.executor import allocate_destinations
+
+                    destinations = allocate_destinations(
+                        transition, transition_devices(old, plan).index(self.id), self._device)
+                    params = sum(t.numel() for state, _, t in destinations.items() if state == PARAM)
+                    # DDP pads its buckets: a little more than the parameters (fp32 gradients)
+                    grad_buffer = torch.zeros(params + params // 64 + (1 << 16), dtype=torch.float32,
+                                              device=self._device)
                 prepared = Prepared(plan, old, transition, group, group_rank, members,
-                                    time.perf_counter() - start)
+                                    time.perf_counter() - start, destinations, grad_buffer)
             with self._lock:
                 self._prepared[plan.generation] = prepared
         except Exception as e:
@@ -277,12 +308,23 @@ class WorkerAgent:
         compat.install()
         if torch.cuda.is_available():
             torch.cuda.init()
+        # One-off set-up that would otherwise land in the first step after admission: the first
+        # optimizer step imports torch._dynamo (about 1 s), the first backward starts autograd's
+        # threads.
+        p = torch.zeros(8, requires_grad=True, device=self._device)
+        (p * 2.0).sum().backward()
+        torch.optim.Adam([p]).step()
+        # Millions of objects from the imports above would otherwise be traversed by every full
+        # garbage collection, and one lands in each model build (0.2 s for a 124M model on CPU):
+        # they live for the whole process, so take them out of the collector's view once.
+        gc.collect()
+        gc.freeze()
         return time.perf_counter() - t0
 
     def run(self) -> WorkerState:
         self.state.events.append({"kind": "bootstrap", "seconds": self.bootstrap(), "time": time.time()})
-        info = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
-        self.store.register_member(self.id, info)
+        self._check_checkpoint_dir()
+        self._register()
         self._thread.start()
         try:
             while not self._stopping():
@@ -299,6 +341,24 @@ class WorkerAgent:
             self._heartbeat(time.time())
             self._stop.set()
         return self.state
+
+    def _register(self, timeout: float = 300.0) -> None:
+        """Announce this worker; if the coordinator restarted meanwhile (its store with it),
+        connect to the new one and announce there."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                info = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
+                self.store.register_member(self.id, info)
+                return
+            except Exception as e:
+                if time.monotonic() > end:
+                    raise
+                log.warning("registering with the coordinator failed (%s); reconnecting", e)
+                time.sleep(0.5)
+                with contextlib.suppress(Exception):
+                    self._stores = {"main": JobStore(connect_store(self._host, self._port, timeout=5.0), self._job),
+                                    "control": JobStore(connect_store(self._host, self._port, timeout=5.0), self._job)}
 
     def _stopping(self) -> bool:
         if self.options.max_steps is not None and self.trainer is not None \
@@ -322,6 +382,9 @@ class WorkerAgent:
                     else:
                         self._adopt(prep.plan, None)  # a standby from the start
                     return True
+                if not prep.plan.is_live_transition:
+                    self._through_checkpoint(prep, self.trainer.step_count if self.trainer else -1)
+                    return True
                 if self.state.phase == "broken":
                     # The old world cannot agree on a step: the transition group, which every
                     # member has joined by now, is the synchronisation. The first old rank marks it.
@@ -341,30 +404,40 @@ class WorkerAgent:
             time.sleep(0.02)
         return False
 
-    def _start_world(self, plan: WorldPlan) -> None:
+    def _start_world(self, plan: WorldPlan, load_dir: str | None = None,
+                     phases: dict[str, float] | None = None) -> None:
+        """Build the world of ``plan`` from scratch: initialised, or loaded from a checkpoint."""
         cfg = ParallelConfig.parse(plan.config)
         rank = plan.members.index(self.id)
+        load_dir = load_dir or self.options.load_dir
+        phases = dict(phases or {})
         t0 = time.perf_counter()
         worlds.init_training_world(self.store.store, Keys.world_prefix(plan.generation), rank,
                                    cfg.world_size, self.options.collective_timeout)
-        self._build(cfg, initialize=self.options.load_dir is None)
-        if self.options.load_dir:
+        self._build(cfg, initialize=load_dir is None)
+        phases["build"] = time.perf_counter() - t0
+        if load_dir:
             from liveshard.runtime.agent import checkpoint
 
-            checkpoint.load(self.built, self.trainer, self.options.load_dir)
+            t1 = time.perf_counter()
+            checkpoint.load(self.built, self.trainer, load_dir)
+            phases["load"] = time.perf_counter() - t1
         self._adopt(plan, rank)
-        self._report(plan.generation, MemberResult(ok=True, phases={"build": time.perf_counter() - t0},
-                                                   step=self.trainer.step_count))
+        self._report(plan.generation, MemberResult(ok=True, phases=phases, step=self.trainer.step_count))
 
-    def _build(self, cfg: ParallelConfig, initialize: bool = True) -> None:
+    def _build(self, cfg: ParallelConfig, initialize: bool = True,
+               spare_buffers: list[torch.Tensor] | None = None) -> None:
         from liveshard.runtime.megatron.build import build_model
 
         self.built = build_model(self.spec, cfg, seed=self.settings.seed, lr=self.settings.lr,
                                  clip_grad=self.settings.clip_grad, hidden_dropout=0.0, attention_dropout=0.0,
-                                 perform_initialization=initialize)
+                                 perform_initialization=initialize, spare_buffers=spare_buffers)
         self.trainer = Trainer(self.built, self.settings)
 
     def _adopt(self, plan: WorldPlan, rank: int | None) -> None:
+        with self._lock:  # what was prepared for this or older generations (groups, buffers) goes
+            for g in [g for g in self._prepared if g <= plan.generation]:
+                del self._prepared[g]
         if rank is not None:
             self.state.ready.append({"generation": plan.generation, "time": time.time()})
         self.state.generation = plan.generation
@@ -397,28 +470,111 @@ class WorkerAgent:
             checkpoint.save(self.built, t, o.save_dir)
             self.state.phase = "left"  # the restart path: every process exits after saving
             return
-        if o.checkpoint_every and o.checkpoint_dir and t.step_count % o.checkpoint_every == 0:
-            from liveshard.runtime.agent import checkpoint
-
-            checkpoint.save(self.built, t, os.path.join(o.checkpoint_dir, f"step{t.step_count:08d}"))
         self._step_boundary()
+
+    def _check_checkpoint_dir(self) -> None:
+        d = self.options.checkpoint_dir
+        if not d:
+            return
+        try:
+            os.makedirs(d, exist_ok=True)
+            if not os.access(d, os.W_OK):
+                raise PermissionError(f"{d} is not writable")
+        except OSError as e:
+            log.error("checkpoint directory %s is unusable (%s): no safety checkpoints, and a stop will be "
+                      "refused; mount a shared writable volume there (spec.checkpoint)", d, e)
+            self.options.checkpoint_dir = None
+
+    def _checkpoint_due(self) -> bool:
+        o = self.options
+        if not o.checkpoint_dir:
+            return False
+        if o.checkpoint_every and self.trainer.step_count % o.checkpoint_every == 0:
+            return True
+        return bool(o.checkpoint_interval) and time.monotonic() - self._last_save >= o.checkpoint_interval
+
+    def _save_checkpoint(self, background: bool = False) -> None:
+        """Save the training world's state (collective) as ``<checkpoint_dir>/step<N>``. Once it
+        is complete, rank 0 publishes it as the newest checkpoint: the one a recovery with no
+        surviving copy loads. ``background``: written while training goes on (a safety
+        checkpoint); otherwise complete on return (a stop)."""
+        from liveshard.runtime.agent import checkpoint
+
+        t = self.trainer
+        if not self.options.checkpoint_dir:
+            raise RuntimeError("no checkpoint directory (--checkpoint-dir or LIVESHARD_CHECKPOINT_DIR)")
+        if background and self._saves is not None and self._saves.get_num_unfinalized_calls():
+            return  # the previous one is still being written (every rank knows the same)
+        if not background:
+            self._finalize_saves(wait=True)
+        path = os.path.join(self.options.checkpoint_dir, f"step{t.step_count:08d}")
+        info = {"path": path, "step": t.step_count, "config": str(self.built.cfg)}
+        t0 = time.perf_counter()
+        self._last_save = time.monotonic()
+
+        def complete() -> None:
+            self._last_checkpoint = {**info, "time": time.time()}
+            if self.state.rank == 0:
+                self.store.set_json(Keys.CHECKPOINT, self._last_checkpoint)
+            self.state.events.append({"kind": "checkpoint", "step": info["step"], "path": path,
+                                      "seconds": time.perf_counter() - t0, "time": time.time()})
+
+        if checkpoint.is_complete(path, t.step_count):
+            complete()
+            return
+        if background:
+            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+            if self._saves is None:
+                self._saves = AsyncCallsQueue()
+            self._save_started_at = t.step_count
+            checkpoint.save(self.built, t, path, queue=self._saves, on_complete=complete)
+        else:
+            checkpoint.save(self.built, t, path, on_complete=complete)
+
+    def _finalize_saves(self, wait: bool = False) -> None:
+        """Complete the background saves that are done (all ranks call this at the same step:
+        it is collective); ``wait`` for the one in flight, as at a switch or a stop, or when
+        ``checkpoint_finalize_steps`` have passed since it started."""
+        if self._saves is None or not self._saves.get_num_unfinalized_calls():
+            return
+        steps = self.options.checkpoint_finalize_steps
+        due = bool(steps) and self.trainer is not None and self.trainer.step_count - self._save_started_at >= steps
+        self._saves.maybe_finalize_async_calls(blocking=wait or due)
+
+    def _abandon_saves(self) -> None:
+        """A broken world cannot agree that a save is complete: it never becomes the newest."""
+        if self._saves is not None:
+            with contextlib.suppress(Exception):
+                self._saves.close(abort=True)
+        self._saves = None
 
     def _step_boundary(self) -> None:
         """Agree over the old world whether to switch to the newest plan now.
 
-        One all-reduce of two integers: the newest generation any rank has seen, and the lowest
-        generation every rank has prepared. All ranks see the same result, so they decide alike.
+        One all-reduce of three integers: the newest generation any rank has seen, the lowest
+        generation every rank has prepared, and whether a safety checkpoint is due. All ranks see
+        the same result, so they decide alike.
         """
         t = self.trainer
+        self._finalize_saves()
         if t.step_count in self.options.hold_at_steps:
             self._hold(t.step_count)
         with self._lock:
             prepared = [g for g, p in self._prepared.items() if p.old is not None
                         and p.old.generation == self.state.generation]
-        flags = torch.tensor([self._latest_seen, -max(prepared, default=-1)], dtype=torch.int64,
-                             device=worlds.device())
+        flags = torch.tensor([self._latest_seen, -max(prepared, default=-1), int(self._checkpoint_due())],
+                             dtype=torch.int64, device=worlds.device())
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         latest, all_prepared = int(flags[0]), -int(flags[1])
+        if int(flags[2]):  # some rank's safety checkpoint is due: all save, at the same step
+            try:
+                self._save_checkpoint(background=True)
+            except Exception as e:
+                if _is_comm_failure(e):
+                    raise
+                log.error("safety checkpoint at step %d failed (training goes on): %s", t.step_count, e)
+                self._last_save = time.monotonic()
         if latest <= self.state.generation:
             return
         plan = self._plan_cache.get(latest) or self.store.plan(latest)
@@ -475,6 +631,15 @@ class WorkerAgent:
     def _switch(self, prep: Prepared, switch_step: int) -> None:
         plan, old = prep.plan, prep.old
         assert old is not None
+        if self._saves is not None:  # the old world settles its background save first
+            if self.state.phase == "broken":
+                self._abandon_saves()
+            else:
+                self._finalize_saves(wait=True)
+            self._saves = None  # the next world numbers its saves afresh, joiners included
+        if not plan.is_live_transition:
+            self._through_checkpoint(prep, switch_step)
+            return
         phases: dict[str, float] = {"prepare": prep.seconds}
         t_stop = time.perf_counter()
         holds_state = self.trainer is not None and self.id in old.members
@@ -503,7 +668,11 @@ class WorkerAgent:
             return  # the old world (if any) keeps training on its untouched state
         # Commit: tear down the old world, build the new one here, load what we received.
         t_commit = time.perf_counter()
+        spare: list[torch.Tensor] = [prep.grad_buffer] if prep.grad_buffer is not None else []
         if self.trainer is not None:
+            from liveshard.runtime.megatron.build import gradient_buffers
+
+            spare = gradient_buffers(self.built)  # the new model's gradients reuse this memory
             self.trainer = None
             self.built = None
             from liveshard.runtime.megatron.build import destroy
@@ -523,7 +692,8 @@ class WorkerAgent:
         rank = plan.members.index(self.id)
         worlds.init_training_world(self.store.store, Keys.world_prefix(plan.generation), rank,
                                    cfg.world_size, self.options.collective_timeout)
-        self._build(cfg, initialize=False)
+        self._build(cfg, initialize=False, spare_buffers=spare)
+        spare = []
         objs = result.objects
         load_state(self.built, result.tensors, step=int(objs["step"]))
         self.trainer.restore_progress({"step": objs["step"], "consumed_samples": objs["data_cursor"],
@@ -537,6 +707,56 @@ class WorkerAgent:
                                                    bytes_sent=stats.bytes_sent))
         self.state.events.append({"kind": "switch", "generation": plan.generation, "step": switch_step,
                                   "phases": phases, "time": time.time()})
+
+    def _through_checkpoint(self, prep: Prepared, switch_step: int) -> None:
+        """Switch to a plan that carries no live state: a stop saves a checkpoint and leaves
+        every worker waiting; a restore builds the new world from the checkpoint it names."""
+        plan = prep.plan
+        phases: dict[str, float] = {"prepare": prep.seconds}
+        t0 = time.perf_counter()
+        if plan.is_stop and self.trainer is not None and self.state.phase != "broken":
+            ok, error = True, ""
+            try:
+                self._save_checkpoint()
+            except Exception as e:
+                ok, error = False, f"checkpoint: {type(e).__name__}: {e}"
+                log.error("saving before the stop failed: %s", traceback.format_exc())
+            vote = torch.tensor([1 if ok else 0], dtype=torch.int64, device=worlds.device())
+            try:
+                dist.all_reduce(vote, op=dist.ReduceOp.MIN)
+                ok = ok and bool(int(vote))
+            except Exception as e:
+                ok, error = False, error or f"checkpoint vote: {e}"
+            if not ok:  # training goes on; the coordinator aborts the stop
+                self._report(plan.generation, MemberResult(ok=False, error=error or "another member failed to save",
+                                                           step=switch_step))
+                with self._lock:
+                    self._prepared.pop(plan.generation, None)
+                    self._prepare_error[plan.generation] = error or "aborted"
+                return
+            phases["save"] = time.perf_counter() - t0
+        self._teardown()
+        if plan.restore_from is not None and self.id in plan.members:
+            self._start_world(plan, load_dir=plan.restore_from, phases=phases)
+            self.state.events.append({"kind": "restore", "generation": plan.generation, "from": plan.restore_from,
+                                      "phases": phases, "time": time.time()})
+            return
+        self._report(plan.generation, MemberResult(ok=True, phases=phases, step=switch_step))
+        self._adopt(plan, None)
+        if self.id not in plan.members and self.id not in plan.standbys:
+            self.state.phase = "left"
+
+    def _teardown(self) -> None:
+        """Drop the model and the training world (a broken world's communicators included)."""
+        self._abandon_saves()  # finalized before any orderly switch; only a broken world has one left
+        if self.trainer is None:
+            return
+        from liveshard.runtime.megatron.build import destroy
+
+        self.trainer = None
+        self.built = None
+        destroy()
+        worlds.destroy_training_world()
 
     def _objects(self) -> dict:
         p = self.trainer.progress()

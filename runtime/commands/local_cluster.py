@@ -60,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
     cluster.start()
     try:
         pid_file.write_text(str(os.getpid()))
-        (workdir / "job.yaml").write_text(yaml.safe_dump(sample_job(replicas=min(3, max(1, args.nodes))),
-                                                         sort_keys=False))
+        # One worker pod per fake node, one process per GPU; 320 keeps multi-GPU pods all busy.
+        job = sample_job(replicas=min(3, max(1, args.nodes)), gpus_per_worker=args.gpus_per_node,
+                         global_batch=240 if args.gpus_per_node == 1 else 320)
+        (workdir / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
         print(f"kubeconfig: {cluster.kubeconfig}", flush=True)
         print(f"API server: {cluster.kube.url}; nodes: control-0, "
               + ", ".join(f"gpu-{i}" for i in range(args.nodes)), flush=True)

@@ -1,4 +1,11 @@
-"""``liveshard worker``: one training rank that follows the job's world plans."""
+"""``liveshard worker``: the training processes of one worker pod, one per GPU.
+
+With one local worker (``gpusPerWorker: 1``, or ``LOCAL_RANK`` set) this process is one training
+rank that follows the job's world plans. With more (``--local-workers``, default
+``$LIVESHARD_GPUS_PER_WORKER``, which the operator sets) it is the pod's supervisor: it starts
+one copy of its command line per GPU with ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` set and waits for
+them (``agent/local_workers.py``). A rank uses CUDA device ``LOCAL_RANK`` when CUDA is present.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,12 @@ import sys
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--id", default=None, help="worker id (default: hostname or $POD_NAME, plus $LOCAL_RANK)")
+    p.add_argument("--id", default=None,
+                   help="worker id (default: $LIVESHARD_POD_NAME, $POD_NAME or hostname, plus /$LOCAL_RANK); "
+                        "with several local workers each gets /LOCAL_RANK appended")
+    p.add_argument("--local-workers", type=int, default=None,
+                   help="training processes in this pod, one per GPU (default: $LIVESHARD_GPUS_PER_WORKER, else 1); "
+                        "ignored when $LOCAL_RANK is set")
     p.add_argument("--coordinator", default=os.environ.get("LIVESHARD_COORDINATOR", "127.0.0.1:29400"),
                    help="host:port of the job's coordinator store")
     p.add_argument("--job", default=os.environ.get("LIVESHARD_JOB", "job"))
@@ -27,29 +39,56 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", action="store_true", help="checksum every transferred region")
     p.add_argument("--collective-timeout", type=float, default=20.0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
-    p.add_argument("--result", default=None, help="write steps, events and final checksums here (JSON)")
+    p.add_argument("--result", default=None,
+                   help="write steps, events and final checksums here (JSON); with several local workers, "
+                        "each writes FILE with .LOCAL_RANK before the extension (r.json -> r.0.json)")
     p.add_argument("--hold-at-steps", default="", help="comma-separated steps at which a plan is due (scripted runs)")
     p.add_argument("--load", default=None, help="megatron checkpoint to start from")
     p.add_argument("--save-dir", default=None)
     p.add_argument("--save-at-step", type=int, default=None, help="save to --save-dir at this step, then exit")
-    p.add_argument("--checkpoint-dir", default=None, help="periodic safety checkpoints go here")
-    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--checkpoint-dir", default=os.environ.get("LIVESHARD_CHECKPOINT_DIR") or None,
+                   help="safety checkpoints and the checkpoint a stop saves go here (shared by all workers)")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between safety checkpoints (0: off)")
+    p.add_argument("--checkpoint-interval-minutes", type=float,
+                   default=float(os.environ.get("LIVESHARD_CHECKPOINT_INTERVAL_MINUTES") or 0),
+                   help="minutes between safety checkpoints (0: off)")
+    p.add_argument("--checkpoint-finalize-steps", type=int, default=0,
+                   help="wait for a background checkpoint this many steps after it starts (0: when done)")
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    from liveshard.runtime.agent import local_workers as lw
+    from liveshard.runtime.errors import ConfigError
+
+    n = lw.default_local_workers(os.environ) if args.local_workers is None else args.local_workers
+    if n < 1:
+        raise ConfigError("--local-workers", f"must be >= 1, got {n}", "one per GPU of the pod, e.g. 8")
+    local_rank, local_size = lw.local_rank(os.environ)
+    prefix = f"[local rank {local_rank}] " if local_size > 1 else ""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {prefix}%(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
+    if lw.should_supervise(n, os.environ):
+        return lw.supervise(lw.child_command(), n)
+
     from liveshard.runtime.spec import model_from_ref_or_env
 
     spec = model_from_ref_or_env(args.model)
     import torch
 
     torch.set_num_threads(args.threads)
+    if torch.cuda.is_available():
+        # Before anything else touches CUDA: world.device(), NCCL and the trainer use the
+        # current device. Every GPU of the pod stays visible, so NCCL can use NVLink/P2P.
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError("LOCAL_RANK", f"{local_rank}, but this pod sees {torch.cuda.device_count()} GPU(s)",
+                              "gpusPerWorker must match the GPUs the pod gets (nvidia.com/gpu)")
+        torch.cuda.set_device(local_rank)
     from liveshard.runtime.agent.trainer import TrainingSettings
     from liveshard.runtime.agent.worker import WorkerAgent, WorkerOptions
 
     pod = os.environ.get("LIVESHARD_POD_NAME") or os.environ.get("POD_NAME") or socket.gethostname()
-    worker_id = args.id or pod + "/" + os.environ.get("LOCAL_RANK", "0")
+    worker_id = lw.per_process_id(args.id, local_rank, local_size) if args.id else f"{pod}/{local_rank}"
+    result = lw.per_process_path(args.result, local_rank, local_size) if args.result else None
     host, _, port = args.coordinator.rpartition(":")
     settings = TrainingSettings(global_batch=args.global_batch, micro_batch=args.micro_batch,
                                 seq_length=args.seq_length, lr=args.lr, seed=args.seed)
@@ -57,10 +96,12 @@ def run(args: argparse.Namespace) -> int:
                             collective_timeout=args.collective_timeout,
                             hold_at_steps=tuple(int(x) for x in args.hold_at_steps.split(",") if x),
                             load_dir=args.load, save_dir=args.save_dir, save_at_step=args.save_at_step,
-                            checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every)
+                            checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                            checkpoint_interval=60.0 * args.checkpoint_interval_minutes,
+                            checkpoint_finalize_steps=args.checkpoint_finalize_steps)
     agent = WorkerAgent(worker_id, host, int(port), spec, settings, options, job=args.job)
     state = agent.run()
-    if args.result:
+    if result:
         out = {
             "id": worker_id,
             "phase": state.phase,
@@ -71,6 +112,6 @@ def run(args: argparse.Namespace) -> int:
             "ready": state.ready,
             "checksums": agent.final_checksums() if agent.built is not None else {},
         }
-        with open(args.result, "w") as f:
+        with open(result, "w") as f:
             json.dump(out, f)
     return 0

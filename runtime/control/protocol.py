@@ -13,8 +13,11 @@ Everything is written to the job's c10d store as JSON under these keys; nothing 
     world/<N>/...                c10d keys of the training world of generation N
     xfer/<N>/...                 c10d keys of the transition group (old members + new members)
     control/stop                 ask every worker to finish (local driver)
+    checkpoint/latest            the newest complete checkpoint: path, step, config (rank 0 writes)
 
-Generation 0 is the initial world; a plan replaces the world of its ``previous`` generation.
+Generation 0 is the initial world; a plan replaces the world of its ``previous`` generation,
+live (state moves to its new owners), or through a checkpoint: a *stop* plan (``config ""``, no
+members) saves one and leaves every worker waiting, a plan with ``restore_from`` loads one.
 """
 
 from __future__ import annotations
@@ -35,6 +38,19 @@ class WorldPlan:
     deadline: float | None = None  # unix time by which leaving members are gone (the notice)
     dead: tuple[str, ...] = ()  # old members that are gone without notice (never sources)
     created: float = 0.0
+    # The new world is built from this megatron checkpoint instead of a live transfer: after a
+    # stop, or when some state has no surviving copy (a loss without notice).
+    restore_from: str | None = None
+
+    @property
+    def is_stop(self) -> bool:
+        """A stop: the old world saves a checkpoint and every worker waits (``config == ""``)."""
+        return self.config == ""
+
+    @property
+    def is_live_transition(self) -> bool:
+        """State moves from the old world's members over the transition group."""
+        return self.previous is not None and not self.is_stop and self.restore_from is None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -69,6 +85,7 @@ class MemberResult:
 class Keys:
     LATEST = "plan/latest"
     STOP = "control/stop"
+    CHECKPOINT = "checkpoint/latest"
 
     @staticmethod
     def member(worker: str) -> str:

@@ -49,14 +49,17 @@ class DemoFailed(Exception):
 
 class Demo:
     def __init__(self, out: str | Path, job: str = "tiny-gpt", namespace: str = "default",
-                 log: TextIO | None = sys.stdout, gpu_nodes: int = 3, replicas: int = 3) -> None:
+                 log: TextIO | None = sys.stdout, gpu_nodes: int = 3, replicas: int = 3,
+                 gpus_per_worker: int = 1, global_batch: int = 240) -> None:
         self.out = Path(out).resolve()
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "results").mkdir(exist_ok=True)
         self.job, self.ns, self.log = job, namespace, log
-        self.gpu_nodes, self.replicas = gpu_nodes, replicas
-        self.cluster = LocalCluster(self.out, nodes=gpu_nodes - 1)
-        self.global_batch = 240
+        self.gpu_nodes, self.replicas, self.gpus_per_worker = gpu_nodes, replicas, gpus_per_worker
+        # gpu_nodes - 1 nodes at the start (the story's third node joins later); each node has
+        # room for one worker pod, which runs one process per GPU
+        self.cluster = LocalCluster(self.out, nodes=gpu_nodes - 1, gpus_per_node=gpus_per_worker)
+        self.global_batch = global_batch
         self.events: list[Event] = []
         self.samples: list[dict] = []  # (time, step, loss, world) as seen live
         self.started = time.time()
@@ -75,10 +78,12 @@ class Demo:
         self.custom = k8s.CustomObjectsApi(self.cluster.api)
         self.say(f"cluster up: kubeconfig {self.cluster.kubeconfig} ({self.cluster.kube.url})")
         body = sample_job(self.job, self.ns, replicas=self.replicas, global_batch=self.global_batch,
+                          gpus_per_worker=self.gpus_per_worker,
                           extra_args=("--result", str(self.out / "results" / "$(LIVESHARD_POD_NAME).json")))
         (self.out / "job.json").write_text(json.dumps(body, indent=2))
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
-        self.say(f"applied ElasticTrainingJob {self.ns}/{self.job}: tiny-gpt, {self.replicas} worker pods, "
+        self.say(f"applied ElasticTrainingJob {self.ns}/{self.job}: tiny-gpt, {self.replicas} worker pods "
+                 f"x {self.gpus_per_worker} GPU(s), "
                  f"global batch {self.global_batch}")
 
     def stop(self) -> None:
@@ -165,10 +170,11 @@ class Demo:
 
     # ---- the story ---------------------------------------------------------------------------
     def wait_training(self, members: int, steps: int = 3) -> dict:
-        """The plan with ``members`` worker pods is acked and training went ``steps`` further."""
+        """The plan with ``members`` worker pods is acked and training went ``steps`` further
+        (the runtime's world has ``members * gpus_per_worker`` ranks)."""
         st, _ = self.wait(f"a plan of {members} workers acked", lambda s, c: self.acked(s)
                           and len((s.get("plan") or {}).get("members") or []) == members
-                          and len(c.get("members") or []) == members)
+                          and len(c.get("members") or []) == members * self.gpus_per_worker)
         start = self.step()
         self.wait(f"{steps} more steps", lambda s, c: self.step() >= start + steps)
         return st
@@ -224,10 +230,15 @@ class Demo:
 
     # ---- checks and report -------------------------------------------------------------------
     def results(self) -> dict[str, dict]:
+        """Result file stem -> the worker's result: ``<pod>``, or ``<pod>.<local rank>`` when a
+        pod runs several processes (``liveshard worker --result``)."""
         out = {}
         for f in sorted((self.out / "results").glob("*.json")):
             out[f.stem] = json.loads(f.read_text())
         return out
+
+    def pod_of_result(self, stem: str) -> str:
+        return stem.rpartition(".")[0] if self.gpus_per_worker > 1 else stem
 
     def check(self) -> tuple[list[dict], list[str]]:
         """The merged step records and the list of problems (empty: training was correct)."""
@@ -269,12 +280,17 @@ class Demo:
         for pod, n in sorted(starts.items()):
             if "worker" in pod and n > 1:
                 problems.append(f"{pod} was started {n} times")
-        for pod, res in results.items():
-            if pod not in lost and res.get("phase") not in ("exited", "left"):
-                problems.append(f"{pod} ended in phase {res.get('phase')}")
-        for pod in lost:
-            if pod in results:
-                problems.append(f"{pod} was lost but wrote a result")
+        for name, res in results.items():
+            if self.pod_of_result(name) not in lost and res.get("phase") not in ("exited", "left"):
+                problems.append(f"{name} ended in phase {res.get('phase')}")
+            elif self.pod_of_result(name) in lost:
+                problems.append(f"{name} was lost but wrote a result")
+        if self.gpus_per_worker > 1:
+            ranks: dict[str, int] = {}
+            for name in results:
+                ranks[self.pod_of_result(name)] = ranks.get(self.pod_of_result(name), 0) + 1
+            problems += [f"{pod} wrote {n} results for {self.gpus_per_worker} GPUs"
+                         for pod, n in sorted(ranks.items()) if n != self.gpus_per_worker]
         return ordered, problems
 
     def report(self, ordered: list[dict], problems: list[str], error: str | None = None) -> dict:

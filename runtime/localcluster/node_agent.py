@@ -326,6 +326,8 @@ class NodeAgent:
 
     def _exited(self, p: PodProcess) -> None:
         code = p.proc.returncode
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # a container's processes end with it
+            os.killpg(p.proc.pid, signal.SIGKILL)
         if p.restart:
             log.info("pod %s/%s exited with %s: restarting", p.namespace, p.name, code)
             p.proc = self._spawn(p.command, p.env, p.log_path)

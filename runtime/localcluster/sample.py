@@ -7,8 +7,9 @@ from typing import Any
 
 def sample_job(name: str = "tiny-gpt", namespace: str = "default", replicas: int = 3, min_workers: int = 1,
                global_batch: int = 240, micro_batch: int = 4, model: str = "tiny-gpt", cooldown_seconds: int = 5,
-               extra_args: tuple[str, ...] = ()) -> dict[str, Any]:
-    """One CPU process per worker pod (``gpusPerWorker: 1`` stands for one local rank).
+               extra_args: tuple[str, ...] = (), gpus_per_worker: int = 1) -> dict[str, Any]:
+    """CPU processes for GPUs: a worker pod runs one training process per "GPU" it requests
+    (``gpusPerWorker``; the node agent's fake nodes advertise ``nvidia.com/gpu``).
 
     ``tp``/``pp`` are pinned to 1 (CPU processes share two cores; the story is the world changing
     size). The planner's cost model is for GPUs: with a small global batch it gives a tiny model
@@ -26,7 +27,7 @@ def sample_job(name: str = "tiny-gpt", namespace: str = "default", replicas: int
             "command": ["liveshard", "worker"],
             "args": ["--global-batch", str(global_batch), "--micro-batch", str(micro_batch), "--seq-length", "32",
                      "--collective-timeout", "10", *extra_args],
-            "workers": {"min": min_workers, "max": replicas, "replicas": replicas, "gpusPerWorker": 1,
+            "workers": {"min": min_workers, "max": replicas, "replicas": replicas, "gpusPerWorker": gpus_per_worker,
                         "gpuMemory": "80Gi"},
             "parallelism": {"tp": [1], "pp": [1], "globalBatch": global_batch, "microBatch": micro_batch,
                             "seqLength": 32,

@@ -64,9 +64,12 @@ class Procs:
     workers: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     def kill_all(self) -> None:
+        # Each process leads its own process group: what it started (megatron's checkpoint
+        # writer and its multiprocessing manager) goes with it, even after the leader exited.
         for p in [*self.workers.values(), self.coordinator]:
-            if p is not None and p.poll() is None:
-                p.kill()
+            if p is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
         for p in [*self.workers.values(), self.coordinator]:
             if p is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -112,7 +115,7 @@ class LocalRun:
                "--global-batch", str(r.global_batch), "--micro-batch", str(r.micro_batch),
                "--heartbeat-timeout", str(r.heartbeat_timeout)]
         self.procs.coordinator = subprocess.Popen(cmd, stdout=self._logfile("coordinator"), stderr=subprocess.STDOUT,
-                                                  env=self._env())
+                                                  env=self._env(), start_new_session=True)
 
     def start_worker(self, wid: str, port: int, *, max_steps: int, extra: list[str] | None = None) -> None:
         r = self.run
@@ -121,14 +124,16 @@ class LocalRun:
                "--global-batch", str(r.global_batch), "--micro-batch", str(r.micro_batch),
                "--seq-length", str(r.seq_length), "--lr", str(r.lr), "--seed", str(r.seed),
                "--max-steps", str(max_steps), "--collective-timeout", str(r.collective_timeout),
-               "--result", str(self.dir / f"{safe}.json"), *(extra or [])]
-        if r.checkpoint_every and "--checkpoint-every" not in (extra or []):
-            cmd += ["--checkpoint-dir", str(self.dir / "checkpoints" / "periodic"),
-                    "--checkpoint-every", str(r.checkpoint_every)]
+               "--result", str(self.dir / f"{safe}.json"), "--local-workers", "1", *(extra or [])]
+        # Safety checkpoints (every --checkpoint-every steps) and the checkpoint a stop saves.
+        # Background saves complete one step after they start: a scripted run is reproducible.
+        cmd += ["--checkpoint-dir", str(self.dir / "checkpoints" / "periodic"), "--checkpoint-finalize-steps", "1"]
+        if r.checkpoint_every:
+            cmd += ["--checkpoint-every", str(r.checkpoint_every)]
         if r.verify:
             cmd.append("--verify")
         self.procs.workers[wid] = subprocess.Popen(cmd, stdout=self._logfile(safe), stderr=subprocess.STDOUT,
-                                                   env=self._env())
+                                                   env=self._env(), start_new_session=True)
 
     def connect(self, port: int, timeout: float = 60.0):
         from liveshard.runtime.control.store import JobStore, connect_store
@@ -177,6 +182,25 @@ class LocalRun:
                 status = self._wait_adopted(store, gen)
                 store.set(f"release/{ev.step}", "1")
                 continue
+            if ev.kind == "stop":
+                config_before = status["config"]
+                StorePlanSource.post(store, PlanRequest(members=(), config="", reason="stop",
+                                                        switch_at_step=ev.step))
+                self._wait_published(store, gen + 1)
+                store.set(f"release/{ev.step}", "1")
+                self.say(f"step {ev.step}: stop (checkpoint, every worker waits)")
+                status = self._wait_generation(store, gen + 1)
+                if status.get("last_outcome") != "committed":
+                    raise RuntimeError(f"event {ev} ended {status.get('last_outcome')}")
+                request = PlanRequest(members=cur_members + tuple(standbys), config=config_before,
+                                      reason="resume after the stop")
+                StorePlanSource.post(store, request)
+                self._wait_published(store, gen + 2)
+                self.say(f"resume: {request.config} from the checkpoint")
+                status = self._wait_generation(store, gen + 2)
+                if status.get("last_outcome") != "committed":
+                    raise RuntimeError(f"resuming after {ev} ended {status.get('last_outcome')}")
+                continue
             if ev.kind == "kill":
                 for rank in ev.ranks:  # the victim SIGKILLs itself when released at the step
                     store.set(f"inject/kill/{cur_members[rank]}", str(ev.step))
@@ -208,7 +232,7 @@ class LocalRun:
             status = self._wait_generation(store, gen + 1)
             if status.get("last_outcome") != "committed":
                 raise RuntimeError(f"event {ev} ended {status.get('last_outcome')}")
-        self._wait_workers(timeout=600)
+        self._wait_workers(timeout=600, only=tuple(status.get("members") or ()))
         self._status(store)  # before the stop: the coordinator's store goes with it
         store.set(Keys.STOP, "1")
         try:
@@ -274,10 +298,12 @@ class LocalRun:
         if c is not None and c.poll() is not None:
             raise RuntimeError(f"the coordinator exited with {c.returncode} (see {self.dir}/coordinator.log)")
 
-    def _wait_workers(self, timeout: float) -> None:
+    def _wait_workers(self, timeout: float, only: tuple[str, ...] | None = None) -> None:
+        """Wait for the workers (``only``: the final world's members; standbys wait for plans
+        until the stop) to finish their steps."""
         end = time.monotonic() + timeout
-        for p in self.procs.workers.values():
-            if p.returncode == -signal.SIGKILL:
+        for wid, p in self.procs.workers.items():
+            if p.returncode == -signal.SIGKILL or (only is not None and wid not in only):
                 continue
             left = max(1.0, end - time.monotonic())
             try:
@@ -317,11 +343,20 @@ class LocalRun:
         ordered = [steps[k] for k in sorted(steps)]
         for s in ordered:
             s["config"] = configs.get(s["generation"])
+        # The final world's state: the workers that finished in the newest world (a worker a
+        # restart or a rollback left behind may also have exited holding older state).
+        def world_of(wid: str, res: dict) -> tuple[int, int]:
+            segment = re.fullmatch(r"s(\d+)w\d+", wid)  # checkpoint mode: one world per segment
+            return (int(segment.group(1)) if segment else 0, res.get("generation") or 0)
+
+        finished = {wid: res for wid, res in results.items() if res.get("phase") == "exited" and res.get("checksums")}
+        final = max((world_of(w, r) for w, r in finished.items()), default=None)
         checksums: dict[str, int] = {}
-        for res in results.values():
-            if res.get("phase") in ("exited",) and res.get("checksums"):
-                for k, v in res["checksums"].items():
-                    checksums[k] = (checksums.get(k, 0) + int(v)) % 2**64
+        for wid, res in finished.items():
+            if world_of(wid, res) != final:
+                continue
+            for k, v in res["checksums"].items():
+                checksums[k] = (checksums.get(k, 0) + int(v)) % 2**64
         events = self._event_report(history, ordered)
         return {
             "mode": self.run.mode,
@@ -355,6 +390,10 @@ class LocalRun:
                 break
             h = changes.pop(0)
             gen = h.get("generation")
+            resumed: dict = {}
+            if ev.kind == "stop" and changes and self.run.mode == "live":
+                resumed = changes.pop(0)  # the plan that restored the stopped job
+                gen = resumed.get("generation")
             last = max((s for s in times if s <= ev.step), default=None)
             # the last step the old world completed (a kill may land after the event's step)
             if ev.kind == "kill":
@@ -372,6 +411,8 @@ class LocalRun:
                 "phases": h.get("phases", {}),
                 "downtime": None if t_last is None or t_ready is None else max(0.0, t_ready - t_last),
                 "to_next_step": None if t_last is None or t_next is None else t_next - t_last,
+                **({"resume": {"generation": gen, "outcome": resumed.get("outcome"),
+                               "phases": resumed.get("phases", {})}} if resumed else {}),
             })
         return out
 

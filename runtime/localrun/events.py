@@ -3,7 +3,9 @@
 ``STEP`` is the optimizer step after which the change happens. ``leave`` and ``kill`` name ranks
 of the world current at that step; ``join`` adds ``K`` new workers; ``parallel`` switches to a
 config on the same workers; ``coordinator=restart`` kills the coordinator and starts a new one
-(training must not notice, and later changes must still work). Pure.
+(training must not notice, and later changes must still work); ``stop=resume`` stops the job
+(the world saves a checkpoint, every worker waits) and resumes it at once on the same workers
+from that checkpoint, the way a job that fell below its minimum comes back. Pure.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 
-KINDS = ("leave", "join", "kill", "parallel", "coordinator")
+KINDS = ("leave", "join", "kill", "parallel", "coordinator", "stop")
 
 
 @dataclass(frozen=True)
@@ -22,11 +24,12 @@ class Event:
     kind: str
     ranks: tuple[int, ...] = ()  # leave, kill
     count: int = 0  # join
-    config: str | None = None  # parallel; for "coordinator" the action ("restart")
+    config: str | None = None  # parallel; for "coordinator" and "stop" the action ("restart", "resume")
 
     def __str__(self) -> str:
         arg = {"leave": ",".join(map(str, self.ranks)), "kill": ",".join(map(str, self.ranks)),
-               "join": str(self.count), "parallel": self.config, "coordinator": self.config}[self.kind]
+               "join": str(self.count), "parallel": self.config, "coordinator": self.config,
+               "stop": self.config}[self.kind]
         return f"{self.step}:{self.kind}={arg}"
 
 
@@ -56,9 +59,10 @@ def parse_events(text: str | None) -> list[Event]:
             if not arg.isdigit() or int(arg) < 1:
                 raise ConfigError("--events", f"join needs a positive count, got {arg!r}")
             out.append(Event(step, kind, count=int(arg)))
-        elif kind == "coordinator":
-            if arg != "restart":
-                raise ConfigError("--events", f"coordinator events take 'restart', got {arg!r}")
+        elif kind in ("coordinator", "stop"):
+            action = {"coordinator": "restart", "stop": "resume"}[kind]
+            if arg != action:
+                raise ConfigError("--events", f"{kind} events take {action!r}, got {arg!r}", f"write {step_s}:{kind}={action}")
             out.append(Event(step, kind, config=arg))
         else:
             ParallelConfig.parse(arg)  # fail early with the config's own message

@@ -66,8 +66,13 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
             for rank in ev.ranks:
                 job.procs.workers[ids[rank]].wait(timeout=600)
             job.say(f"step {ev.step}: killed rank(s) {list(ev.ranks)}; restarting everybody")
-            for p in job.procs.workers.values():  # the elastic agent's reaction: stop the rest
-                if p.poll() is None:
+            # The elastic agent's reaction: stop the rest (through the store, so that they
+            # write the steps they did before exiting; killed if they do not exit).
+            store.set(Keys.STOP, "1")
+            for p in job.procs.workers.values():
+                try:
+                    p.wait(timeout=60)
+                except subprocess.TimeoutExpired:
                     p.kill()
             load_dir = _latest(ckpt_root / "periodic")
             if load_dir is None:
@@ -93,6 +98,8 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
             job.procs.coordinator.kill()
         if ev.kind == "parallel":
             cfg = ParallelConfig.parse(ev.config)
+        elif ev.kind == "stop":
+            pass  # saved, stopped, resumed under the same config
         else:
             cfg = fit_config(r.spec, cfg, workers, r.global_batch, r.micro_batch)
         events.pop(0)

@@ -138,11 +138,14 @@ def transformer_config(spec: ModelSpec, cfg: ParallelConfig, **overrides: Any) -
 
 def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: float = 1e-3,
                 weight_decay: float = 0.0, clip_grad: float = 1.0, grad_reduce_in_fp32: bool = True,
-                init_parallel_state: bool = True, **config_overrides: Any) -> BuiltModel:
+                init_parallel_state: bool = True, spare_buffers: list[torch.Tensor] | None = None,
+                **config_overrides: Any) -> BuiltModel:
     """Build this rank's part of ``spec`` under ``cfg``: GPTModel, DDP, Adam optimizer.
 
     ``config_overrides`` go to ``TransformerConfig`` (e.g. ``hidden_dropout=0.0``).
     Deterministic: the same (spec, cfg, seed) gives the same weights on every run.
+    ``spare_buffers``: the previous world's gradient buffers (``gradient_buffers``), reused for
+    this model's instead of allocating fresh memory (a reconfiguration's commit).
     """
     compat.install()
     from megatron.core import parallel_state, tensor_parallel
@@ -188,7 +191,8 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
         use_distributed_optimizer=cfg.dist_opt,
         bucket_size=cfg.bucket_size,
     )
-    ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module)
+    with _reusing_zeros(spare_buffers or []):
+        ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module)
 
     optimizer = get_megatron_optimizer(
         OptimizerConfig(
@@ -211,6 +215,62 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
         config.no_sync_func = ddp.no_sync
     return BuiltModel(spec=spec, cfg=cfg, config=config, model=model, ddp=ddp, optimizer=optimizer,
                       seed=seed, pre_process=pre_process, post_process=post_process)
+
+
+def gradient_buffers(built: BuiltModel) -> list[torch.Tensor]:
+    """The DDP gradient buffers of a model: memory the next world's model can reuse once this one
+    is gone (gradients are not training state: nothing is transferred out of them)."""
+    out = []
+    for buf in (*built.ddp.buffers, *built.ddp.expert_parallel_buffers):
+        if getattr(buf, "shared_buffer", None) is None and buf.grad_data is not None:
+            out.append(buf.grad_data)
+    return out
+
+
+@contextmanager
+def _reusing_zeros(spare: list[torch.Tensor]) -> Iterator[None]:
+    """While DDP allocates its buffers, serve ``torch.zeros(n, dtype=...)`` from ``spare``.
+
+    A CPU process returns freed buffers of this size to the OS, so a fresh one pays a page fault
+    per 4 KiB on its zero-fill; on a GPU it saves the caching allocator a second copy at peak.
+    Reused memory is not zero-filled here: these are gradient buffers, and every step starts with
+    ``zero_grad_buffer()`` (megatron's training loop and ``Trainer.step``) before anything reads them.
+    """
+    if not spare:
+        yield
+        return
+    import importlib
+
+    module = importlib.import_module("megatron.core.distributed.param_and_grad_buffer")
+    real = module.torch
+    pool = sorted(spare, key=lambda t: t.numel())
+
+    def zeros(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False, **kw: Any) -> Any:
+        numel = int(torch.Size(size[0] if len(size) == 1 and not isinstance(size[0], int) else size).numel())
+        for i, t in enumerate(pool):
+            if t.dtype == (dtype or torch.get_default_dtype()) and t.numel() >= numel and not requires_grad \
+                    and not kw and (device is None or t.device == torch.device(device)):
+                del pool[i]
+                return t.view(-1)[:numel].view(size[0] if len(size) == 1 else size)
+        return real.zeros(*size, dtype=dtype, device=device, requires_grad=requires_grad, **kw)
+
+    proxy = _TorchWith(real, zeros=zeros)
+    module.torch = proxy
+    try:
+        yield
+    finally:
+        module.torch = real
+
+
+class _TorchWith:
+    """``torch`` (or the CPU proxy standing in for it) with some attributes replaced."""
+
+    def __init__(self, torch_module: Any, **overrides: Any) -> None:
+        self._torch = torch_module
+        self.__dict__.update(overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch, name)
 
 
 def destroy() -> None:
@@ -246,4 +306,4 @@ def _recording_new_groups() -> Iterator[list[Any]]:
         dist.new_group = real  # type: ignore[assignment]
 
 
-__all__ = ["BuiltModel", "build_model", "destroy", "init_parallel", "transformer_config"]
+__all__ = ["BuiltModel", "build_model", "destroy", "gradient_buffers", "init_parallel", "transformer_config"]

@@ -9,8 +9,12 @@ Every process of the transition (old ranks, joiners, standbys, leavers; device `
 3. each round exchanges all its messages in one batched P2P group (``batch_isend_irecv``) or
    one ``all_to_all_single``. All-to-all packs one staging buffer per peer; P2P packs small
    chunks the same way but sends large ones as messages of their own, read from and written to
-   the state tensors directly when those views are contiguous (no staging copy); the local
-   copies of step 2 run while round 0 is on the wire;
+   the state tensors directly when those views are contiguous (no staging copy). P2P rounds
+   are posted ahead of time while the staging they really allocate (packed buffers, copies of
+   strided views; direct contiguous messages need none) fits the budget together, so a device
+   does not hold its peers up between rounds; the local copies of step 2 run while the posted
+   rounds are on the wire. Messages between two devices pair up in posting order, which is the
+   schedule's order on both sides whatever each posts ahead;
 4. small objects (step, scheduler, data position, RNG states) travel as pickled bytes;
 5. with ``verify``, every piece is checksummed at its source and its destination and the
    checksums compared; all ranks agree on the verdict (an all-reduce) before success.
@@ -25,6 +29,8 @@ from __future__ import annotations
 
 import pickle
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from liveshard.runtime.transfer import packing, transport
-from liveshard.runtime.transfer.storage import TORCH_DTYPES, DictStore
+from liveshard.runtime.transfer.storage import TORCH_DTYPES, DictStore, allocate
 from liveshard.runtime.vps.schedule import Chunk, Schedule
 from liveshard.runtime.vps.shards import local_tensor_shapes
 from liveshard.runtime.vps.transition import TransitionPlan
@@ -54,10 +60,11 @@ class TransferStats:
     bytes_received: int = 0
     local_bytes: int = 0
     aliased_bytes: int = 0
-    peak_staging_bytes: int = 0  # measured: send + receive buffers alive at once
+    peak_staging_bytes: int = 0  # measured: send + receive buffers alive at once (all posted rounds)
     peak_extra_bytes: int = 0  # new tensors + staging - released old tensors, at its highest
+    max_rounds_in_flight: int = 0  # rounds posted and not yet complete, at most
     verified: bool = False
-    round_seconds: list[float] = field(default_factory=list)
+    round_seconds: list[float] = field(default_factory=list)  # from the previous round's completion
 
 
 @dataclass
@@ -71,8 +78,13 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStor
             old_objects: dict[str, Any] | None = None, *, mode: str = "p2p", verify: bool = False,
             group: dist.ProcessGroup | None = None, ranks: list[int] | None = None,
             release_old: bool = False, tensor_device: torch.device | str | None = None,
-            direct_min_bytes: int = packing.DIRECT_MIN_BYTES) -> TransferResult:
-    """Run the transition as device ``device_id``; returns its new shards (empty for non-members)."""
+            direct_min_bytes: int = packing.DIRECT_MIN_BYTES,
+            destinations: DictStore | None = None) -> TransferResult:
+    """Run the transition as device ``device_id``; returns its new shards (empty for non-members).
+
+    ``destinations``: new tensors allocated ahead of time (``allocate_destinations``), written
+    in place instead of allocating them during the transfer.
+    """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     t_start = time.perf_counter()
@@ -95,6 +107,12 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStor
                 if src is not None:
                     t = new.put(state, name, old.get(state, src))
                     stats.aliased_bytes += t.numel() * t.element_size()
+                elif destinations is not None and destinations.has(state, name):
+                    t = destinations.get(state, name)
+                    if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+                        raise TransferError(f"destination {state}/{name} is {t.dtype} {tuple(t.shape)}, "
+                                            f"the plan needs {dtype} {tuple(shape)}")
+                    new.put(state, name, t)
                 else:
                     new.expect(state, name, shape, dtype)
     released = 0
@@ -135,33 +153,58 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStor
         pending_local = False
     if release_old and member and not pending_local:
         released += _release(plan, sched, device_id, old, -1, alias)
+    posted: deque[_P2PRound] = deque()  # P2P rounds on the wire, oldest first
+    live = 0  # staging bytes of the posted rounds
+    ready: _P2PRound | None = None  # the next round, prepared, when it did not fit the budget yet
+
+    def post_rounds(r: int) -> None:
+        """Post round ``r`` unless it is on the wire already, then later rounds while the staging
+        of every posted round fits the budget. Not with ``release_old``: posting ahead allocates
+        new tensors before the old ones they replace are released."""
+        nonlocal live, ready, peak_extra
+        nxt = r + len(posted)  # rounds before r are complete
+        while nxt < len(per_round) and (nxt == r or not release_old):
+            rnd = ready if ready is not None else _P2PRound.prepare(plan, *per_round[nxt], old, new,
+                                                                    direct_min_bytes)
+            ready = None
+            if nxt > r and live + rnd.staging > sched.budget:
+                ready = rnd
+                return
+            if verify:
+                for p, chs in per_round[nxt][0].items():
+                    sent_sums.setdefault(p, []).extend(_chunk_sums(chs, plan, old, src_side=True))
+            rnd.post(plan, old, new, dev, rank_of, group)
+            posted.append(rnd)
+            live += rnd.staging
+            nxt += 1
+            stats.peak_staging_bytes = max(stats.peak_staging_bytes, live)
+            stats.max_rounds_in_flight = max(stats.max_rounds_in_flight, len(posted))
+            peak_extra = max(peak_extra, new.allocated - released + live)
+
+    tr = time.perf_counter()
     for r, (sends, recvs) in enumerate(per_round):
-        tr = time.perf_counter()
-        if verify:
-            for p, chs in sends.items():
-                sent_sums.setdefault(p, []).extend(_chunk_sums(chs, plan, old, src_side=True))
         if mode == "p2p":
-            out_msgs, in_msgs, unpack_later, staging = _p2p_messages(plan, sends, recvs, old, new, dev,
-                                                                     direct_min_bytes)
-            stats.peak_staging_bytes = max(stats.peak_staging_bytes, staging)
-            works = transport.post(out_msgs, in_msgs, rank_of, group)
-            if pending_local:  # overlap the local copies with round 0's traffic
+            post_rounds(r)
+            if pending_local:  # the local copies run while the posted rounds are on the wire
                 local_copies()
                 pending_local = False
                 if release_old:
                     released += _release(plan, sched, device_id, old, -1, alias)
-            transport.wait(works)
-            for finish in unpack_later:
-                finish()
-            peak_extra = max(peak_extra, new.allocated - released + staging)
-            del out_msgs, in_msgs, unpack_later
+            done = posted.popleft()
+            done.complete()
+            live -= done.staging
+            peak_extra = max(peak_extra, new.allocated - released + live)
         else:
+            if verify:
+                for p, chs in sends.items():
+                    sent_sums.setdefault(p, []).extend(_chunk_sums(chs, plan, old, src_side=True))
             send_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=dev)
                          for p, chs in sends.items()}
             recv_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=dev)
                          for p, chs in recvs.items()}
             staging = sum(b.numel() for b in send_bufs.values()) + sum(b.numel() for b in recv_bufs.values())
             stats.peak_staging_bytes = max(stats.peak_staging_bytes, staging)
+            stats.max_rounds_in_flight = 1
             for p, chs in sends.items():
                 packing.pack(send_bufs[p], chs, plan, old)
             _exchange_a2a(send_bufs, recv_bufs, rank_of, group, group_size, dev)
@@ -173,7 +216,9 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStor
         stats.bytes_received += sum(ch.nbytes for chs in recvs.values() for ch in chs)
         if release_old and member:
             released += _release(plan, sched, device_id, old, r, alias)
-        stats.round_seconds.append(time.perf_counter() - tr)
+        now = time.perf_counter()
+        stats.round_seconds.append(now - tr)
+        tr = now
     stats.rounds_seconds = time.perf_counter() - t0
     new.allocate_rest()  # every element is written by the plan; this only guards empty tensors
     stats.peak_extra_bytes = max(peak_extra, new.allocated - released)
@@ -195,6 +240,21 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStor
         stats.verified = True
     stats.seconds = time.perf_counter() - t_start
     return TransferResult(DictStore(new.tensors) if new_rank is not None else DictStore(), new_objects, stats)
+
+
+def allocate_destinations(plan: TransitionPlan, device_id: int, device: torch.device | str = "cpu") -> DictStore:
+    """Every new tensor of a device that holds no old state (a joiner), allocated and written
+    once: done while the job still trains, it takes the first-touch cost of fresh memory (page
+    faults on CPU, the allocator on GPU) out of the transfer. Pass it as ``destinations``."""
+    if device_id < plan.devices.old_world:
+        raise ValueError("only a device with no old state can have all its new tensors allocated ahead")
+    new_rank = plan.device_to_rank.get(device_id)
+    if new_rank is None:
+        return DictStore()
+    out = allocate(plan.new_layout, new_rank, device)
+    for _, _, t in out.items():
+        t.zero_()
+    return out
 
 
 class _NewStore(DictStore):
@@ -286,48 +346,75 @@ def _release(plan, sched: Schedule, device_id: int, old: DictStore, after_round:
     return freed
 
 
-def _p2p_messages(plan, sends, recvs, old, new, dev, direct_min_bytes: int):
-    """This round's messages: per peer one packed buffer of small chunks, then one message per
-    (large chunk, state), straight from/into the state tensors where contiguous. Returns
-    (outgoing, incoming, finishers to run after the wait, staging bytes allocated)."""
-    out_msgs: list[tuple[int, torch.Tensor]] = []
-    in_msgs: list[tuple[int, torch.Tensor]] = []
-    later: list = []
-    staging = 0
-    for p, chs in sorted(sends.items()):
-        packed, direct = packing.split_direct(chs, direct_min_bytes)
-        if packed:
-            buf = torch.empty(packing.buffer_size(packed), dtype=torch.uint8, device=dev)
-            packing.pack(buf, packed, plan, old)
+@dataclass
+class _P2PRound:
+    """One P2P round's messages: per peer one packed buffer of small chunks, then one message per
+    (large chunk, state), straight from/into the state tensors where those views are contiguous.
+    ``prepare`` resolves the views and sizes the staging without allocating it, so the caller can
+    decide whether the round fits the budget before posting it; both sides list the messages in
+    the same order (it depends on the schedule only), so they pair up in order."""
+
+    sends: list[tuple[int, list[Chunk] | torch.Tensor]]  # (peer, chunks to pack | view to send)
+    recvs: list[tuple[int, list[Chunk] | torch.Tensor]]  # (peer, chunks to unpack | view to fill)
+    staging: int  # bytes of staging ``post`` allocates: packed buffers, copies of strided views
+    works: list[Any] = field(default_factory=list)
+    finish: list[Callable[[], None]] = field(default_factory=list)  # after the wait: unpack, copy back
+    buffers: list[torch.Tensor] = field(default_factory=list)  # what is on the wire, kept alive
+
+    @classmethod
+    def prepare(cls, plan, sends: dict[int, list[Chunk]], recvs: dict[int, list[Chunk]], old, new,
+                direct_min_bytes: int) -> _P2PRound:
+        out: list[tuple[int, list[Chunk] | torch.Tensor]] = []
+        into: list[tuple[int, list[Chunk] | torch.Tensor]] = []
+        staging = 0
+        for msgs, by_peer, store, src_side in ((out, sends, old, True), (into, recvs, new, False)):
+            for p, chs in sorted(by_peer.items()):
+                packed, direct = packing.split_direct(chs, direct_min_bytes)
+                if packed:
+                    msgs.append((p, packed))
+                    staging += packing.buffer_size(packed)
+                for ch in direct:
+                    c = plan.copies[ch.copy]
+                    view, rel = (c.src_view, c.src_rel) if src_side else (c.dst_view, c.dst_rel)
+                    for state in plan.groups[c.group].states:
+                        v = packing.piece(store, state, view, rel, ch)
+                        if not v.is_contiguous():
+                            staging += v.numel() * v.element_size()
+                        msgs.append((p, v))
+        return cls(out, into, staging)
+
+    def post(self, plan, old, new, dev: torch.device, rank_of: Callable[[int], int], group) -> None:
+        """Allocate and fill the staging, then start every send and receive of the round."""
+        out_msgs: list[tuple[int, torch.Tensor]] = []
+        in_msgs: list[tuple[int, torch.Tensor]] = []
+        for p, what in self.sends:
+            if isinstance(what, list):
+                buf = torch.empty(packing.buffer_size(what), dtype=torch.uint8, device=dev)
+                packing.pack(buf, what, plan, old)
+            else:
+                buf = packing.as_bytes(what if what.is_contiguous() else what.contiguous())
             out_msgs.append((p, buf))
-            staging += buf.numel()
-        for ch in direct:
-            c = plan.copies[ch.copy]
-            for state in plan.groups[c.group].states:
-                v = packing.piece(old, state, c.src_view, c.src_rel, ch)
-                if not v.is_contiguous():
-                    v = v.contiguous()
-                    staging += v.numel() * v.element_size()
-                out_msgs.append((p, packing.as_bytes(v)))
-    for p, chs in sorted(recvs.items()):
-        packed, direct = packing.split_direct(chs, direct_min_bytes)
-        if packed:
-            buf = torch.empty(packing.buffer_size(packed), dtype=torch.uint8, device=dev)
+        for p, what in self.recvs:
+            if isinstance(what, list):
+                buf = torch.empty(packing.buffer_size(what), dtype=torch.uint8, device=dev)
+                self.finish.append(lambda buf=buf, chs=what: packing.unpack(buf, chs, plan, new))
+            elif what.is_contiguous():
+                buf = packing.as_bytes(what)
+            else:
+                tmp = torch.empty(what.shape, dtype=what.dtype, device=dev)
+                self.finish.append(lambda v=what, tmp=tmp: v.copy_(tmp))
+                buf = packing.as_bytes(tmp)
             in_msgs.append((p, buf))
-            staging += buf.numel()
-            later.append(lambda buf=buf, packed=packed: packing.unpack(buf, packed, plan, new))
-        for ch in direct:
-            c = plan.copies[ch.copy]
-            for state in plan.groups[c.group].states:
-                v = packing.piece(new, state, c.dst_view, c.dst_rel, ch)
-                if v.is_contiguous():
-                    in_msgs.append((p, packing.as_bytes(v)))
-                else:
-                    tmp = torch.empty(v.shape, dtype=v.dtype, device=dev)
-                    staging += tmp.numel() * tmp.element_size()
-                    in_msgs.append((p, packing.as_bytes(tmp)))
-                    later.append(lambda v=v, tmp=tmp: v.copy_(tmp))
-    return out_msgs, in_msgs, later, staging
+        self.buffers = [b for _, b in out_msgs] + [b for _, b in in_msgs]
+        self.works = transport.post(out_msgs, in_msgs, rank_of, group)
+
+    def complete(self) -> None:
+        """Wait for the round's messages, then unpack what was staged. Drops the staging and every
+        view of the state tensors, so that released old tensors are freed."""
+        transport.wait(self.works)
+        for finish in self.finish:
+            finish()
+        self.sends, self.recvs, self.works, self.finish, self.buffers = [], [], [], [], []
 
 
 def _exchange_p2p(send_bufs, recv_bufs, rank_of, group) -> None:

@@ -37,6 +37,9 @@ class DictStore:
     def get(self, state: str, name: str) -> torch.Tensor:
         return self.tensors[state][name]
 
+    def has(self, state: str, name: str) -> bool:
+        return name in self.tensors.get(state, {})
+
     def release(self, state: str, name: str) -> None:
         self.tensors.get(state, {}).pop(name, None)
 
