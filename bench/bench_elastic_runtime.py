@@ -153,11 +153,11 @@ def add_lost_time(report: dict) -> None:
     """Per event: ``lost`` = to_next_step less the new world's steady step time (median gap
     between its later consecutive steps, up to the next event)."""
     steps = report["steps"]
+    prev = {s["step"]: s for s in steps}
     evs = report["events"]
     for i, ev in enumerate(evs):
         end = evs[i + 1]["step"] if i + 1 < len(evs) else None
         later = [s for s in steps if s["step"] > ev["step"] + 1 and (end is None or s["step"] <= end)]
-        prev = {s["step"]: s for s in steps}
         gaps = [s["time"] - prev[s["step"] - 1]["time"] for s in later if s["step"] - 1 in prev
                 and prev[s["step"] - 1]["step"] > ev["step"]]
         ev["steady_after"] = statistics.median(gaps) if gaps else None

@@ -165,36 +165,32 @@ class Coordinator:
             if cfg.world_size > len(members):
                 raise ConfigError("config", f"{cfg} needs {cfg.world_size} workers, {len(members)} given")
         except ConfigError as e:
-            log.error("plan request rejected: %s", e)
-            self.history.append({"generation": None, "reason": request.reason, "outcome": f"rejected: {e}"})
-            self._report()
+            self._reject(request, str(e))
             return
         dead = tuple(sorted(self.dead & set(self.current.members))) if self.current else ()
         restore_from = None
-        if self.current is None:
-            ordered, standbys = members[: cfg.world_size], members[cfg.world_size:]
-        else:
+        # A first world, or one restored from a checkpoint, takes the members in the order given.
+        ordered, standbys = members[: cfg.world_size], members[cfg.world_size:]
+        if self.current is not None:
             from liveshard.runtime.agent.transition import order_members
             from liveshard.runtime.vps.transition import NoSurvivingCopy
 
-            try:
-                if self.current.is_stop:
-                    raise NoSurvivingCopy("plan", "the job was stopped: its state is in its last checkpoint",
-                                          "restore from the last checkpoint")
-                ordered, standbys = order_members(self.spec, self.current, str(cfg), members, dead)
-            except ConfigError as e:
-                # With no surviving copy of some state, the last checkpoint is the way back.
-                checkpoint = self.latest_checkpoint() if isinstance(e, NoSurvivingCopy) else None
-                if checkpoint is None:
-                    log.error("no transition to %s: %s", cfg, e)
-                    self.history.append({"generation": None, "reason": request.reason,
-                                         "outcome": f"rejected: {e}" + (" (and no checkpoint to restore from)"
-                                                                        if isinstance(e, NoSurvivingCopy) else "")})
-                    self._report()
+            no_copy = "the job was stopped: its state is in its last checkpoint" if self.current.is_stop else None
+            if no_copy is None:
+                try:
+                    ordered, standbys = order_members(self.spec, self.current, str(cfg), members, dead)
+                except NoSurvivingCopy as e:
+                    no_copy = str(e)
+                except ConfigError as e:
+                    self._reject(request, str(e))
                     return
-                log.warning("%s: restoring step %s from %s", e, checkpoint.get("step"), checkpoint["path"])
+            if no_copy is not None:  # the last checkpoint is the way back
+                checkpoint = self.latest_checkpoint()
+                if checkpoint is None:
+                    self._reject(request, f"{no_copy} (and no checkpoint to restore from)")
+                    return
+                log.warning("%s: restoring step %s from %s", no_copy, checkpoint.get("step"), checkpoint["path"])
                 restore_from = checkpoint["path"]
-                ordered, standbys = members[: cfg.world_size], members[cfg.world_size:]
         plan = WorldPlan(
             generation=self.next_generation,
             config=str(cfg),
@@ -214,9 +210,7 @@ class Coordinator:
         """A stop: the running world saves a checkpoint, and every worker waits for a plan that
         restores it (the operator's answer when no layout fits the workers that remain)."""
         if self.current is None or self.current.is_stop:
-            self.history.append({"generation": None, "reason": request.reason,
-                                 "outcome": "rejected: no running world to stop"})
-            self._report()
+            self._reject(request, "no running world to stop")
             return
         alive = tuple(m for m in (*self.current.members, *self.current.standbys, *request.members)
                       if m not in self.dead)
@@ -233,6 +227,11 @@ class Coordinator:
             created=time.time(),
         )
         self._publish(plan)
+
+    def _reject(self, request: PlanRequest, why: str) -> None:
+        log.error("plan request rejected (%s): %s", request.reason, why)
+        self.history.append({"generation": None, "reason": request.reason, "outcome": f"rejected: {why}"})
+        self._report()
 
     def latest_checkpoint(self) -> dict | None:
         """The newest complete checkpoint the workers reported (rank 0 writes it after a save)."""

@@ -98,6 +98,6 @@ def execute_transition(prep: Any, worker: str, sources: dict, objects: dict | No
                               mode=mode or getattr(executor, "DEFAULT_MODE", "p2p"),
                               verify=verify, group=prep.group, ranks=group_ranks(old, new),
                               tensor_device=worlds.device(),  # a joiner has no old tensor to take it from
-                              destinations=getattr(prep, "destinations", None))
+                              destinations=prep.destinations)
     tensors = {(state, name): t for state, name, t in result.store.items()}
     return TransitionResult(tensors, result.objects, result.stats)

@@ -133,8 +133,7 @@ class WorkerAgent:
         self._host, self._port, self._job = host, port, job
         # One store client per thread: a c10d store client must not be used by two threads at once
         # (a blocking rendezvous in one interleaves with the other's requests on the same socket).
-        self._stores = {"main": JobStore(connect_store(host, port, timeout=300.0), job),
-                        "control": JobStore(connect_store(host, port, timeout=300.0), job)}
+        self._stores = self._connect_stores(timeout=300.0)
         self.state = WorkerState()
         self.built: Any = None
         self.trainer: Trainer | None = None
@@ -151,6 +150,10 @@ class WorkerAgent:
         self._saves: Any = None  # megatron AsyncCallsQueue of this world's background saves
         self._save_started_at = 0  # step at which the save in flight started
         self._thread = threading.Thread(target=self._control_loop, name=f"control-{worker_id}", daemon=True)
+
+    def _connect_stores(self, timeout: float) -> dict[str, JobStore]:
+        return {name: JobStore(connect_store(self._host, self._port, timeout=timeout), self._job)
+                for name in ("main", "control")}
 
     @property
     def store(self) -> JobStore:
@@ -196,8 +199,7 @@ class WorkerAgent:
     def _reconnect(self) -> bool:
         """Connect to a restarted coordinator and announce the world this worker trains in."""
         try:
-            main = JobStore(connect_store(self._host, self._port, timeout=5.0), self._job)
-            store = JobStore(connect_store(self._host, self._port, timeout=5.0), self._job)
+            stores = self._connect_stores(timeout=5.0)
         except Exception:
             return False
         info = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "reconnected": True}
@@ -205,10 +207,9 @@ class WorkerAgent:
             info["plan"] = self.state.plan.to_json()
         if self._last_checkpoint is not None:
             info["checkpoint"] = self._last_checkpoint
-        store.register_member(self.id, info)
-        # dict item assignments: the main thread picks its new client up at its next store call
-        self._stores["control"] = store
-        self._stores["main"] = main
+        stores["control"].register_member(self.id, info)
+        # one assignment: the main thread picks its new client up at its next store call
+        self._stores = stores
         self._heartbeat(time.time())
         self._latest_seen = max(self._latest_seen, self.state.generation or 0)
         log.warning("reconnected to the coordinator; announced generation %s", self.state.generation)
@@ -357,8 +358,7 @@ class WorkerAgent:
                 log.warning("registering with the coordinator failed (%s); reconnecting", e)
                 time.sleep(0.5)
                 with contextlib.suppress(Exception):
-                    self._stores = {"main": JobStore(connect_store(self._host, self._port, timeout=5.0), self._job),
-                                    "control": JobStore(connect_store(self._host, self._port, timeout=5.0), self._job)}
+                    self._stores = self._connect_stores(timeout=5.0)
 
     def _stopping(self) -> bool:
         if self.options.max_steps is not None and self.trainer is not None \
@@ -673,12 +673,7 @@ class WorkerAgent:
             from liveshard.runtime.megatron.build import gradient_buffers
 
             spare = gradient_buffers(self.built)  # the new model's gradients reuse this memory
-            self.trainer = None
-            self.built = None
-            from liveshard.runtime.megatron.build import destroy
-
-            destroy()
-            worlds.destroy_training_world()
+        self._teardown()
         stats = result.stats
         if self.id not in plan.members:
             phases["commit"] = time.perf_counter() - t_commit

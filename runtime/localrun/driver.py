@@ -184,22 +184,12 @@ class LocalRun:
                 continue
             if ev.kind == "stop":
                 config_before = status["config"]
-                StorePlanSource.post(store, PlanRequest(members=(), config="", reason="stop",
-                                                        switch_at_step=ev.step))
-                self._wait_published(store, gen + 1)
-                store.set(f"release/{ev.step}", "1")
-                self.say(f"step {ev.step}: stop (checkpoint, every worker waits)")
-                status = self._wait_generation(store, gen + 1)
-                if status.get("last_outcome") != "committed":
-                    raise RuntimeError(f"event {ev} ended {status.get('last_outcome')}")
-                request = PlanRequest(members=cur_members + tuple(standbys), config=config_before,
-                                      reason="resume after the stop")
-                StorePlanSource.post(store, request)
-                self._wait_published(store, gen + 2)
-                self.say(f"resume: {request.config} from the checkpoint")
-                status = self._wait_generation(store, gen + 2)
-                if status.get("last_outcome") != "committed":
-                    raise RuntimeError(f"resuming after {ev} ended {status.get('last_outcome')}")
+                self._apply(store, PlanRequest(members=(), config="", reason="stop", switch_at_step=ev.step),
+                            gen + 1, ev.step, f"step {ev.step}: stop (checkpoint, every worker waits)", f"event {ev}")
+                status = self._apply(store, PlanRequest(members=cur_members + tuple(standbys), config=config_before,
+                                                        reason="resume after the stop"),
+                                     gen + 2, None, f"resume: {config_before} from the checkpoint",
+                                     f"resuming after {ev}")
                 continue
             if ev.kind == "kill":
                 for rank in ev.ranks:  # the victim SIGKILLs itself when released at the step
@@ -225,13 +215,8 @@ class LocalRun:
             if request.config is None:
                 base = ParallelConfig.parse(status["config"])
                 request.config = str(fit_config(r.spec, base, len(request.members), r.global_batch, r.micro_batch))
-            StorePlanSource.post(store, request)
-            self._wait_published(store, gen + 1)
-            store.set(f"release/{ev.step}", "1")
-            self.say(f"step {ev.step}: {ev.kind} -> {request.config} ({request.reason})")
-            status = self._wait_generation(store, gen + 1)
-            if status.get("last_outcome") != "committed":
-                raise RuntimeError(f"event {ev} ended {status.get('last_outcome')}")
+            status = self._apply(store, request, gen + 1, ev.step,
+                                 f"step {ev.step}: {ev.kind} -> {request.config} ({request.reason})", f"event {ev}")
         self._wait_workers(timeout=600, only=tuple(status.get("members") or ()))
         self._status(store)  # before the stop: the coordinator's store goes with it
         store.set(Keys.STOP, "1")
@@ -240,6 +225,21 @@ class LocalRun:
         except subprocess.TimeoutExpired:
             self.procs.coordinator.kill()
         return self._report([self.history[g] for g in sorted(self.history)])
+
+    def _apply(self, store, request, gen: int, release_step: int | None, message: str, what: str) -> dict:
+        """Post ``request``, release the workers held at ``release_step`` once it is published as
+        generation ``gen``, and wait for that generation to commit; the coordinator's status."""
+        from liveshard.runtime.coordinator import StorePlanSource
+
+        StorePlanSource.post(store, request)
+        self._wait_published(store, gen)
+        if release_step is not None:
+            store.set(f"release/{release_step}", "1")
+        self.say(message)
+        status = self._wait_generation(store, gen)
+        if status.get("last_outcome") != "committed":
+            raise RuntimeError(f"{what} ended {status.get('last_outcome')}")
+        return status
 
     def _status(self, store) -> dict:
         text = store.get("coordinator/status")

@@ -117,5 +117,7 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
 def _latest(directory: Path) -> Path | None:
     if not directory.exists():
         return None
-    done = sorted(p for p in directory.iterdir() if (p / "liveshard.json").exists())
+    from liveshard.runtime.agent.checkpoint import is_complete
+
+    done = sorted(p for p in directory.iterdir() if is_complete(p))
     return done[-1] if done else None

@@ -12,6 +12,7 @@ the tensor-parallel degree (each rank slices the same full master weight).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -246,12 +247,13 @@ def _reusing_zeros(spare: list[torch.Tensor]) -> Iterator[None]:
     pool = sorted(spare, key=lambda t: t.numel())
 
     def zeros(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False, **kw: Any) -> Any:
-        numel = int(torch.Size(size[0] if len(size) == 1 and not isinstance(size[0], int) else size).numel())
-        for i, t in enumerate(pool):
-            if t.dtype == (dtype or torch.get_default_dtype()) and t.numel() >= numel and not requires_grad \
-                    and not kw and (device is None or t.device == torch.device(device)):
-                del pool[i]
-                return t.view(-1)[:numel].view(size[0] if len(size) == 1 else size)
+        shape = tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int) else size
+        numel, dtype_ = math.prod(shape), dtype or torch.get_default_dtype()
+        if not requires_grad and not kw:
+            for i, t in enumerate(pool):
+                if t.dtype == dtype_ and t.numel() >= numel and (device is None or t.device == torch.device(device)):
+                    del pool[i]
+                    return t.view(-1)[:numel].view(shape)
         return real.zeros(*size, dtype=dtype, device=device, requires_grad=requires_grad, **kw)
 
     proxy = _TorchWith(real, zeros=zeros)
