@@ -8,12 +8,16 @@ processes. For each transition every process fills its old shards from the refer
   the live runs, and the higher of the two is the reference (a sample depressed by other load
   on the machine cannot inflate the ratio below); for context only, the same exchange receiving
   into newly allocated buffers ("into new memory");
-* live reshard: the executor, P2P rounds and all-to-all rounds (``--repeat`` runs each);
-  "executor / P2P" is the busiest device's bytes (the larger of sent and received) over the
-  executor's best wall time, divided by the raw P2P GB/s per direction. The executor's time is
-  end to end: it includes allocating and first touching the new shards (page faults; on the
-  2-core development VM about 0.25-0.3 CPU-s per GB), the local copies, unpacking strided
-  pieces and the small objects, none of which the raw P2P figure pays;
+* live reshard: the executor, P2P rounds and all-to-all rounds (``--repeat`` runs each). As the
+  live runtime does while the job still trains, each run first allocates and touches the new
+  tensors (``allocate_destinations``; timed apart as ``prepare_seconds``), then the executor
+  fills them. "executor / P2P" is the busiest device's bytes (the larger of sent and received)
+  over the executor's best wall time, divided by the raw P2P GB/s per direction. The executor's
+  time still includes the local copies, packing and unpacking, staging buffers and the small
+  objects, none of which the raw P2P figure pays. ``p2p_cold`` is the same P2P run with the
+  executor allocating the new tensors itself, end to end (first touching fresh memory costs
+  page faults: on the 2-core development VM about 0.25-0.3 CPU-s per GB), compared with warm
+  P2P and with P2P that receives into new memory;
 * megatron-core ``dist_checkpointing`` (torch_dist): save ShardedTensors of the old layout's
   regions (replicas marked by ``replica_id``; distributed-optimizer boxes as an irregular grid),
   then load ShardedTensors of the new layout's regions;
@@ -48,6 +52,9 @@ TRANSITIONS = {
         ("full TP change (tp4 -> pp4)", "tp=4,pp=1,dp=2", "tp=1,pp=4,dp=2", "", 8)],
 }
 P2P_BYTES = 256 * 2**20
+# p2p / a2a: the new tensors allocated and touched beforehand (prepare, timed apart), as the live
+# runtime does while training goes on; p2p_cold: the executor allocates them itself, end to end
+LIVE_VARIANTS = ("p2p", "a2a", "p2p_cold")
 
 
 def _barrier_time(fn):
@@ -170,7 +177,7 @@ def bench_rank(rank: int, world: int, params: dict) -> dict:
 
     from liveshard.runtime.parallel import ParallelConfig
     from liveshard.runtime.spec import load_model
-    from liveshard.runtime.transfer.executor import execute
+    from liveshard.runtime.transfer.executor import allocate_destinations, execute
     from liveshard.runtime.transfer.local import reference_objects
     from liveshard.runtime.transfer.reference import check_reference, fill_reference
     from liveshard.runtime.transfer.storage import DictStore, allocate
@@ -197,15 +204,21 @@ def bench_rank(rank: int, world: int, params: dict) -> dict:
 
     out["p2p_gbps"] = p2p_bandwidth(rank, world, P2P_BYTES)
 
-    for mode in ("p2p", "a2a"):
-        times, stats, bad = [], None, None
+    for variant in LIVE_VARIANTS:
+        mode, prepared = variant.split("_")[0], not variant.endswith("_cold")
+        times, prepare, stats, bad = [], [], None, None
         for _ in range(params["repeat"]):
-            t, res = _barrier_time(lambda mode=mode: execute(plan, sched, rank, old, objects, mode=mode))
+            dest = None
+            if prepared:  # a live job does this while it still trains
+                t, dest = _barrier_time(lambda: allocate_destinations(plan, rank))
+                prepare.append(t)
+            t, res = _barrier_time(lambda mode=mode, dest=dest: execute(plan, sched, rank, old, objects, mode=mode,
+                                                                         destinations=dest))
             times.append(t)
             stats = res.stats
             bad = check_reference(new_layout, new_rank, res.store) if new_rank is not None else []
-            del res
-        out[f"live_{mode}"] = {"seconds": times, "bytes_sent": stats.bytes_sent,
+            del res, dest
+        out[f"live_{variant}"] = {"seconds": times, "prepare_seconds": prepare, "bytes_sent": stats.bytes_sent,
                                "bytes_received": stats.bytes_received, "peak_staging_bytes": stats.peak_staging_bytes,
                                "aliased_bytes": stats.aliased_bytes, "local_bytes": stats.local_bytes,
                                "local_seconds": stats.local_seconds, "rounds_seconds": stats.rounds_seconds,
@@ -292,12 +305,14 @@ def summarize(name: str, procs: int, params: dict, results: list[dict]) -> dict:
            "p2p_gbps_after": min(r["p2p_gbps_after"] for r in results if r["rank"] ^ 1 < procs)}
     row["p2p_gbps_per_direction"] = max(row["p2p_gbps_before"], row["p2p_gbps_after"])
     row["p2p_fresh_gbps_per_direction"] = min(r["p2p_fresh_gbps"] for r in results if r["rank"] ^ 1 < procs)
-    for mode in ("p2p", "a2a"):
+    for mode in LIVE_VARIANTS:
         secs = [max(r[f"live_{mode}"]["seconds"][i] for r in results) for i in range(params["repeat"])]
         busiest = max(max(r[f"live_{mode}"]["bytes_sent"], r[f"live_{mode}"]["bytes_received"]) for r in results)
         best = min(secs)
+        prep = [max(r[f"live_{mode}"]["prepare_seconds"][i] for r in results)
+                for i in range(len(results[0][f"live_{mode}"]["prepare_seconds"]))]
         row[f"live_{mode}"] = {
-            "seconds": secs, "best_seconds": best,
+            "seconds": secs, "best_seconds": best, "prepare_seconds": prep,
             "bytes_moved": sum(r[f"live_{mode}"]["bytes_sent"] for r in results),
             "busiest_device_bytes": busiest,
             "busiest_device_gbps": busiest / best / 1e9 if best else 0.0,
@@ -322,14 +337,24 @@ def summarize(name: str, procs: int, params: dict, results: list[dict]) -> dict:
     row["default_mode"] = "p2p" if row["live_p2p"]["best_seconds"] <= row["live_a2a"]["best_seconds"] else "a2a"
     row["speedup_vs_megatron"] = row["megatron"]["total_seconds"] / live if live else float("inf")
     row["speedup_vs_dcp"] = row["dcp"]["total_seconds"] / live if live else float("inf")
-    p2p = row["live_p2p"]
+    p2p, cold = row["live_p2p"], row["live_p2p_cold"]
     row["executor_fraction_of_p2p_bandwidth"] = (p2p["busiest_device_gbps"] / row["p2p_gbps_per_direction"]
                                                  if p2p["busiest_device_bytes"] else None)
-    # context only, not the headline: against raw P2P that also receives into new memory
-    row["executor_fraction_of_fresh_p2p_bandwidth"] = (p2p["busiest_device_gbps"] / row["p2p_fresh_gbps_per_direction"]
-                                                       if p2p["busiest_device_bytes"] else None)
-    row["all_bit_exact"] = not any(row[k]["mismatches"] for k in ("live_p2p", "live_a2a", "megatron", "dcp"))
+    # the executor allocating the new tensors itself: against warm P2P, and against P2P that
+    # also receives into new memory (like for like)
+    row["speedup_vs_megatron_cold"] = row["megatron"]["total_seconds"] / cold["best_seconds"]
+    row["speedup_vs_dcp_cold"] = row["dcp"]["total_seconds"] / cold["best_seconds"]
+    row["cold_executor_fraction_of_p2p_bandwidth"] = (cold["busiest_device_gbps"] / row["p2p_gbps_per_direction"]
+                                                      if cold["busiest_device_bytes"] else None)
+    row["cold_executor_fraction_of_fresh_p2p_bandwidth"] = (
+        cold["busiest_device_gbps"] / row["p2p_fresh_gbps_per_direction"] if cold["busiest_device_bytes"] else None)
+    row["all_bit_exact"] = not any(row[k]["mismatches"] for k in ("live_p2p", "live_a2a", "live_p2p_cold",
+                                                                  "megatron", "dcp"))
     return row
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,27 +386,31 @@ def main(argv: list[str] | None = None) -> int:
             row["wall_seconds"] = time.time() - t0
             rows.append(row)
             print(f"[{procs} procs] {name}: live p2p {row['live_p2p']['best_seconds']:.3f}s "
-                  f"a2a {row['live_a2a']['best_seconds']:.3f}s | megatron {row['megatron']['save_seconds']:.2f}+"
-                  f"{row['megatron']['load_seconds']:.2f}s | dcp {row['dcp']['save_seconds']:.2f}+"
-                  f"{row['dcp']['load_seconds']:.2f}s | p2p {row['p2p_gbps_before']:.2f}/"
-                  f"{row['p2p_gbps_after']:.2f} GB/s before/after (into new memory "
-                  f"{row['p2p_fresh_gbps_per_direction']:.2f}) | executor / P2P "
-                  f"{row['executor_fraction_of_p2p_bandwidth'] or 0:.0%} (into new memory "
-                  f"{row['executor_fraction_of_fresh_p2p_bandwidth'] or 0:.0%}) | "
+                  f"(prepare {max(row['live_p2p']['prepare_seconds']):.3f}s) a2a "
+                  f"{row['live_a2a']['best_seconds']:.3f}s p2p cold {row['live_p2p_cold']['best_seconds']:.3f}s | "
+                  f"megatron {row['megatron']['save_seconds']:.2f}+{row['megatron']['load_seconds']:.2f}s | "
+                  f"dcp {row['dcp']['save_seconds']:.2f}+{row['dcp']['load_seconds']:.2f}s | "
+                  f"p2p {row['p2p_gbps_before']:.2f}/{row['p2p_gbps_after']:.2f} GB/s before/after (into new "
+                  f"memory {row['p2p_fresh_gbps_per_direction']:.2f}) | executor / P2P "
+                  f"{_pct(row['executor_fraction_of_p2p_bandwidth'])}, cold "
+                  f"{_pct(row['cold_executor_fraction_of_p2p_bandwidth'])} (into new memory "
+                  f"{_pct(row['cold_executor_fraction_of_fresh_p2p_bandwidth'])}) | "
                   f"bit-exact {row['all_bit_exact']}", flush=True)
     print()
-    hdr = (f"{'procs':>5} {'transition':<28} {'moved MB':>9} {'live p2p s':>10} {'live a2a s':>10} {'mcore s':>8} "
-           f"{'dcp s':>7} {'x mcore':>8} {'x dcp':>7} {'P2P GB/s':>8} {'exec GB/s':>9} {'exact':>5}")
+    hdr = (f"{'procs':>5} {'transition':<28} {'moved MB':>9} {'live s':>7} {'prep s':>7} {'a2a s':>6} "
+           f"{'cold s':>7} {'mcore s':>8} {'dcp s':>6} {'x mcore':>8} {'x dcp':>6} {'x dcp cold':>10} "
+           f"{'P2P GB/s':>8} {'exec/P2P':>8} {'cold/P2P':>8} {'exact':>5}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        frac = r["executor_fraction_of_p2p_bandwidth"]
-        print(f"{r['procs']:>5} {r['transition']:<28} {r['live_p2p']['bytes_moved'] / 1e6:>9.1f} "
-              f"{r['live_p2p']['best_seconds']:>10.3f} {r['live_a2a']['best_seconds']:>10.3f} "
-              f"{r['megatron']['total_seconds']:>8.2f} {r['dcp']['total_seconds']:>7.2f} "
-              f"{r['speedup_vs_megatron']:>8.1f} {r['speedup_vs_dcp']:>7.1f} {r['p2p_gbps_per_direction']:>8.2f} "
-              f"{r['live_p2p']['busiest_device_gbps']:>9.2f}{'' if frac is None else f' ({frac:.0%})'} "
-              f"{'yes' if r['all_bit_exact'] else 'NO':>5}")
+        live, cold = r["live_p2p"], r["live_p2p_cold"]
+        print(f"{r['procs']:>5} {r['transition']:<28} {live['bytes_moved'] / 1e6:>9.1f} "
+              f"{live['best_seconds']:>7.3f} {max(live['prepare_seconds']):>7.3f} "
+              f"{r['live_a2a']['best_seconds']:>6.3f} {cold['best_seconds']:>7.3f} "
+              f"{r['megatron']['total_seconds']:>8.2f} {r['dcp']['total_seconds']:>6.2f} "
+              f"{r['speedup_vs_megatron']:>8.1f} {r['speedup_vs_dcp']:>6.1f} {r['speedup_vs_dcp_cold']:>10.1f} "
+              f"{r['p2p_gbps_per_direction']:>8.2f} {_pct(r['executor_fraction_of_p2p_bandwidth']):>8} "
+              f"{_pct(r['cold_executor_fraction_of_p2p_bandwidth']):>8} {'yes' if r['all_bit_exact'] else 'NO':>5}")
     out = {"bench": "live_vs_checkpoint", "model": args.model, "python": sys.version.split()[0],
            "machine": platform.machine(), "cpu_count": os.cpu_count(), "repeat": args.repeat, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

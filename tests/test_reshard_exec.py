@@ -46,6 +46,9 @@ def run_case(pool: GlooPool, case: Case, mode: str, **kw) -> list[dict]:
         assert s["verified"], where
         assert s["peak_staging_bytes"] <= case.budget, where
         assert s["bytes_received"] == must[r["rank"]], where
+        if kw.get("preallocate"):  # every new tensor is either kept in place or was allocated ahead
+            assert r["destinations_used"], where
+            assert r["destination_bytes"] + s["aliased_bytes"] == r["new_bytes"], where
     return results
 
 
@@ -61,6 +64,13 @@ def test_all_to_all_rounds_are_bit_exact(pool, case):
     run_case(pool, case, "a2a")
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("dp-shrink-dist-opt", "join-dp-grow", "etp-and-tp")],
+                         ids=lambda c: c.name)
+def test_new_tensors_allocated_ahead_are_filled_in_place(pool, case):
+    results = run_case(pool, case, "p2p", preallocate=True, direct_min_bytes=256)
+    assert any(r["destination_bytes"] for r in results)
+
+
 @settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
@@ -68,8 +78,9 @@ def test_random_transitions_are_bit_exact_within_budget(pool, data):
     case = transition_case(data.draw, max_procs=POOL_SIZE)
     mode = data.draw(st.sampled_from(("p2p", "a2a")))
     direct = data.draw(st.sampled_from((None, 64, 1024))) if mode == "p2p" else None
-    note(f"{case} {mode} direct_min_bytes={direct}")
-    run_case(pool, case, mode, direct_min_bytes=direct)
+    preallocate = data.draw(st.booleans())
+    note(f"{case} {mode} direct_min_bytes={direct} preallocate={preallocate}")
+    run_case(pool, case, mode, direct_min_bytes=direct, preallocate=preallocate)
 
 
 def test_releasing_sources_lowers_peak_memory_and_stays_exact(pool):

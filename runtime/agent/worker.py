@@ -68,6 +68,12 @@ class WorkerOptions:
     collective_timeout: float = 20.0  # seconds before a collective with a dead peer fails
     transfer_budget: int = 64 << 20  # staging bytes per rank during a transfer
     verify: bool = False  # per-region checksums after each transfer
+    # Which members allocate and touch their new tensors while the job still trains: "joiners"
+    # (idle anyway), "all" (members too: the new state lives beside the old one a little
+    # earlier) or "auto" (all on CPU, where first touching fresh memory is a large part of a
+    # transfer; joiners on GPU, where the caching allocator serves the transfer's tensors and
+    # memory taken early would be taken from the training step's activations).
+    preallocate: str = "auto"
     max_steps: int | None = None
     # Checkpoints (megatron dist_checkpointing): load at start, save and exit at a step (the
     # restart path), and a periodic safety checkpoint for losses with no surviving copy.
@@ -96,7 +102,7 @@ class Prepared:
     group_rank: int
     members: tuple[str, ...]  # transition group members
     seconds: float
-    destinations: Any = None  # a joiner's new tensors, allocated and touched while it waits
+    destinations: Any = None  # new tensors allocated and touched ahead (see WorkerOptions.preallocate)
     grad_buffer: Any = None  # and memory for its gradients (a DDP grad buffer), likewise
 
 
@@ -272,13 +278,15 @@ class WorkerAgent:
                 group = worlds.build_transition_group(self.store.store, Keys.transfer_prefix(plan.generation),
                                                       group_rank, len(members), self.options.collective_timeout)
                 destinations = grad_buffer = None
-                if self.id in plan.members and self.id not in old.members:
-                    # A joiner is idle until the switch: pay the first touch of its new memory now.
+                joiner = self.id in plan.members and self.id not in old.members
+                if joiner or (self.id in plan.members and self._preallocates_as_member()):
+                    # Pay the first touch of the new memory now, not during the pause.
                     from liveshard.runtime.control.protocol import transition_devices
                     from liveshard.runtime.transfer.executor import allocate_destinations
 
                     destinations = allocate_destinations(
                         transition, transition_devices(old, plan).index(self.id), self._device)
+                if joiner:
                     params = sum(t.numel() for state, _, t in destinations.items() if state == PARAM)
                     # DDP pads its buckets: a little more than the parameters (fp32 gradients)
                     grad_buffer = torch.zeros(params + params // 64 + (1 << 16), dtype=torch.float32,
@@ -292,6 +300,10 @@ class WorkerAgent:
             with self._lock:
                 self._prepare_error[plan.generation] = f"{type(e).__name__}: {e}"
             self._report(plan.generation, MemberResult(ok=False, error=f"prepare: {e}"))
+
+    def _preallocates_as_member(self) -> bool:
+        mode = self.options.preallocate
+        return mode == "all" or (mode == "auto" and self._device.type == "cpu")
 
     # ---- main loop ---------------------------------------------------------------------------
     def bootstrap(self) -> float:

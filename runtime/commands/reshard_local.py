@@ -19,6 +19,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="checksum every piece at both ends, and check every new shard bit for bit "
                         "against the reference; exit 0 only if all match")
     p.add_argument("--repeat", type=int, default=1, help="run the transfer this many times (timing)")
+    p.add_argument("--preallocate", action="store_true",
+                   help="allocate and touch the new tensors before each timed transfer, as a live job "
+                        "does while it still trains (timed apart: prepare_seconds)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before the run is abandoned")
 
 
@@ -34,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     from liveshard.runtime.vps.schedule import schedule
 
     job = LocalJob(spec, str(old), str(new), args.leave, args.join, args.gpus_per_node, budget, args.mode,
-                   verify=args.verify, check=args.verify, repeat=max(1, args.repeat))
+                   verify=args.verify, check=args.verify, repeat=max(1, args.repeat),
+                   preallocate=args.preallocate)
     plan = job.plan()
     schedule(plan, budget)  # fail here, before spawning, on a bad budget
     results = run_local(job, args.procs, timeout_s=args.timeout)
@@ -67,6 +71,8 @@ def _report(plan, job, results: list[dict]) -> dict:
         "model": plan.spec.name, "from": str(plan.old_cfg), "to": str(plan.new_cfg),
         "procs": len(results), "mode": job.mode, "budget_bytes": job.budget,
         "seconds": seconds, "best_seconds": best,
+        "prepare_seconds": [max(r["prepare_seconds"][i] for r in results)
+                            for i in range(len(results[0]["prepare_seconds"]))],
         "bytes_moved": sum(sent), "bottleneck_bytes": bottleneck,
         "bottleneck_gbps": bottleneck / best / 1e9 if best else 0.0,
         "local_bytes": sum(s["local_bytes"] for s in stats),
@@ -94,6 +100,8 @@ def _print(r: dict) -> None:
     print(f"rank -> device {r['rank_to_device']}, checksum {r['checksum'][:16]}")
     print(f"moved {r['bytes_moved'] / 1e6:.2f} MB in {r['rounds']} rounds, local {r['local_bytes'] / 1e6:.2f} MB, "
           f"kept in place {r['aliased_bytes'] / 1e6:.2f} MB")
+    if r["prepare_seconds"]:
+        print(f"prepare (new tensors allocated and touched ahead) {', '.join(f'{s:.3f}' for s in r['prepare_seconds'])} s")
     print(f"time {', '.join(f'{s:.3f}' for s in r['seconds'])} s; busiest device "
           f"{r['bottleneck_bytes'] / 1e6:.2f} MB at {r['bottleneck_gbps']:.3f} GB/s")
     print(f"peak staging {r['peak_staging_bytes']} bytes (budget {r['budget_bytes']}), "

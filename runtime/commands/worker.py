@@ -37,6 +37,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--budget", type=int, default=64 << 20, help="staging bytes per rank during a transfer")
     p.add_argument("--verify", action="store_true", help="checksum every transferred region")
+    p.add_argument("--preallocate", choices=("auto", "all", "joiners"), default="auto",
+                   help="who allocates its new tensors while training goes on: joiners, all members, "
+                        "or auto (all on CPU, joiners on GPU)")
     p.add_argument("--collective-timeout", type=float, default=20.0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     p.add_argument("--result", default=None,
@@ -93,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     settings = TrainingSettings(global_batch=args.global_batch, micro_batch=args.micro_batch,
                                 seq_length=args.seq_length, lr=args.lr, seed=args.seed)
     options = WorkerOptions(max_steps=args.max_steps, transfer_budget=args.budget, verify=args.verify,
-                            collective_timeout=args.collective_timeout,
+                            preallocate=args.preallocate, collective_timeout=args.collective_timeout,
                             hold_at_steps=tuple(int(x) for x in args.hold_at_steps.split(",") if x),
                             load_dir=args.load, save_dir=args.save_dir, save_at_step=args.save_at_step,
                             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from liveshard.runtime.transfer import packing, transport
-from liveshard.runtime.transfer.storage import TORCH_DTYPES, DictStore, allocate
+from liveshard.runtime.transfer.storage import TORCH_DTYPES, DictStore
 from liveshard.runtime.vps.schedule import Chunk, Schedule
 from liveshard.runtime.vps.shards import local_tensor_shapes
 from liveshard.runtime.vps.transition import TransitionPlan
@@ -98,7 +98,8 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStor
     # 1. new tensors: an old tensor kept whole and in place is reused; the others are allocated
     #    when first written, so that with release_old memory is handed over tensor by tensor
     new = _NewStore(dev)
-    alias = _aliases(plan, device_id, new_rank, old) if new_rank is not None else {}
+    alias = _aliases(plan, device_id, new_rank) if new_rank is not None else {}
+    alias = {k: src for k, src in alias.items() if old.has(k[0], src)}
     if new_rank is not None:
         for state, per in local_tensor_shapes(plan.new_layout, new_rank).items():
             dtype = TORCH_DTYPES[plan.new_layout.dtype(state)]
@@ -113,6 +114,7 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStor
                         raise TransferError(f"destination {state}/{name} is {t.dtype} {tuple(t.shape)}, "
                                             f"the plan needs {dtype} {tuple(shape)}")
                     new.put(state, name, t)
+                    new.allocated += t.numel() * t.element_size()  # new memory, if allocated earlier
                 else:
                     new.expect(state, name, shape, dtype)
     released = 0
@@ -243,17 +245,21 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStor
 
 
 def allocate_destinations(plan: TransitionPlan, device_id: int, device: torch.device | str = "cpu") -> DictStore:
-    """Every new tensor of a device that holds no old state (a joiner), allocated and written
-    once: done while the job still trains, it takes the first-touch cost of fresh memory (page
-    faults on CPU, the allocator on GPU) out of the transfer. Pass it as ``destinations``."""
-    if device_id < plan.devices.old_world:
-        raise ValueError("only a device with no old state can have all its new tensors allocated ahead")
-    new_rank = plan.device_to_rank.get(device_id)
+    """Every new tensor of a device that is not an old tensor kept in place, allocated and
+    written once. Done while the job still trains (the new tensors then live beside the old
+    state a little earlier), it takes the first-touch cost of fresh memory (page faults on CPU,
+    the allocator on GPU) out of the transfer. Pass it as ``destinations``."""
+    new_rank = plan.device_to_rank.get(device_id) if device_id < plan.devices.num_devices else None
     if new_rank is None:
         return DictStore()
-    out = allocate(plan.new_layout, new_rank, device)
-    for _, _, t in out.items():
-        t.zero_()
+    kept = _aliases(plan, device_id, new_rank)
+    out = DictStore()
+    for state, per in local_tensor_shapes(plan.new_layout, new_rank).items():
+        dtype = TORCH_DTYPES[plan.new_layout.dtype(state)]
+        for name, shape in per.items():
+            if (state, name) not in kept:
+                # written, not only allocated: the pages must really be mapped now
+                out.tensors.setdefault(state, {})[name] = torch.empty(shape, dtype=dtype, device=device).zero_()
     return out
 
 
@@ -292,15 +298,17 @@ def _device_of(store: DictStore) -> torch.device:
     return torch.device("cpu")
 
 
-def _aliases(plan: TransitionPlan, device_id: int, new_rank: int, old: DictStore) -> dict[tuple[str, str], str]:
-    """(state, new name) -> old name, for new tensors that are an old tensor kept whole, in place."""
+def _aliases(plan: TransitionPlan, device_id: int, new_rank: int) -> dict[tuple[str, str], str]:
+    """(state, new name) -> old name, for new tensors that are an old tensor kept whole, in place.
+    Pure (shapes from the layouts): ``allocate_destinations`` leaves these out ahead of time."""
     if device_id >= plan.devices.old_world:
         return {}
     incoming: dict[tuple[int, str], list] = {}
     for c in plan.copies:
         if c.dst == device_id:
             incoming.setdefault((c.group, c.dst_view[0]), []).append(c)
-    shapes = local_tensor_shapes(plan.new_layout, new_rank)
+    new_shapes = local_tensor_shapes(plan.new_layout, new_rank)
+    old_shapes = local_tensor_shapes(plan.old_layout, device_id)  # old rank i is device i
     out: dict[tuple[str, str], str] = {}
     for (gi, name), cs in incoming.items():
         src_name = cs[0].src_view[0]
@@ -309,14 +317,8 @@ def _aliases(plan: TransitionPlan, device_id: int, new_rank: int, old: DictStore
             continue
         g = plan.groups[gi]
         covered = sum(_numel(c.shape) for c in cs)
-        for state in g.states:
-            try:
-                t = old.get(state, src_name)
-            except KeyError:
-                break
-            if tuple(t.shape) != tuple(shapes[state][name]) or covered != t.numel():
-                break
-        else:
+        if all(tuple(old_shapes.get(state, {}).get(src_name, ())) == tuple(new_shapes[state][name])
+               and covered == _numel(new_shapes[state][name]) for state in g.states):
             for state in g.states:
                 out[state, name] = src_name
     return out

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec, load_model
-from liveshard.runtime.transfer.executor import TransferError, execute
+from liveshard.runtime.transfer.executor import TransferError, allocate_destinations, execute
 from liveshard.runtime.transfer.reference import check_reference, fill_reference
 from liveshard.runtime.transfer.storage import DictStore
 from liveshard.runtime.vps.devices import DeviceMap, parse_devices
@@ -40,6 +40,7 @@ class LocalJob:
     release_old: bool = False
     repeat: int = 1  # timed executions (the first one is reported as cold)
     direct_min_bytes: int | None = None  # executor default unless set
+    preallocate: bool = False  # allocate and touch the new tensors before each timed transfer
 
     def spec(self) -> ModelSpec:
         return self.model if isinstance(self.model, ModelSpec) else load_model(self.model)
@@ -75,22 +76,37 @@ def run_rank(rank: int, world: int, job: LocalJob) -> dict:
     old = fill_reference(old_layout, rank) if is_old else DictStore()
     objects = reference_objects(rank) if is_old else {}
     result = None
-    times = []
+    times: list[float] = []
+    prepare_times: list[float] = []
     error = None
+    dest_bytes = 0
+    dest_used = True
     for _ in range(max(1, job.repeat)):
+        destinations = None
+        if job.preallocate:  # what a live job does while it still trains; timed apart
+            result = None  # the previous repeat's tensors go first, as they would in a job
+            t0 = time.perf_counter()
+            destinations = allocate_destinations(plan, rank) if member else DictStore()
+            prepare_times.append(time.perf_counter() - t0)
+            dest_bytes = destinations.nbytes()
         dist.barrier()
         t0 = time.perf_counter()
         try:
             extra = {} if job.direct_min_bytes is None else {"direct_min_bytes": job.direct_min_bytes}
             result = execute(plan, sched, rank, old, objects, mode=job.mode, verify=job.verify,
-                             release_old=job.release_old, **extra)
+                             release_old=job.release_old, destinations=destinations, **extra)
         except TransferError as e:  # every rank sees the verdict; the old state must be intact
             error = str(e)
             break
         dist.barrier()
         times.append(time.perf_counter() - t0)
-    out = {"rank": rank, "seconds": times, "stats": asdict(result.stats) if result else None,
+        if destinations is not None:  # written in place, not replaced
+            dest_used = dest_used and all(result.store.get(s, n) is t for s, n, t in destinations.items())
+    out = {"rank": rank, "seconds": times, "prepare_seconds": prepare_times,
+           "stats": asdict(result.stats) if result else None,
            "checksum": plan.checksum, "new_rank": plan.device_to_rank.get(rank), "error": error,
+           "destination_bytes": dest_bytes, "destinations_used": dest_used,
+           "new_bytes": result.store.nbytes() if result else 0,
            "mismatches": [], "old_mismatches": [], "object_errors": []}
     if job.check and member:
         new_rank = plan.device_to_rank.get(rank)
