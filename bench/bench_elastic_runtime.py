@@ -7,7 +7,11 @@ Same model (``gpt-125m``: 124M parameters, fp32, Adam), same machine, same run:
 * **torchrun**: two elastic agents (``--nnodes=1:2``, c10d rendezvous with tuned timeouts, the
   mechanism under Kubeflow PyTorchJob's elasticPolicy) training the same megatron model with a
   checkpoint after every step; one agent and its worker are killed (a node lost);
-* **overhead**: median step time of the agent vs a plain megatron loop, no events.
+* **overhead**: median step time of the agent vs a plain megatron loop, no events;
+* **reshape**: a parallelism change on 4 workers (``tp=4`` -> ``pp=4``: every member's state
+  changes shape), live with every member allocating its new tensors while it waits
+  (``--preallocate all``, the CPU default), live with only joiners doing so (the transfer then
+  allocates them), and checkpoint/restart.
 
 Downtime is measured on wall clocks from the end of the last step before the change to the end
 of the first step after it (``to_next_step``); ``lost`` is that less one steady step of the new
@@ -33,6 +37,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+PARTS = ("live", "checkpoint", "torchrun", "overhead", "reshape")
+RESHAPE = {"workers": 4, "parallel": "tp=4,pp=1,dp=1", "global_batch": 4, "events": "2:parallel=tp=1,pp=4,dp=1",
+           "steps": 6}
 
 
 def _port() -> int:
@@ -41,14 +48,17 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def run_liveshard(args, mode: str, events: str, steps: int, workdir: Path) -> dict:
+def run_liveshard(args, mode: str, events: str, steps: int, workdir: Path, *, workers: int = 2,
+                  parallel: str = "tp=1,pp=1,dp=2", global_batch: int | None = None,
+                  preallocate: str = "auto") -> dict:
     from liveshard.runtime.localrun.driver import RunSpec, run_local
     from liveshard.runtime.localrun.events import parse_events
     from liveshard.runtime.spec import load_model
 
-    return run_local(RunSpec(model=args.model, spec=load_model(args.model), workers=2, parallel="tp=1,pp=1,dp=2",
-                             steps=steps, global_batch=args.global_batch, seq_length=args.seq_length,
-                             events=parse_events(events), mode=mode, workdir=str(workdir)))
+    return run_local(RunSpec(model=args.model, spec=load_model(args.model), workers=workers, parallel=parallel,
+                             steps=steps, global_batch=global_batch or args.global_batch,
+                             seq_length=args.seq_length, events=parse_events(events), mode=mode,
+                             preallocate=preallocate, workdir=str(workdir)))
 
 
 def _kill_tree(pid: int) -> None:
@@ -192,6 +202,20 @@ def print_table(result: dict) -> None:
         print(f"steady state: plain {ov['plain_step_seconds']:.3f} s/step, agent {ov['agent_step_seconds']:.3f} "
               f"s/step -> overhead {100 * ov['overhead']:+.2f}%")
     print(f"live and checkpoint final state bit-identical: {result.get('bit_identical')}")
+    rs = result.get("reshape")
+    if rs:
+        print(f"\nreshape on {rs['workers']} workers, {rs['parallel']} -> {rs['events'].split('=', 1)[1]}:")
+        print(f"{'run':<18} {'prepare':>8} {'transfer':>8} {'commit':>7} {'ready':>7} {'->step':>7} {'lost':>7}")
+        ck = rs["checkpoint"]["event"]
+        for name in ("live", "live_joiners_only", "checkpoint"):
+            ev = rs[name]["event"]
+            ph = ev.get("phases", {})
+            print(f"{name:<18} {_f(ph.get('prepare')):>8} {_f(ph.get('transfer')):>8} {_f(ph.get('commit')):>7} "
+                  f"{_f(ev.get('downtime')):>7} {_f(ev.get('to_next_step')):>7} {_f(ev.get('lost')):>7}")
+        lv = rs["live"]["event"]
+        print(f"live vs checkpoint: {_f(_ratio(ck.get('lost'), lv.get('lost')), '.1f')}x (lost), "
+              f"{_f(_ratio(ck.get('downtime'), lv.get('downtime')), '.1f')}x (ready); final state bit-identical "
+              f"across the three: {rs['bit_identical']}")
 
 
 def main() -> None:
@@ -203,15 +227,14 @@ def main() -> None:
     p.add_argument("--overhead-steps", type=int, default=10)
     p.add_argument("--overhead-rounds", type=int, default=2)
     p.add_argument("--out", default=str(HERE / "results" / "elastic_runtime.json"))
-    p.add_argument("--parts", default="live,checkpoint,torchrun,overhead",
+    p.add_argument("--parts", default=",".join(PARTS),
                    help="which measurements to run (others are kept from an existing --out file)")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="liveshard-bench-"))
     events = "2:leave=1 5:join=1"
     parts = set(args.parts.split(","))
     out = Path(args.out)
-    result: dict = json.loads(out.read_text()) if out.exists() and parts != {"live", "checkpoint", "torchrun",
-                                                                             "overhead"} else {}
+    result: dict = json.loads(out.read_text()) if out.exists() and parts != set(PARTS) else {}
     result.update({"model": args.model, "machine": f"{os.cpu_count()} CPU cores, gloo", "events": events})
 
     if "live" in parts:
@@ -238,6 +261,20 @@ def main() -> None:
         pm, am = statistics.median(plain_gaps), statistics.median(agent_gaps)
         result["overhead"] = {"plain_step_seconds": pm, "agent_step_seconds": am, "overhead": am / pm - 1,
                               "plain_steps": plain_gaps, "agent_steps": agent_gaps}
+
+    if "reshape" in parts:
+        kw = {k: RESHAPE[k] for k in ("workers", "parallel", "global_batch")}
+        runs = {}
+        for name, mode, pre in (("live", "live", "all"), ("live_joiners_only", "live", "joiners"),
+                                ("checkpoint", "checkpoint", "auto")):
+            rep = run_liveshard(args, mode, RESHAPE["events"], RESHAPE["steps"], root / f"reshape-{name}",
+                                preallocate=pre, **kw)
+            add_lost_time(rep)
+            runs[name] = {"event": rep["events"][0], "checksums": rep["checksums"],
+                          "losses": [s["loss"] for s in rep["steps"]]}
+        result["reshape"] = {**RESHAPE, **runs,
+                             "bit_identical": len({json.dumps(r["checksums"], sort_keys=True)
+                                                   for r in runs.values()}) == 1}
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -332,6 +332,37 @@ def test_rebuilding_in_process_frees_process_groups(pool: GlooPool) -> None:
         assert max(counts[3:]) - min(counts[:3]) <= 8, counts
 
 
+def uninitialised_build_job(rank: int, world: int, spec_data: dict, cfg_text: str) -> dict[str, Any]:
+    """Train 2 steps from a model's state, then again in a model built uninitialised (no tied-
+    embedding all-reduce at build) that was given the same state, as a commit does."""
+    from liveshard.runtime.agent.state import load_state, state_tensors
+    from liveshard.runtime.megatron import build
+
+    spec, cfg = ModelSpec.from_dict(spec_data), ParallelConfig.parse(cfg_text)
+    built = build.build_model(spec, cfg, seed=3, lr=3e-3, **_NO_DROPOUT)
+    state = {k: t.clone() for k, t in state_tensors(built).items()}
+    try:
+        reference = _train(built, 2)
+    finally:
+        del built
+        build.destroy()
+    built = build.build_model(spec, cfg, seed=99, lr=3e-3, perform_initialization=False, **_NO_DROPOUT)
+    try:
+        load_state(built, state, step=0)
+        return {"reference": reference, "rebuilt": _train(built, 2)}
+    finally:
+        del built
+        build.destroy()
+
+
+def test_a_model_built_uninitialised_trains_like_the_state_it_was_given(pool: GlooPool) -> None:
+    """Tied embeddings over 2 stages: both copies come with the state, not from the build."""
+    spec = PRESETS["tiny-gpt"]
+    assert spec.share_embeddings_and_output_weights
+    for out in pool.run(uninitialised_build_job, spec.to_dict(), "pp=2", world=2):
+        assert out["rebuilt"] == out["reference"]
+
+
 def rng_job(rank: int, world: int) -> tuple[list[float], list[float]]:
     import torch
     from megatron.core import tensor_parallel

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import math
 import os
 import signal
 import socket
@@ -103,7 +104,7 @@ class Prepared:
     members: tuple[str, ...]  # transition group members
     seconds: float
     destinations: Any = None  # new tensors allocated and touched ahead (see WorkerOptions.preallocate)
-    grad_buffer: Any = None  # and memory for its gradients (a DDP grad buffer), likewise
+    grad_buffer: Any = None  # and memory for its gradients when the old DDP buffer is too small
 
 
 @dataclass
@@ -280,17 +281,19 @@ class WorkerAgent:
                 destinations = grad_buffer = None
                 joiner = self.id in plan.members and self.id not in old.members
                 if joiner or (self.id in plan.members and self._preallocates_as_member()):
-                    # Pay the first touch of the new memory now, not during the pause.
+                    # Pay the first touch of the new memory now, not during the pause: the new
+                    # tensors, and a gradient buffer when the old one (reused) is too small.
                     from liveshard.runtime.control.protocol import transition_devices
                     from liveshard.runtime.transfer.executor import allocate_destinations
 
-                    destinations = allocate_destinations(
-                        transition, transition_devices(old, plan).index(self.id), self._device)
-                if joiner:
-                    params = sum(t.numel() for state, _, t in destinations.items() if state == PARAM)
-                    # DDP pads its buckets: a little more than the parameters (fp32 gradients)
-                    grad_buffer = torch.zeros(params + params // 64 + (1 << 16), dtype=torch.float32,
-                                              device=self._device)
+                    device_id = transition_devices(old, plan).index(self.id)
+                    destinations = allocate_destinations(transition, device_id, self._device)
+                    params = _param_count(transition.new_layout, transition.device_to_rank[device_id])
+                    held = 0 if joiner else _param_count(transition.old_layout, device_id)
+                    if params > held:
+                        # DDP pads its buckets: a little more than the parameters (fp32 gradients)
+                        grad_buffer = torch.zeros(params + params // 64 + (1 << 16), dtype=torch.float32,
+                                                  device=self._device)
                 prepared = Prepared(plan, old, transition, group, group_rank, members,
                                     time.perf_counter() - start, destinations, grad_buffer)
             with self._lock:
@@ -684,7 +687,7 @@ class WorkerAgent:
         if self.trainer is not None:
             from liveshard.runtime.megatron.build import gradient_buffers
 
-            spare = gradient_buffers(self.built)  # the new model's gradients reuse this memory
+            spare += gradient_buffers(self.built)  # the new model's gradients reuse this memory
         self._teardown()
         stats = result.stats
         if self.id not in plan.members:
@@ -697,12 +700,17 @@ class WorkerAgent:
             return
         cfg = ParallelConfig.parse(plan.config)
         rank = plan.members.index(self.id)
+        t0 = time.perf_counter()
         worlds.init_training_world(self.store.store, Keys.world_prefix(plan.generation), rank,
                                    cfg.world_size, self.options.collective_timeout)
+        t1 = time.perf_counter()
         self._build(cfg, initialize=False, spare_buffers=spare)
         spare = []
+        t2 = time.perf_counter()
         objs = result.objects
         load_state(self.built, result.tensors, step=int(objs["step"]))
+        log.info("commit %d: teardown %.3fs, world %.3fs, build %.3fs, load %.3fs", plan.generation,
+                 t0 - t_commit, t1 - t0, t2 - t1, time.perf_counter() - t2)
         self.trainer.restore_progress({"step": objs["step"], "consumed_samples": objs["data_cursor"],
                                        "scheduler": objs["scheduler"]})
         restore_rng(objs["rng"])
@@ -789,3 +797,10 @@ def _is_comm_failure(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and any(s in text for s in (
         "Connection closed by peer", "Connection reset", "Timed out", "timed out", "NCCL", "gloo",
         "Broken pipe", "ProcessGroup", "Socket"))
+
+
+def _param_count(layout: Any, rank: int) -> int:
+    """Model parameters (elements) a rank holds in a layout."""
+    from liveshard.runtime.vps.shards import local_tensor_shapes
+
+    return sum(math.prod(shape) for shape in local_tensor_shapes(layout, rank, (PARAM,)).get(PARAM, {}).values())

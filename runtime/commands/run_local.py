@@ -20,6 +20,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=("live", "checkpoint"), default="live")
     p.add_argument("--checkpoint-every", type=int, default=0, help="periodic checkpoint interval (steps)")
     p.add_argument("--verify", action="store_true", help="checksum every transferred region")
+    p.add_argument("--preallocate", choices=("auto", "all", "joiners"), default="auto",
+                   help="which workers allocate their new tensors while training goes on (liveshard worker)")
     p.add_argument("--workdir", default=None, help="logs, checkpoints and per-worker results")
     p.add_argument("--out", default="run.json")
     p.add_argument("--quiet", action="store_true")
@@ -39,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     report = run_local(RunSpec(
         model=args.model, spec=spec, workers=args.workers, parallel=args.parallel, steps=args.steps,
         global_batch=args.global_batch, events=events, mode=args.mode, seq_length=args.seq_length,
-        micro_batch=args.micro_batch, lr=args.lr, verify=args.verify, checkpoint_every=args.checkpoint_every,
+        micro_batch=args.micro_batch, lr=args.lr, verify=args.verify, preallocate=args.preallocate,
+        checkpoint_every=args.checkpoint_every,
         workdir=args.workdir, log=None if args.quiet else sys.stderr))
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)

@@ -51,6 +51,7 @@ class RunSpec:
     lr: float = 1e-3
     seed: int = 1234
     verify: bool = False
+    preallocate: str = "auto"  # liveshard worker --preallocate
     checkpoint_every: int = 0
     heartbeat_timeout: float = 10.0
     collective_timeout: float = 20.0
@@ -132,6 +133,7 @@ class LocalRun:
             cmd += ["--checkpoint-every", str(r.checkpoint_every)]
         if r.verify:
             cmd.append("--verify")
+        cmd += ["--preallocate", r.preallocate]
         self.procs.workers[wid] = subprocess.Popen(cmd, stdout=self._logfile(safe), stderr=subprocess.STDOUT,
                                                    env=self._env(), start_new_session=True)
 
