@@ -134,6 +134,7 @@ class Trainer:
         self.scheduler.step(increment=1)
         self.step_count += 1
         self.consumed_samples += s.global_batch
+        self.last_step_seconds = time.perf_counter() - start  # the update is applied: the step is done
         loss = None
         if self.is_last_stage:
             value = torch.stack([x["lm loss"] for x in losses]).mean()

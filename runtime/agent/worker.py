@@ -463,18 +463,26 @@ class WorkerAgent:
     def _train_one(self) -> None:
         t = self.trainer
         assert t is not None
+        before = t.step_count
         try:
             loss = t.step()
-            self.state.records.append(StepRecord(t.step_count, loss, t.last_step_seconds, self.state.generation,
-                                                 self.built.cfg.world_size, t.consumed_samples, time.time()))
+            self._record_step(loss)
             self._after_step()
         except Exception as e:  # a collective failed: a peer is gone
             if not _is_comm_failure(e):
                 raise
+            if t.step_count > before and (not self.state.records or self.state.records[-1].step < t.step_count):
+                # the update was applied and only reporting the loss failed: the step is done
+                self._record_step(None)
             log.error("world of generation %s broke at step %d: %s", self.state.generation, t.step_count, e)
             self.state.phase = "broken"
             self.state.events.append({"kind": "broken", "step": t.step_count, "error": str(e)[:200],
                                       "time": time.time()})
+
+    def _record_step(self, loss: float | None) -> None:
+        t = self.trainer
+        self.state.records.append(StepRecord(t.step_count, loss, t.last_step_seconds, self.state.generation,
+                                             self.built.cfg.world_size, t.consumed_samples, time.time()))
 
     def _after_step(self) -> None:
         t = self.trainer
