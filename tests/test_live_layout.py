@@ -130,9 +130,10 @@ def train_job(rank: int, world: int, spec_data: dict, cfg_text: str, steps: int)
 
 
 def checkpoint_job(rank: int, world: int, spec_data: dict, cfg_text: str, resume_cfgs: list[str],
-                   directory: str) -> dict[str, list[float]]:
+                   directory: str, initialize: bool = True) -> dict[str, list[float]]:
     """Train 2 steps, save (distributed optimizer, fully_reshardable), train 2 more; then resume
-    from the checkpoint in fresh models (other seeds) under each config and train the same 2."""
+    from the checkpoint in fresh models (other seeds; uninitialised unless ``initialize``, as a
+    worker restoring a checkpoint builds them) under each config and train the same 2."""
     from megatron.core import dist_checkpointing
 
     from liveshard.runtime.megatron import build
@@ -149,7 +150,8 @@ def checkpoint_job(rank: int, world: int, spec_data: dict, cfg_text: str, resume
     del built, model_sd
     build.destroy()
     for i, text in enumerate(resume_cfgs):
-        built = build.build_model(spec, ParallelConfig.parse(text), seed=100 + i, lr=3e-3, **_NO_DROPOUT)
+        built = build.build_model(spec, ParallelConfig.parse(text), seed=100 + i, lr=3e-3,
+                                  perform_initialization=initialize, **_NO_DROPOUT)
         model_sd = built.model.sharded_state_dict()
         optim_sd = built.optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=metadata)
         loaded = dist_checkpointing.load({"model": model_sd, "optimizer": optim_sd}, directory)
@@ -355,12 +357,17 @@ def uninitialised_build_job(rank: int, world: int, spec_data: dict, cfg_text: st
         build.destroy()
 
 
-def test_a_model_built_uninitialised_trains_like_the_state_it_was_given(pool: GlooPool) -> None:
-    """Tied embeddings over 2 stages: both copies come with the state, not from the build."""
+def test_a_model_built_uninitialised_trains_like_the_state_it_was_given(pool: GlooPool, tmp_path) -> None:
+    """Tied embeddings over 2 stages: both copies come with the state (a transfer's, or a
+    checkpoint's), not from the build."""
     spec = PRESETS["tiny-gpt"]
     assert spec.share_embeddings_and_output_weights
     for out in pool.run(uninitialised_build_job, spec.to_dict(), "pp=2", world=2):
         assert out["rebuilt"] == out["reference"]
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    for out in pool.run(checkpoint_job, spec.to_dict(), "pp=2", ["pp=2"], str(directory), False, world=2):
+        assert out["pp=2"] == out["uninterrupted"]
 
 
 def rng_job(rank: int, world: int) -> tuple[list[float], list[float]]:
