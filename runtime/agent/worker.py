@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import math
 import os
 import signal
 import socket
@@ -57,7 +56,6 @@ from liveshard.runtime.control.protocol import Keys, MemberResult, WorldPlan, tr
 from liveshard.runtime.control.store import JobStore, connect_store
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec
-from liveshard.runtime.vps.region import PARAM
 
 log = logging.getLogger("liveshard.worker")
 
@@ -809,6 +807,4 @@ def _is_comm_failure(e: BaseException) -> bool:
 
 def _param_count(layout: Any, rank: int) -> int:
     """Model parameters (elements) a rank holds in a layout."""
-    from liveshard.runtime.vps.shards import local_tensor_shapes
-
-    return sum(math.prod(shape) for shape in local_tensor_shapes(layout, rank, (PARAM,)).get(PARAM, {}).values())
+    return sum(p.numel for p in layout.local_params(rank))

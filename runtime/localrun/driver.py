@@ -348,8 +348,7 @@ class LocalRun:
         # The final world's state: the workers that finished in the newest world (a worker a
         # restart or a rollback left behind may also have exited holding older state).
         def world_of(wid: str, res: dict) -> tuple[int, int]:
-            segment = re.fullmatch(r"s(\d+)w\d+", wid)  # checkpoint mode: one world per segment
-            return (int(segment.group(1)) if segment else 0, res.get("generation") or 0)
+            return (_segment(wid) or 0, res.get("generation") or 0)
 
         finished = {wid: res for wid, res in results.items() if res.get("phase") == "exited" and res.get("checksums")}
         final = max((world_of(w, r) for w, r in finished.items()), default=None)
@@ -378,9 +377,9 @@ class LocalRun:
         times = {s["step"]: s["time"] for s in steps}
         ready: dict[int, float] = {}
         for wid, res in self._worker_results().items():
-            segment = re.fullmatch(r"s(\d+)w\d+", wid)  # checkpoint mode: one world per segment
+            segment = _segment(wid)
             for r in res.get("ready", []):
-                gen = int(segment.group(1)) if segment else r["generation"]
+                gen = segment if segment is not None else r["generation"]
                 ready[gen] = max(ready.get(gen, 0.0), r["time"])
         changes = [h for h in history if h.get("generation") and "adopted" not in h.get("reason", "")]
         out = []
@@ -417,6 +416,12 @@ class LocalRun:
                                "phases": resumed.get("phases", {})}} if resumed else {}),
             })
         return out
+
+
+def _segment(wid: str) -> int | None:
+    """Checkpoint mode names its workers ``s<segment>w<i>``, one world per segment (restart.py)."""
+    m = re.fullmatch(r"s(\d+)w\d+", wid)
+    return int(m.group(1)) if m else None
 
 
 def run_local(run: RunSpec) -> dict:
