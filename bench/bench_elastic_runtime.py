@@ -51,8 +51,8 @@ def _port() -> int:
 def run_liveshard(args, mode: str, events: str, steps: int, workdir: Path, *, workers: int = 2,
                   parallel: str = "tp=1,pp=1,dp=2", global_batch: int | None = None,
                   preallocate: str = "auto") -> dict:
-    from liveshard.runtime.localrun.driver import RunSpec, run_local
-    from liveshard.runtime.localrun.events import parse_events
+    from liveshard.dev.localrun.driver import RunSpec, run_local
+    from liveshard.dev.localrun.events import parse_events
     from liveshard.runtime.spec import load_model
 
     return run_local(RunSpec(model=args.model, spec=load_model(args.model), workers=workers, parallel=parallel,

@@ -175,11 +175,11 @@ def bench_rank(rank: int, world: int, params: dict) -> dict:
     from megatron.core import dist_checkpointing
     from torch.distributed import checkpoint as dcp
 
+    from liveshard.dev.reshard.harness import reference_objects
+    from liveshard.dev.reshard.reference import check_reference, fill_reference
     from liveshard.runtime.parallel import ParallelConfig
     from liveshard.runtime.spec import load_model
     from liveshard.runtime.transfer.executor import allocate_destinations, execute
-    from liveshard.runtime.transfer.local import reference_objects
-    from liveshard.runtime.transfer.reference import check_reference, fill_reference
     from liveshard.runtime.transfer.storage import DictStore, allocate
     from liveshard.runtime.vps.devices import DeviceMap, parse_devices
     from liveshard.runtime.vps.schedule import schedule
@@ -358,8 +358,8 @@ def _pct(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from liveshard.runtime.commands.transition_args import parse_bytes
-    from liveshard.runtime.transfer.launch import run_ranks
+    from liveshard.dev.reshard.launch import run_ranks
+    from liveshard.runtime.units import parse_bytes
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--procs", type=int, nargs="+", default=[4, 8], choices=sorted(TRANSITIONS))
@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             root = tempfile.mkdtemp(prefix="liveshard-ckpt-")
             params = {"model": args.model, "old": old, "new": new, "leave": leave, "gpn": gpn,
-                      "budget": parse_bytes(args.budget), "repeat": args.repeat, "dir": root}
+                      "budget": parse_bytes(args.budget, "--budget"), "repeat": args.repeat, "dir": root}
             t0 = time.time()
             try:
                 results = run_ranks(bench_rank, (params,), procs, timeout_s=1800)

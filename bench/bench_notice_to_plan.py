@@ -24,7 +24,6 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,13 +34,16 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from liveshard.dev.ports import free_port
+from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 CRD = ROOT / "crds" / "elastictrainingjob.yaml"
 RESULTS = ROOT / "bench" / "results" / "notice_to_plan.json"
 NS = "default"
-GROUP, VERSION, PLURAL = "liveshard.io", "v1alpha1", "elastictrainingjobs"
+
 SPOT_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "spot-itn-bench", "effect": "NoSchedule"}
 
 
@@ -52,12 +54,6 @@ def serve_emulator(conn) -> None:
     conn.send(kube.url)
     conn.recv()
     kube.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -19,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from liveshard.operator.planner import GPU, Constraints, NoFeasiblePlan, plan_parallelism
+from liveshard.runtime.planner.search import GPU, Constraints, NoFeasiblePlan, plan_parallelism
 from liveshard.runtime.presets import PRESETS
 
 GiB = 2**30

@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from liveshard.runtime.commands.transition_args import parse_bytes
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.presets import PRESETS
+from liveshard.runtime.units import parse_bytes
 from liveshard.runtime.vps import transition as transition_mod
 from liveshard.runtime.vps.bound import modeled_seconds
 from liveshard.runtime.vps.devices import DeviceMap, parse_devices
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
-    budget = parse_bytes(args.budget)
+    budget = parse_bytes(args.budget, "--budget")
     rows = []
     hdr = (f"{'suite':<20} {'transition':<34} {'plan s':>7} {'sched s':>7} {'moved GB':>9} {'busiest GB':>10} "
            f"{'bound GB':>9} {'ratio':>6} {'rounds':>6} {'model s':>8}")

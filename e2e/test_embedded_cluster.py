@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from liveshard.runtime.localcluster.demo import Demo
+from liveshard.dev.localcluster.demo import Demo
 
 pytestmark = pytest.mark.slow
 

@@ -10,18 +10,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from liveshard.operator.jobspec import DEFAULT_COORDINATOR_PORT, JobSpec
-
-GROUP = "liveshard.io"
-VERSION = "v1alpha1"
-PLURAL = "elastictrainingjobs"
-KIND = "ElasticTrainingJob"
-
-LABEL_JOB = "liveshard.io/job"
-LABEL_ROLE = "liveshard.io/role"
-LABEL_INDEX = "liveshard.io/worker-index"
-ROLE_WORKER = "worker"
-ROLE_COORDINATOR = "coordinator"
+from liveshard.runtime.contract.crd import (
+    API_VERSION,
+    DEFAULT_COORDINATOR_PORT,
+    GROUP,
+    KIND,
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_ROLE,
+    PLURAL,
+    ROLE_COORDINATOR,
+    ROLE_WORKER,
+)
+from liveshard.runtime.contract.jobspec import JobSpec
 
 # The coordinator must outlive spot capacity: keep it off nodes any major provider labels spot.
 SPOT_LABELS = (
@@ -69,7 +70,7 @@ def labels(job: str, role: str | None = None) -> dict[str, str]:
 
 def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
     meta = job["metadata"]
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": meta["name"], "uid": meta["uid"],
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"],
             "controller": True, "blockOwnerDeletion": True}
 
 

@@ -57,7 +57,8 @@ def run_operator(options: Options, stop_flag: Any = None, ready_flag: Any = None
 
         admission.register()
     from liveshard.operator.context import Context
-    from liveshard.operator.kube import Kube, make_api_client
+    from liveshard.operator.kube import Kube
+    from liveshard.runtime.control.kubeapi import make_api_client
 
     context = Context(kube=Kube(make_api_client(options.server, options.kubeconfig), options.api_workers),
                       options=options)

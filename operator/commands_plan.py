@@ -9,31 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
-from liveshard.operator.planner import GPU, Constraints, NoFeasiblePlan, Plan, plan_parallelism
 from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.planner.search import GPU, Constraints, NoFeasiblePlan, ParallelPlan, plan_parallelism
 from liveshard.runtime.spec import ModelSpec, load_model
-
-_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
-          "T": 10**12, "TB": 10**12, "KI": 2**10, "KIB": 2**10, "MI": 2**20, "MIB": 2**20,
-          "GI": 2**30, "GIB": 2**30, "TI": 2**40, "TIB": 2**40}
-
-
-def parse_bytes(text: str, field: str) -> int:
-    """``80GiB``, ``80Gi``, ``85.9GB``, ``80G`` (decimal, as Kubernetes quantities) or plain bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    unit = match.group(2).upper() if match else None
-    if not match or unit not in _UNITS:
-        raise ConfigError(field, f"cannot read {text!r} as a memory size",
-                          "write a number with a unit: 80GiB, 80Gi, 96GB or bytes")
-    value = int(float(match.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise ConfigError(field, f"{text!r} is not a positive size")
-    return value
+from liveshard.runtime.units import parse_bytes
 
 
 def _degrees(text: str | None, field: str) -> tuple[int, ...] | None:
@@ -144,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _as_json(model: str, gpus: list[GPU], plan: Plan, seconds: float) -> dict:
+def _as_json(model: str, gpus: list[GPU], plan: ParallelPlan, seconds: float) -> dict:
     return {
         "model": model,
         "config": str(plan.config),
@@ -162,7 +145,7 @@ def _as_json(model: str, gpus: list[GPU], plan: Plan, seconds: float) -> dict:
     }
 
 
-def _print(spec: ModelSpec, args: argparse.Namespace, plan: Plan, seconds: float) -> None:
+def _print(spec: ModelSpec, args: argparse.Namespace, plan: ParallelPlan, seconds: float) -> None:
     cfg = plan.config
     print(f"plan for {spec.name} on {args.gpus} GPUs ({args.gpus_per_node} per node, {args.gpu_memory} each): {cfg}")
     print(f"  {plan.step_seconds:.3f} s per step, {plan.tokens_per_second:,.0f} tokens/s, "

@@ -14,30 +14,11 @@ from typing import Any
 import kubernetes.client as k8s
 from kubernetes.client.rest import ApiException
 
-from liveshard.operator.builders import GROUP, PLURAL, VERSION
+from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 
 
 class Conflict(Exception):
     """The object changed since it was read."""
-
-
-def make_api_client(server: str | None = None, kubeconfig: str | None = None,
-                    pool_size: int = 32) -> k8s.ApiClient:
-    """An ApiClient from an explicit server URL, a kubeconfig file, or the pod's service account."""
-    import kubernetes.config
-
-    config = k8s.Configuration()
-    if server:
-        config.host = server
-    elif kubeconfig:
-        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
-    else:
-        try:
-            kubernetes.config.load_incluster_config(client_configuration=config)
-        except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config(client_configuration=config)
-    config.connection_pool_maxsize = pool_size
-    return k8s.ApiClient(config)
 
 
 class Kube:

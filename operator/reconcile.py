@@ -20,11 +20,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from liveshard.operator import builders, signals
-from liveshard.operator.jobspec import JobSpec, read_spec
-from liveshard.operator.planner import NoFeasiblePlan, plan_parallelism
-from liveshard.operator.planning import Candidate, PodPlan, micro_batches, node_gpu_memory, plan_for
 from liveshard.operator.signals import Signal
+from liveshard.runtime.contract.jobspec import JobSpec, read_spec
 from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.planner.pods import Candidate, PodAssignment, micro_batches, node_gpu_memory, plan_for
+from liveshard.runtime.planner.search import NoFeasiblePlan, plan_parallelism
 
 HISTORY_LIMIT = 20
 ABORT_RETRY_SECONDS = 30.0
@@ -228,7 +228,7 @@ class _Reconciler:
         lost = [m for m in members if m not in by_name]
 
         # 3. a new plan?
-        new: PodPlan | None = None
+        new: PodAssignment | None = None
         reason_kind, reason_text, deadline = None, "", None
         stop_reason: str | None = None
         if members and (leaving_members or lost):
@@ -328,7 +328,7 @@ class _Reconciler:
         return d
 
     # -- planning --
-    def _try_plan(self, candidates: list[Candidate]) -> tuple[PodPlan | None, str | None]:
+    def _try_plan(self, candidates: list[Candidate]) -> tuple[PodAssignment | None, str | None]:
         spec = self.spec
         if len(candidates) < spec.workers.min:
             return None, (f"{len(candidates)} running worker pods, fewer than workers.min="
@@ -338,7 +338,7 @@ class _Reconciler:
         except NoFeasiblePlan as e:
             return None, f"no feasible plan: {e}"
 
-    def _write_plan(self, old: dict[str, Any] | None, new: PodPlan, kind: str, text: str,
+    def _write_plan(self, old: dict[str, Any] | None, new: PodAssignment, kind: str, text: str,
                     deadline: datetime | None, old_members: list[str]) -> None:
         st = self.d.status
         gen = int(old.get("generation", 0)) + 1 if old else 1

@@ -30,26 +30,23 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-# ---- signal kinds (also the values of spec.elasticity.actOn) -----------------------------------
-SPOT_INTERRUPTION = "spot-interruption"
-REBALANCE_RECOMMENDATION = "rebalance-recommendation"
-SCHEDULED_MAINTENANCE = "scheduled-maintenance"
-SCALE_IN = "scale-in"
-DISRUPTION = "disruption"
-CORDON = "cordon"
-NOT_READY = "not-ready"
-UNREACHABLE = "unreachable"
-OUT_OF_SERVICE = "out-of-service"
-NODE_GONE = "node-gone"
-POD_DISRUPTION = "pod-disruption"
-POD_DELETION = "pod-deletion"
-POD_FAILED = "pod-failed"
+from liveshard.runtime.contract.causes import ALWAYS_ACT, NODE_KINDS, Cause
+from liveshard.runtime.contract.times import parse_time
 
-# Node-level kinds a job may choose to ignore (spec.elasticity.actOn). Pod-level kinds and a
-# vanished node always act: the pod is gone or going whatever the policy says.
-NODE_KINDS = (SPOT_INTERRUPTION, REBALANCE_RECOMMENDATION, SCHEDULED_MAINTENANCE, SCALE_IN,
-              DISRUPTION, CORDON, NOT_READY, UNREACHABLE, OUT_OF_SERVICE)
-ALWAYS_ACT = (NODE_GONE, POD_DISRUPTION, POD_DELETION, POD_FAILED)
+# ---- signal kinds (also the values of spec.elasticity.actOn): the contract's Cause -----------
+SPOT_INTERRUPTION = Cause.SPOT_INTERRUPTION
+REBALANCE_RECOMMENDATION = Cause.REBALANCE_RECOMMENDATION
+SCHEDULED_MAINTENANCE = Cause.SCHEDULED_MAINTENANCE
+SCALE_IN = Cause.SCALE_IN
+DISRUPTION = Cause.DISRUPTION
+CORDON = Cause.CORDON
+NOT_READY = Cause.NOT_READY
+UNREACHABLE = Cause.UNREACHABLE
+OUT_OF_SERVICE = Cause.OUT_OF_SERVICE
+NODE_GONE = Cause.NODE_GONE
+POD_DISRUPTION = Cause.POD_DISRUPTION
+POD_DELETION = Cause.POD_DELETION
+POD_FAILED = Cause.POD_FAILED
 
 # Notice windows the clouds document, used when the object carries no explicit time.
 AWS_SPOT_NOTICE = timedelta(minutes=2)
@@ -67,7 +64,7 @@ POD_GRACE_DEFAULT = 30
 class Signal:
     """A node or pod is going away."""
 
-    kind: str  # one of the kinds above
+    kind: Cause
     reason: str  # one line for events and status: what was seen
     deadline: datetime | None  # when it is expected gone; None: not announced
     failure: bool = False  # counts against the job (never for planned removals)
@@ -79,25 +76,6 @@ class Signal:
 
     def seconds_left(self, now: datetime) -> float | None:
         return None if self.deadline is None else (self.deadline - now).total_seconds()
-
-
-# ---- time parsing -----------------------------------------------------------------------------
-def parse_time(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp (as the API writes them) or a unix time; None if absent/garbled."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    if isinstance(value, int | float) or (isinstance(value, str) and re.fullmatch(r"\d{9,11}", value)):
-        return datetime.fromtimestamp(int(value), tz=UTC)
-    if isinstance(value, str):
-        text = value.strip().replace("Z", "+00:00")
-        try:
-            parsed = datetime.fromisoformat(text)
-        except ValueError:
-            return None
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-    return None
 
 
 def most_pressing(signals: list[Signal]) -> Signal | None:

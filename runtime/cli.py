@@ -17,14 +17,14 @@ from liveshard.runtime.errors import ConfigError
 COMMANDS: dict[str, tuple[str, str]] = {
     "layout": ("liveshard.runtime.commands.layout", "show where every piece of training state lives"),
     "plan-transition": ("liveshard.runtime.commands.plan_transition", "plan moving training state between two layouts"),
-    "reshard-local": ("liveshard.runtime.commands.reshard_local", "run a transition on local gloo processes and check it"),
+    "reshard-local": ("liveshard.dev.commands.reshard_local", "run a transition on local gloo processes and check it"),
     "operator": ("liveshard.operator.command", "run the ElasticTrainingJob operator (kopf)"),
     "plan": ("liveshard.operator.commands_plan", "pick the fastest parallel config for a model on N GPUs"),
     "worker": ("liveshard.runtime.commands.worker", "run one training rank of a job"),
     "coordinator": ("liveshard.runtime.commands.coordinator", "run a job's coordinator (store and reconfiguration driver)"),
-    "run-local": ("liveshard.runtime.commands.run_local", "train on local processes through a list of world changes"),
-    "local-cluster": ("liveshard.runtime.commands.local_cluster", "start or stop a Kubernetes cluster on this machine (emulated)"),
-    "demo": ("liveshard.runtime.commands.demo", "train on the local cluster through spot notices and node losses"),
+    "run-local": ("liveshard.dev.commands.run_local", "train on local processes through a list of world changes"),
+    "local-cluster": ("liveshard.dev.commands.local_cluster", "start or stop a Kubernetes cluster on this machine (emulated)"),
+    "demo": ("liveshard.dev.commands.demo", "train on the local cluster through spot notices and node losses"),
 }
 
 

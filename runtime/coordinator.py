@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from liveshard.runtime.control.protocol import Keys, MemberResult, WorldPlan, transition_members
-from liveshard.runtime.control.replan import fit_config
 from liveshard.runtime.control.store import JobStore
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.planner.replan_old import fit_config
 from liveshard.runtime.spec import ModelSpec
 from liveshard.runtime.telemetry import summarize
 

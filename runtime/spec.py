@@ -12,11 +12,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from liveshard.runtime.dtypes import DTYPES, itemsize
 from liveshard.runtime.errors import ConfigError, UnsupportedModelError
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
-DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class ModelSpec:
 
     @property
     def bytes_per_param(self) -> int:
-        return DTYPES[self.params_dtype]
+        return itemsize(self.params_dtype)
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.is_moe and layer >= self.moe_first_dense_layers

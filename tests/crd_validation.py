@@ -1,5 +1,5 @@
-"""CRD validation for tests: re-exported from the product (``liveshard.runtime.localcluster``)."""
+"""CRD validation for tests: re-exported from the product (``liveshard.dev.localcluster``)."""
 
-from liveshard.runtime.localcluster.crd_validation import CRDValidator, InvalidObject
+from liveshard.dev.localcluster.crd_validation import CRDValidator, InvalidObject
 
 __all__ = ["CRDValidator", "InvalidObject"]

@@ -17,7 +17,6 @@ import atexit
 import contextlib
 import os
 import queue
-import socket
 import sys
 import time
 import traceback
@@ -27,13 +26,9 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
+from liveshard.dev.ports import free_port
+
 _STOP = "stop"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(member: int, tasks: Any, results: Any, preload: tuple[str, ...], timeout_s: float) -> None:
@@ -111,7 +106,7 @@ class GlooPool:
         if not self._procs:
             self._start()
         if world != self._world:
-            self._port = _free_port()
+            self._port = free_port()
             self._world = world
         self._job += 1
         job = self._job

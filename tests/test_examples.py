@@ -12,9 +12,9 @@ import pytest
 import yaml
 from crd_validation import CRDValidator
 
-from liveshard.operator.jobspec import read_spec, validate_spec
-from liveshard.operator.planning import Candidate, plan_for
 from liveshard.runtime.cli import COMMANDS
+from liveshard.runtime.contract.jobspec import read_spec, validate_spec
+from liveshard.runtime.planner.pods import Candidate, plan_for
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

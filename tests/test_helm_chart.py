@@ -219,7 +219,7 @@ def test_operator_holds_every_permission_it_uses_and_grants(default_objs):
     """Derived from the code: every kind Kube.create makes, and the per-job Role's rules (which
     the operator may only grant if it holds them)."""
     from liveshard.operator import builders
-    from liveshard.operator.jobspec import read_spec
+    from liveshard.runtime.contract.jobspec import read_spec
 
     roles = {r["metadata"]["name"]: r for r in by_kind(default_objs, "ClusterRole")}
     held = rules_of(roles["ls-liveshard-jobs"])

@@ -9,12 +9,14 @@ import kubernetes.client as k8s
 import pytest
 from kube_emulator import KubeEmulator
 
+from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
+from liveshard.runtime.control.kube_source import KubePlanSource, pod_speeds, worker_ids
 from liveshard.runtime.control.protocol import Keys
 from liveshard.runtime.control.store import JobStore, serve_store
-from liveshard.runtime.kube_source import KubePlanSource, pod_speeds, worker_ids
 
 CRD = Path(__file__).resolve().parents[1] / "crds" / "elastictrainingjob.yaml"
-GROUP, VERSION, PLURAL, NS, JOB = "liveshard.io", "v1alpha1", "elastictrainingjobs", "default", "j"
+
+NS, JOB = "default", "j"
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from liveshard.operator import builders
-from liveshard.operator.jobspec import read_spec
+from liveshard.runtime.contract.jobspec import read_spec
 
 JOB = {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob",
        "metadata": {"name": "llm", "namespace": "ml", "uid": "u-1"},

@@ -11,7 +11,7 @@ import yaml
 from crd_validation import CRDValidator, InvalidObject
 
 from liveshard.operator import signals
-from liveshard.operator.jobspec import read_spec, validate_spec
+from liveshard.runtime.contract.jobspec import read_spec, validate_spec
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.presets import PRESETS
 from liveshard.runtime.spec import ModelSpec

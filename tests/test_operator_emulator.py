@@ -16,14 +16,16 @@ import kubernetes.client as k8s
 import pytest
 from kube_emulator import KubeEmulator, run_pod
 
+from liveshard.dev.ports import free_port
 from liveshard.operator import metrics
 from liveshard.operator.command import run_operator
 from liveshard.operator.options import Options
 from liveshard.operator.signals import parse_time
+from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 
 CRD_PATH = Path(__file__).resolve().parents[1] / "crds" / "elastictrainingjob.yaml"
 NS = "default"
-GROUP, VERSION, PLURAL = "liveshard.io", "v1alpha1", "elastictrainingjobs"
+
 SPOT_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "spot-itn-0f1e2d3c", "effect": "NoSchedule"}
 
 
@@ -298,7 +300,7 @@ def test_an_operator_restarted_mid_reconfiguration_finishes_it_from_the_status(t
         leaving = plan["leaving"]
         assert leaving and all(name in cluster.workers("foxtrot") for name in leaving)
 
-        port = _free_port()
+        port = free_port()
         # the second one watches only the job's namespace (liveshard operator -n default)
         second = Operator(kube.url, liveness=f"http://127.0.0.1:{port}/healthz", namespaces=(NS,)).start()
         try:
@@ -320,9 +322,3 @@ def test_an_operator_restarted_mid_reconfiguration_finishes_it_from_the_status(t
             second.stop()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -6,9 +6,9 @@ import copy
 from datetime import UTC, datetime, timedelta
 
 from liveshard.operator import builders, signals
-from liveshard.operator.jobspec import read_spec
-from liveshard.operator.planning import Candidate, plan_for
 from liveshard.operator.reconcile import reconcile
+from liveshard.runtime.contract.jobspec import read_spec
+from liveshard.runtime.planner.pods import Candidate, plan_for
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 SPOT = {"key": "aws-node-termination-handler/spot-itn", "value": "spot-itn-1", "effect": "NoSchedule"}

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_package_folder_is_listed_in_pyproject():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = set()
-    for top, name in (("runtime", "liveshard.runtime"), ("operator", "liveshard.operator")):
+    for top, name in (("runtime", "liveshard.runtime"), ("operator", "liveshard.operator"), ("dev", "liveshard.dev")):
         for init in (ROOT / top).rglob("__init__.py"):
             rel = init.parent.relative_to(ROOT / top)
             found.add(".".join([name, *rel.parts]))

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from liveshard.operator.cost_model import Hardware, ModelCosts
-from liveshard.operator.layer_split import balance_layers
-from liveshard.operator.planner import GPU, Constraints, NoFeasiblePlan, plan_parallelism
 from liveshard.runtime.cli import main
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.planner.cost_model import Hardware, ModelCosts
+from liveshard.runtime.planner.layer_split import balance_layers
+from liveshard.runtime.planner.search import GPU, Constraints, NoFeasiblePlan, plan_parallelism
 from liveshard.runtime.presets import PRESETS
 from liveshard.runtime.vps.layout import Layout
 
@@ -485,7 +485,7 @@ def test_cli_speeds_file(capsys, tmp_path):
 
 
 @pytest.mark.parametrize(("argv", "words"), [
-    (["--model", "llama3-70b", "--gpus", "8", "--gpu-memory", "80XB"], "--gpu-memory: cannot read '80XB'"),
+    (["--model", "llama3-70b", "--gpus", "8", "--gpu-memory", "80XB"], "--gpu-memory: '80XB' is not a size in bytes"),
     (["--model", "llama3-70b", "--gpus", "8"], "--gpus: llama3-70b needs >= "),
     (["--model", "llama3-70b", "--gpus", "64", "--tp", "3"], "--tp: no allowed tp fits"),
     (["--model", "llama3-70b", "--gpus", "64", "--tp", "a,b"], "--tp: 'a,b' is not"),

@@ -23,13 +23,13 @@ POOL_SIZE = 8
 @pytest.fixture(scope="module")
 def pool():
     ensure_importable()
-    p = GlooPool(POOL_SIZE, preload=("liveshard.runtime.transfer.local", "transition_cases"), timeout_s=120)
+    p = GlooPool(POOL_SIZE, preload=("liveshard.dev.reshard.harness", "transition_cases"), timeout_s=120)
     yield p
     p.close()
 
 
 def run_case(pool: GlooPool, case: Case, mode: str, **kw) -> list[dict]:
-    from liveshard.runtime.transfer.local import run_rank
+    from liveshard.dev.reshard.harness import run_rank
 
     job = case.job(mode, **kw)
     results = pool.run(run_rank, job, world=case.procs, timeout_s=120)

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from liveshard.runtime.localrun.driver import RunSpec, run_local
-from liveshard.runtime.localrun.events import parse_events
+from liveshard.dev.localrun.driver import RunSpec, run_local
+from liveshard.dev.localrun.events import parse_events
 from liveshard.runtime.presets import PRESETS
 
 pytestmark = pytest.mark.slow

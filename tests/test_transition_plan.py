@@ -247,7 +247,7 @@ def test_schedule_respects_the_budget_and_covers_every_copy(budget):
 
 def test_budget_too_small_is_a_clear_error():
     plan = plan_transition(PRESETS["tiny-gpt"], P("tp=2,pp=1,dp=1"), P("tp=1,pp=1,dp=2"))
-    with pytest.raises(ConfigError, match="--budget"):
+    with pytest.raises(ConfigError, match=r"^budget: "):
         schedule(plan, 8)
 
 
@@ -257,17 +257,26 @@ def test_parse_devices():
     assert parse_devices("0, 8-10") == {0, 8, 9, 10}
     assert parse_devices("") == frozenset()
     for bad in ("a", "5-3", "-1"):
-        with pytest.raises(ConfigError, match="--leave"):
+        with pytest.raises(ConfigError, match=r"^devices: "):
             parse_devices(bad)
 
 
 def test_device_map_checks():
-    with pytest.raises(ConfigError, match="--leave"):
+    with pytest.raises(ConfigError, match=r"^leaving: "):
         DeviceMap(8, 8, frozenset({8}))
     dm = DeviceMap(12, 8, frozenset({0}), joining=3)
     assert [dm.node(d) for d in (0, 7, 8, 11, 12, 14)] == [0, 0, 1, 1, 2, 2]  # joiners on a new node
-    with pytest.raises(ConfigError, match="--to"):
+    with pytest.raises(ConfigError, match=r"^new config: "):
         dm.check_fits(15)
+
+
+def test_cli_names_the_flag_behind_a_planner_error():
+    out = _cli("plan-transition", "--model", "tiny-gpt", "--from", "tp=1,pp=1,dp=2", "--to", "tp=1,pp=1,dp=2",
+               "--leave", "5")
+    assert out.returncode == 2 and "--leave: device 5 is not an old device" in out.stderr, out.stderr
+    out = _cli("plan-transition", "--model", "tiny-gpt", "--from", "tp=2,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1",
+               "--dead", "1")
+    assert out.returncode == 2 and "--dead: " in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

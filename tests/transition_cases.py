@@ -47,7 +47,7 @@ class Case:
                                self.devices())
 
     def job(self, mode: str = "p2p", **kw):
-        from liveshard.runtime.transfer.local import LocalJob
+        from liveshard.dev.reshard.harness import LocalJob
 
         return LocalJob(self.spec, self.old, self.new, self.leave, self.join, self.gpus_per_node, self.budget,
                         mode, **kw)
@@ -116,8 +116,8 @@ def transition_case(draw, max_procs: int = 8) -> Case:
 def run_rank_with_corruption(rank: int, world: int, job) -> dict:
     """``run_rank`` with one byte flipped in the first buffer device 0 receives: verification
     must fail on every rank, and every old shard must still match the reference."""
+    from liveshard.dev.reshard.harness import run_rank
     from liveshard.runtime.transfer import packing
-    from liveshard.runtime.transfer.local import run_rank
 
     real_unpack = packing.unpack
     flipped = []

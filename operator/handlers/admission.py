@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 
 from liveshard.operator.builders import GROUP, PLURAL, VERSION
-from liveshard.operator.jobspec import validate_spec
+from liveshard.runtime.contract.jobspec import validate_spec
 
 _registered = False
 

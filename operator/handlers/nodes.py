@@ -7,7 +7,7 @@ from typing import Any
 
 import kopf
 
-from liveshard.operator.planning import GPU_MEMORY_LABELS
+from liveshard.runtime.planner.pods import GPU_MEMORY_LABELS
 
 
 @kopf.index("nodes")

@@ -25,7 +25,6 @@ from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.vps.layout import Layout
 from liveshard.runtime.vps.region import EXP_AVG, EXP_AVG_SQ, MAIN_PARAM, PARAM
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 StateKey = tuple[str, str]  # (state, local_name)
 
 

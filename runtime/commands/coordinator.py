@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     spec = model_from_ref_or_env(args.model)
     global_batch, micro_batch = args.global_batch, args.micro_batch
     if args.source == "kubernetes":
-        from liveshard.runtime.kube_source import KubePlanSource, api_client
+        from liveshard.runtime.control.kube_source import KubePlanSource, api_client
 
         source = KubePlanSource(None, args.job, args.namespace, api=api_client(args.kubeconfig))
         par = (source.read_job().get("spec") or {}).get("parallelism") or {}

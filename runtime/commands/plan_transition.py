@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from liveshard.runtime.commands.transition_args import add_transition_args, resolve
+from liveshard.runtime.commands.transition_args import add_transition_args, as_flags, resolve
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -23,11 +23,12 @@ def run(args: argparse.Namespace) -> int:
 
     spec, old, new, devices, budget = resolve(args)
     t0 = time.perf_counter()
-    plan = plan_transition(spec, old, new, devices)
-    checksum = plan.checksum
-    plan_seconds = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    sched = schedule(plan, budget)
+    with as_flags():
+        plan = plan_transition(spec, old, new, devices)
+        checksum = plan.checksum
+        plan_seconds = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        sched = schedule(plan, budget)
     schedule_seconds = time.perf_counter() - t1
     model = modeled_seconds(plan, sched, args.intra_gbps, args.inter_gbps)
     report = summary(plan, sched, model, plan_seconds, schedule_seconds, checksum)

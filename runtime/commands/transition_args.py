@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import re
+import contextlib
+from collections.abc import Iterator
 
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec, load_model
+from liveshard.runtime.units import parse_bytes
 from liveshard.runtime.vps.devices import DeviceMap, parse_devices
 from liveshard.runtime.vps.schedule import DEFAULT_BUDGET
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
-          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
-
-
-def parse_bytes(text: str, field: str = "--budget") -> int:
-    """``1073741824``, ``1GiB``, ``512MiB``, ``1.5GB``."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(field, f"{text!r} is not a byte count", "write e.g. 1073741824, 1GiB or 512MiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+from liveshard.runtime.vps.transition import NoSurvivingCopy
 
 
 def add_transition_args(p: argparse.ArgumentParser) -> None:
@@ -44,11 +36,30 @@ def resolve(args: argparse.Namespace) -> tuple[ModelSpec, ParallelConfig, Parall
     new.validate(spec)
     if old.world_size < 1:
         raise ConfigError("--from", "empty world")
-    devices = DeviceMap(old.world_size, args.gpus_per_node, parse_devices(args.leave, "--leave"), args.join,
-                        parse_devices(args.dead, "--dead"))
-    devices.check_fits(new.world_size)
-    budget = parse_bytes(args.budget)
+    with as_flags():
+        devices = DeviceMap(old.world_size, args.gpus_per_node, parse_devices(args.leave, "--leave"), args.join,
+                            parse_devices(args.dead, "--dead"))
+        devices.check_fits(new.world_size)
+    budget = parse_bytes(args.budget, "--budget")
     return spec, old, new, devices, budget
+
+
+# What the pure planner calls a field, as these commands' flags.
+_FLAGS = {"old_world": "--from", "old config": "--from", "new config": "--to", "leaving": "--leave",
+          "dead": "--dead", "joining": "--join", "gpus_per_node": "--gpus-per-node", "budget": "--budget"}
+
+
+@contextlib.contextmanager
+def as_flags() -> Iterator[None]:
+    """Errors of the planner named after the flag that set the value; a transition whose
+    state has no surviving copy is an error of ``--dead``."""
+    try:
+        yield
+    except ConfigError as e:
+        fix = e.fix.replace("add joining devices", "add devices with --join")
+        raise ConfigError(_FLAGS.get(e.field, e.field), e.problem, fix) from None
+    except NoSurvivingCopy as e:
+        raise ConfigError("--dead", str(e), "restore from the last checkpoint, or lose fewer devices") from None
 
 
 def _parse_cfg(text: str, field: str) -> ParallelConfig:

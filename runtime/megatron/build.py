@@ -22,12 +22,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from liveshard.runtime.dtypes import torch_dtype
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.megatron import compat
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec
-
-_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # ModelSpec fields that are TransformerConfig fields of the same name.
 _TRANSFORMER_FIELDS = (
@@ -105,7 +104,7 @@ def transformer_config(spec: ModelSpec, cfg: ParallelConfig, **overrides: Any) -
     from megatron.core.transformer import TransformerConfig
 
     kwargs: dict[str, Any] = {name: getattr(spec, name) for name in _TRANSFORMER_FIELDS}
-    dtype = _TORCH_DTYPES[spec.params_dtype]
+    dtype = torch_dtype(spec.params_dtype)
     kwargs.update(
         tensor_model_parallel_size=cfg.tp,
         pipeline_model_parallel_size=cfg.pp,

@@ -37,8 +37,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from liveshard.runtime.dtypes import torch_dtype
 from liveshard.runtime.transfer import packing, transport
-from liveshard.runtime.transfer.storage import TORCH_DTYPES, DictStore
+from liveshard.runtime.transfer.storage import DictStore
 from liveshard.runtime.vps.schedule import Chunk, Schedule
 from liveshard.runtime.vps.shards import local_tensor_shapes
 from liveshard.runtime.vps.transition import TransitionPlan
@@ -102,7 +103,7 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStor
     alias = {k: src for k, src in alias.items() if old.has(k[0], src)}
     if new_rank is not None:
         for state, per in local_tensor_shapes(plan.new_layout, new_rank).items():
-            dtype = TORCH_DTYPES[plan.new_layout.dtype(state)]
+            dtype = torch_dtype(plan.new_layout.dtype(state))
             for name, shape in per.items():
                 src = alias.get((state, name))
                 if src is not None:
@@ -255,7 +256,7 @@ def allocate_destinations(plan: TransitionPlan, device_id: int, device: torch.de
     kept = _aliases(plan, device_id, new_rank)
     out = DictStore()
     for state, per in local_tensor_shapes(plan.new_layout, new_rank).items():
-        dtype = TORCH_DTYPES[plan.new_layout.dtype(state)]
+        dtype = torch_dtype(plan.new_layout.dtype(state))
         for name, shape in per.items():
             if (state, name) not in kept:
                 # written, not only allocated: the pages must really be mapped now

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from liveshard.runtime.transfer.storage import TORCH_DTYPES, sub_box, view_of
+from liveshard.runtime.dtypes import torch_dtype
+from liveshard.runtime.transfer.storage import sub_box, view_of
 from liveshard.runtime.vps.schedule import Chunk, aligned
 
 # P2P rounds send a chunk of at least this many staging bytes as messages of its own (one per
@@ -61,7 +62,7 @@ def buffer_size(chunks: list[Chunk]) -> int:
 
 
 def typed(buf: torch.Tensor, offset: int, nbytes: int, dtype: str, shape) -> torch.Tensor:
-    return buf[offset:offset + nbytes].view(TORCH_DTYPES[dtype]).view(shape)
+    return buf[offset:offset + nbytes].view(torch_dtype(dtype)).view(shape)
 
 
 def pack(buf: torch.Tensor, chunks: list[Chunk], plan, store) -> None:

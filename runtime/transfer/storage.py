@@ -14,11 +14,10 @@ from typing import Protocol
 
 import torch
 
+from liveshard.runtime.dtypes import torch_dtype
 from liveshard.runtime.vps.layout import Layout
 from liveshard.runtime.vps.region import Shape, volume
 from liveshard.runtime.vps.shards import is_flat, local_tensor_shapes
-
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class ShardStore(Protocol):
@@ -55,7 +54,7 @@ class DictStore:
 def allocate(layout: Layout, rank: int, device: torch.device | str = "cpu") -> DictStore:
     """Uninitialised tensors for everything ``rank`` holds in ``layout``."""
     shapes = local_tensor_shapes(layout, rank)
-    return DictStore({state: {name: torch.empty(shape, dtype=TORCH_DTYPES[layout.dtype(state)], device=device)
+    return DictStore({state: {name: torch.empty(shape, dtype=torch_dtype(layout.dtype(state)), device=device)
                               for name, shape in per.items()}
                       for state, per in shapes.items()})
 

@@ -15,7 +15,7 @@ from functools import cached_property
 from liveshard.runtime.errors import ConfigError
 
 
-def parse_devices(text: str | None, field: str = "--leave") -> frozenset[int]:
+def parse_devices(text: str | None, field: str = "devices") -> frozenset[int]:
     """Device ids from ``"1,3,5,7"``, ``"248-255"`` or a mix (``"0,8-15"``)."""
     if text is None or not text.strip():
         return frozenset()
@@ -50,12 +50,12 @@ class DeviceMap:
         object.__setattr__(self, "leaving", frozenset(self.leaving))
         object.__setattr__(self, "dead", frozenset(self.dead))
         if self.old_world < 1:
-            raise ConfigError("--from", f"old world of {self.old_world} devices", "give a config of >= 1 rank")
+            raise ConfigError("old_world", f"old world of {self.old_world} devices", "give a config of >= 1 rank")
         if self.gpus_per_node < 1:
-            raise ConfigError("--gpus-per-node", f"must be >= 1, got {self.gpus_per_node}")
+            raise ConfigError("gpus_per_node", f"must be >= 1, got {self.gpus_per_node}")
         if self.joining < 0:
-            raise ConfigError("--join", f"must be >= 0, got {self.joining}")
-        for field, ids in (("--leave", self.leaving), ("--dead", self.dead)):
+            raise ConfigError("joining", f"must be >= 0, got {self.joining}")
+        for field, ids in (("leaving", self.leaving), ("dead", self.dead)):
             bad = sorted(d for d in ids if not 0 <= d < self.old_world)
             if bad:
                 raise ConfigError(field, f"device {bad[0]} is not an old device (0..{self.old_world - 1})",
@@ -90,10 +90,10 @@ class DeviceMap:
 
     def check_fits(self, new_world: int) -> None:
         if new_world > len(self.available):
-            raise ConfigError("--to", f"the new config needs {new_world} devices but only "
+            raise ConfigError("new config", f"the new config needs {new_world} devices but only "
                                       f"{len(self.available)} are available ({self.old_world} old - "
                                       f"{len(self.leaving | self.dead)} leaving + {self.joining} joining)",
-                              "choose a smaller config or add devices with --join")
+                              "choose a smaller config or add joining devices")
 
     def describe(self) -> dict:
         return {

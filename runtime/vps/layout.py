@@ -26,8 +26,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from liveshard.runtime.dtypes import itemsize
 from liveshard.runtime.parallel import ParallelConfig
-from liveshard.runtime.spec import DTYPES, ModelSpec
+from liveshard.runtime.spec import ModelSpec
 from liveshard.runtime.vps.region import (
     EXP_AVG,
     EXP_AVG_SQ,
@@ -128,7 +129,7 @@ class Layout:
         return self.spec.params_dtype if state == PARAM else "fp32"
 
     def itemsize(self, state: str) -> int:
-        return DTYPES[self.dtype(state)]
+        return itemsize(self.dtype(state))
 
     # ---- local parameters ------------------------------------------------------------------
     def local_params(self, rank: int) -> tuple[LocalParam, ...]:

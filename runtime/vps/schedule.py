@@ -73,7 +73,7 @@ def schedule(plan, budget: int = DEFAULT_BUDGET) -> Schedule:
     groups = plan.groups
     smallest = max(staging_bytes(1, g.itemsizes) for g in groups) if groups else ALIGN
     if budget < smallest:
-        raise ConfigError("--budget", f"{budget} bytes cannot stage even one element of every state "
+        raise ConfigError("budget", f"{budget} bytes cannot stage even one element of every state "
                                       f"({smallest} bytes with {ALIGN}-byte alignment)",
                           f"give at least {smallest} bytes")
     max_chunk = max(smallest, budget // CHUNKS_PER_BUDGET)

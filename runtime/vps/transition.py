@@ -39,8 +39,13 @@ from liveshard.runtime.vps.mapping import assign_devices
 from liveshard.runtime.vps.region import Shape, volume
 
 
-class NoSurvivingCopy(ConfigError):
-    """Some piece of state is held only by dead devices: the job needs its last checkpoint."""
+class NoSurvivingCopy(Exception):
+    """Some piece of state is held only by dead devices: the job needs its last checkpoint.
+
+    Not a ``ConfigError``: nothing a person wrote is wrong, the state is gone."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
 
 
 @dataclass(frozen=True)
@@ -186,21 +191,43 @@ def state_groups(old: Layout, new: Layout) -> tuple[StateGroup, ...]:
 
 
 def plan_transition(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig,
-                    devices: DeviceMap | None = None) -> TransitionPlan:
-    """The transition plan (cached: the same inputs return the same plan object)."""
+                    devices: DeviceMap | None = None,
+                    rank_to_device: tuple[int, ...] | None = None) -> TransitionPlan:
+    """The transition plan (cached: the same inputs return the same plan object).
+
+    ``rank_to_device``: the device each new rank runs on, as the world plan fixed it; without
+    one, ranks go to the devices that already hold most of their state (``mapping``)."""
     if devices is None:
         devices = DeviceMap(old_cfg.world_size)
-    return _plan_cached(spec, old_cfg, new_cfg, devices)
+    if rank_to_device is not None:
+        rank_to_device = tuple(rank_to_device)
+        _check_rank_to_device(rank_to_device, new_cfg.world_size, devices)
+    return _plan_cached(spec, old_cfg, new_cfg, devices, rank_to_device)
+
+
+class InvalidDeviceOrder(ValueError):
+    """A rank order that names a device twice, one that is gone, or the wrong number of them."""
+
+
+def _check_rank_to_device(order: tuple[int, ...], world: int, devices: DeviceMap) -> None:
+    if len(order) != world:
+        raise InvalidDeviceOrder(f"{len(order)} devices given for a world of {world} ranks")
+    if len(set(order)) != len(order):
+        raise InvalidDeviceOrder(f"a device runs two ranks in {order}")
+    available = set(devices.available)
+    gone = [d for d in order if d not in available]
+    if gone:
+        raise InvalidDeviceOrder(f"device {gone[0]} is leaving, dead or unknown")
 
 
 @lru_cache(maxsize=16)
 def _plan_cached(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig,
-                 devices: DeviceMap) -> TransitionPlan:
+                 devices: DeviceMap, given_order: tuple[int, ...] | None) -> TransitionPlan:
     from liveshard.runtime.vps.bound import lower_bound
 
     t0 = time.perf_counter()
     if devices.old_world != old_cfg.world_size:
-        raise ConfigError("--from", f"the old config has {old_cfg.world_size} ranks but the device map "
+        raise ConfigError("old config", f"the old config has {old_cfg.world_size} ranks but the device map "
                                     f"{devices.old_world} old devices", "old rank i runs on device i")
     old, new = Layout(spec, old_cfg), Layout(spec, new_cfg)
     devices.check_fits(new_cfg.world_size)
@@ -212,9 +239,9 @@ def _plan_cached(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConf
 
     inters, overlap = _intersect(groups, og, ng)
     any_old, any_new = next(iter(og.values())), next(iter(ng.values()))
-    rank_to_device = assign_devices(new_cfg.world_size, devices, overlap,
-                                    (any_new.class_members, any_new.rank_class),
-                                    (any_old.class_members, any_old.rank_class))
+    rank_to_device = given_order or assign_devices(new_cfg.world_size, devices, overlap,
+                                                   (any_new.class_members, any_new.rank_class),
+                                                   (any_old.class_members, any_old.rank_class))
     copies, demands = _local_copies_and_demands(inters, groups, rank_to_device, devices)
     bound = lower_bound(demands, devices.num_devices)
     copies.extend(_choose_sources(demands, devices, bound["lower_bound_bytes"]))
@@ -253,7 +280,7 @@ def _intersect_geometries(old: Geometry, new: Geometry) -> list[tuple]:
     for key, nboxes in new.boxes.items():
         oboxes = old.boxes.get(key)
         if oboxes is None:
-            raise ConfigError("--to", f"tensor {key} is in the new layout but not in the old one")
+            raise ConfigError("new config", f"tensor {key} is in the new layout but not in the old one")
         index: BoxIndex | None = None
         for k, nb in nboxes.items():
             ob = oboxes.get(k)
@@ -296,8 +323,8 @@ def _local_copies_and_demands(inters: list[Inter], groups: tuple[StateGroup, ...
         views = ob.views()
         sources = _sources(ob, devices)
         if not sources:
-            raise NoSurvivingCopy("--dead", f"{nb.key} at {list(off)} is held only by dead devices "
-                                            f"{sorted(views)}", "restore from the last checkpoint")
+            raise NoSurvivingCopy(f"{nb.key} at {list(off)} is held only by dead devices "
+                                            f"{sorted(views)}")
         npre = nb.npre
         lshape = shp[npre:]
         nbytes = volume(shp) * groups[gi].itemsum
@@ -370,7 +397,7 @@ def object_moves(old_cfg: ParallelConfig, new_cfg: ParallelConfig, rank_to_devic
     """
     alive = [d for d in range(devices.old_world) if devices.holds_old_state(d)]
     if not alive:
-        raise NoSurvivingCopy("--dead", "every old device is dead", "restore from the last checkpoint")
+        raise NoSurvivingCopy("every old device is dead")
     by_node: dict[int, list[int]] = defaultdict(list)
     for d in alive:
         by_node[devices.node(d)].append(d)

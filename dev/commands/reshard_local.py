@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from liveshard.runtime.commands.transition_args import add_transition_args, resolve
+from liveshard.runtime.commands.transition_args import add_transition_args, as_flags, resolve
 from liveshard.runtime.errors import ConfigError
 
 
@@ -32,15 +32,16 @@ def run(args: argparse.Namespace) -> int:
     if args.procs != devices.num_devices:
         raise ConfigError("--procs", f"{args.procs} processes for {devices.old_world} old devices + "
                                      f"{devices.joining} joining", f"use --procs {devices.num_devices}")
-    from liveshard.runtime.transfer.launch import run_local
-    from liveshard.runtime.transfer.local import LocalJob
+    from liveshard.dev.reshard.harness import LocalJob
+    from liveshard.dev.reshard.launch import run_local
     from liveshard.runtime.vps.schedule import schedule
 
     job = LocalJob(spec, str(old), str(new), args.leave, args.join, args.gpus_per_node, budget, args.mode,
                    verify=args.verify, check=args.verify, repeat=max(1, args.repeat),
                    preallocate=args.preallocate)
-    plan = job.plan()
-    schedule(plan, budget)  # fail here, before spawning, on a bad budget
+    with as_flags():
+        plan = job.plan()
+        schedule(plan, budget)  # fail here, before spawning, on a bad budget
     results = run_local(job, args.procs, timeout_s=args.timeout)
     report = _report(plan, job, results)
     if args.json:

@@ -5,7 +5,7 @@ with jsonschema; unknown fields rejected as ``kubectl``'s strict field validatio
 CEL ``x-kubernetes-validations`` rules (evaluated with cel-python, transition rules against the
 old object on update). Errors read like the API server's: ``spec.workers.max: Required value``.
 
-Used by the emulator (liveshard.runtime.localcluster.emulator) so that invalid manifests are refused over HTTP,
+Used by the emulator (liveshard.dev.localcluster.emulator) so that invalid manifests are refused over HTTP,
 and directly by tests.
 """
 

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import traceback
 from datetime import timedelta
 from typing import Any
 
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from liveshard.dev.ports import free_port
 
 
 def _child(rank: int, world: int, port: int, fn, args: tuple, results: Any, timeout_s: float) -> None:
@@ -35,7 +30,7 @@ def run_ranks(fn, args: tuple, world: int, timeout_s: float = 300.0) -> list[Any
     """``fn(rank, world, *args)`` on ``world`` spawned processes; results in rank order."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     saved = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # many ranks share few cores
     try:
@@ -75,6 +70,6 @@ def run_ranks(fn, args: tuple, world: int, timeout_s: float = 300.0) -> list[Any
 
 
 def run_local(job, procs: int, timeout_s: float = 300.0) -> list[dict]:
-    from liveshard.runtime.transfer.local import run_rank
+    from liveshard.dev.reshard.harness import run_rank
 
     return run_ranks(run_rank, (job,), procs, timeout_s)

@@ -11,6 +11,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from liveshard.runtime.localcluster.demo import run_demo
+    from liveshard.dev.localcluster.demo import run_demo
 
     return run_demo(args.out or tempfile.mkdtemp(prefix="liveshard-demo-"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from liveshard.runtime.contract.crd import API_VERSION, KIND
+
 
 def sample_job(name: str = "tiny-gpt", namespace: str = "default", replicas: int = 3, min_workers: int = 1,
                global_batch: int = 240, micro_batch: int = 4, model: str = "tiny-gpt", cooldown_seconds: int = 5,
@@ -19,7 +21,7 @@ def sample_job(name: str = "tiny-gpt", namespace: str = "default", replicas: int
     its command line).
     """
     return {
-        "apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob",
+        "apiVersion": API_VERSION, "kind": KIND,
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "model": {"preset": model},

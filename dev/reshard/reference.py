@@ -13,7 +13,8 @@ import hashlib
 
 import torch
 
-from liveshard.runtime.transfer.storage import TORCH_DTYPES, DictStore, allocate, view_of
+from liveshard.runtime.dtypes import torch_dtype
+from liveshard.runtime.transfer.storage import DictStore, allocate, view_of
 from liveshard.runtime.vps.layout import Layout
 from liveshard.runtime.vps.region import Shape
 
@@ -40,7 +41,7 @@ def reference_box(key: str, state: str, global_shape: Shape, offset: Shape, box_
     x = x * _MUL2
     x = x ^ ((x >> 32) & ((1 << 32) - 1))
     vals = ((x >> 8) & 0xFFFFFF).to(torch.float32) / float(1 << 23) - 1.0
-    return vals.to(TORCH_DTYPES[dtype])
+    return vals.to(torch_dtype(dtype))
 
 
 def fill_reference(layout: Layout, rank: int, device: torch.device | str = "cpu") -> DictStore:

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from liveshard.dev.reshard.reference import check_reference, fill_reference
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec, load_model
 from liveshard.runtime.transfer.executor import TransferError, allocate_destinations, execute
-from liveshard.runtime.transfer.reference import check_reference, fill_reference
 from liveshard.runtime.transfer.storage import DictStore
 from liveshard.runtime.vps.devices import DeviceMap, parse_devices
 from liveshard.runtime.vps.schedule import DEFAULT_BUDGET, schedule

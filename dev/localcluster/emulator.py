@@ -50,7 +50,7 @@ import kmock
 import yaml
 from kmock._internal import dicts as kmock_dicts
 
-from liveshard.runtime.localcluster.crd_validation import CRDValidator, InvalidObject
+from liveshard.dev.localcluster.crd_validation import CRDValidator, InvalidObject
 
 _ACTIONS = (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE)
 _KEEP_REQUESTS = 16  # kmock records every request (see _handle)

@@ -10,8 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from liveshard.operator.jobspec import JobSpec
-from liveshard.operator.planner import GPU, Constraints, NoFeasiblePlan, Plan, plan_parallelism
+from liveshard.runtime.contract.jobspec import JobSpec
+from liveshard.runtime.contract.status import pod_of, worker_ids
+from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.planner.search import GPU, Constraints, NoFeasiblePlan, ParallelPlan
+from liveshard.runtime.planner.world import plan_world
 
 GPU_MEMORY_LABELS = ("nvidia.com/gpu.memory",)  # GPU feature discovery, in MiB
 
@@ -27,8 +30,8 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class PodPlan:
-    plan: Plan
+class PodAssignment:
+    plan: ParallelPlan
     members: tuple[str, ...]  # pod names in rank order
     standby: tuple[str, ...]  # candidates the plan leaves unused
 
@@ -63,22 +66,28 @@ def gpus_for(spec: JobSpec, candidates: Sequence[Candidate]) -> list[GPU]:
             for c in candidates for k in range(gpw)]
 
 
-def plan_for(spec: JobSpec, candidates: Sequence[Candidate], planner=plan_parallelism) -> PodPlan:
-    """The planner's best plan over these pods; raises ``NoFeasiblePlan``."""
+def plan_for(spec: JobSpec, candidates: Sequence[Candidate], current_config: str = "",
+             current_members: Sequence[str] = ()) -> PodAssignment:
+    """The planner's world over these pods (``world.plan_world``); raises ``NoFeasiblePlan``.
+
+    ``current_*``: the running world (its config and member pods in rank order), so survivors
+    keep their places where the planner is indifferent."""
     if not candidates:
         raise NoFeasiblePlan("no running worker pods to plan on", "gpus")
-    plan = planner(spec.model, gpus_for(spec, candidates), constraints_for(spec))
+    current = ParallelConfig.parse(current_config) if current_config else None
+    plan = plan_world(spec.model, gpus_for(spec, candidates), constraints_for(spec), current=current,
+                      current_members=worker_ids(current_members, spec.workers.gpus_per_worker))
     members = members_in_rank_order(plan, spec.workers.gpus_per_worker)
     used = set(members)
-    return PodPlan(plan, members, tuple(c.pod for c in candidates if c.pod not in used))
+    return PodAssignment(plan, members, tuple(c.pod for c in candidates if c.pod not in used))
 
 
-def members_in_rank_order(plan: Plan, gpus_per_worker: int) -> tuple[str, ...]:
+def members_in_rank_order(plan: ParallelPlan, gpus_per_worker: int) -> tuple[str, ...]:
     """Pod names in rank order; checks that every pod's GPUs are one whole, consecutive block."""
     members: list[str] = []
     for start in range(0, len(plan.gpus), gpus_per_worker):
         block = plan.gpus[start:start + gpus_per_worker]
-        pods = {g.id.rsplit("/", 1)[0] for g in block}
+        pods = {pod_of(g.id) for g in block}
         if len(block) != gpus_per_worker or len(pods) != 1:
             raise ValueError(f"plan ranks {start}..{start + len(block) - 1} span pods {sorted(pods)}: "
                              "a pod's GPUs must be consecutive ranks")
@@ -88,11 +97,11 @@ def members_in_rank_order(plan: Plan, gpus_per_worker: int) -> tuple[str, ...]:
     return tuple(members)
 
 
-def micro_batches(spec: JobSpec, plan: Plan) -> int:
+def micro_batches(spec: JobSpec, plan: ParallelPlan) -> int:
     """Micro-batches per data-parallel rank per step: the global batch stays fixed."""
     cfg = plan.config
     return spec.parallelism.global_batch // (cfg.dp * spec.parallelism.micro_batch)
 
 
-__all__ = ["Candidate", "NoFeasiblePlan", "PodPlan", "constraints_for", "gpus_for", "members_in_rank_order",
+__all__ = ["Candidate", "NoFeasiblePlan", "PodAssignment", "constraints_for", "gpus_for", "members_in_rank_order",
            "micro_batches", "node_gpu_memory", "plan_for"]

@@ -13,10 +13,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from liveshard.dev.localrun.driver import LocalRun, plan_local_world
+from liveshard.dev.ports import free_port
 from liveshard.runtime.control.protocol import Keys
-from liveshard.runtime.control.replan import fit_config
 from liveshard.runtime.errors import ConfigError
-from liveshard.runtime.localrun.driver import LocalRun, _free_port
 from liveshard.runtime.parallel import ParallelConfig
 
 
@@ -39,7 +39,7 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
         ev = events[0] if events else None
         end_step = ev.step if ev is not None else r.steps
         save_dir = ckpt_root / f"seg{seg}"
-        port = _free_port()
+        port = free_port()
         job.procs.workers.clear()
         job.start_coordinator(port)
         store = job.connect(port)
@@ -101,7 +101,7 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
         elif ev.kind == "stop":
             pass  # saved, stopped, resumed under the same config
         else:
-            cfg = fit_config(r.spec, cfg, workers, r.global_batch, r.micro_batch)
+            cfg = plan_local_world(r, cfg, [f"w{i}" for i in range(workers)]).config
         events.pop(0)
         seg += 1
         start_step = ev.step

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,11 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from liveshard.dev.localrun.events import Event
+from liveshard.dev.ports import free_port
 from liveshard.runtime.control.protocol import Keys
-from liveshard.runtime.control.replan import fit_config
 from liveshard.runtime.errors import ConfigError
-from liveshard.runtime.localrun.events import Event
 from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.planner import FEWEST_CHANGES, GPU, Constraints, ParallelPlan, plan_world
 from liveshard.runtime.spec import ModelSpec
 
 
@@ -77,14 +77,18 @@ class Procs:
                     p.wait(timeout=10)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _cli() -> list[str]:
     return [sys.executable, "-m", "liveshard.runtime.cli"]
+
+
+def plan_local_world(run: RunSpec, current: ParallelConfig, workers: list[str],
+                     current_members: tuple[str, ...] = ()) -> ParallelPlan:
+    """The world the coordinator would choose for ``workers`` (checkpoint mode uses it to make
+    the same changes the restart way): the planner's ``fewest-changes`` objective."""
+    gpus = [GPU(id=w, node="local", memory_bytes=80 << 30) for w in workers]
+    constraints = Constraints(global_batch=run.global_batch, micro_batch=run.micro_batch, dist_opt=current.dist_opt,
+                              objective=FEWEST_CHANGES)
+    return plan_world(run.spec, gpus, constraints, current=current, current_members=current_members)
 
 
 class LocalRun:
@@ -114,7 +118,7 @@ class LocalRun:
         r = self.run
         cmd = [*_cli(), "coordinator", "--host", "127.0.0.1", "--port", str(port), "--model", r.model,
                "--global-batch", str(r.global_batch), "--micro-batch", str(r.micro_batch),
-               "--heartbeat-timeout", str(r.heartbeat_timeout)]
+               "--heartbeat-timeout", str(r.heartbeat_timeout), "--objective", FEWEST_CHANGES]
         self.procs.coordinator = subprocess.Popen(cmd, stdout=self._logfile("coordinator"), stderr=subprocess.STDOUT,
                                                   env=self._env(), start_new_session=True)
 
@@ -158,7 +162,7 @@ class LocalRun:
         from liveshard.runtime.coordinator import PlanRequest, StorePlanSource
 
         r = self.run
-        port = _free_port()
+        port = free_port()
         self.start_coordinator(port)
         store = self.connect(port)
         ids = [f"w{i}" for i in range(r.workers)]
@@ -214,11 +218,11 @@ class LocalRun:
             else:
                 request = PlanRequest(members=cur_members + tuple(standbys), config=ev.config,
                                       reason=f"config change to {ev.config}", switch_at_step=ev.step)
-            if request.config is None:
-                base = ParallelConfig.parse(status["config"])
-                request.config = str(fit_config(r.spec, base, len(request.members), r.global_batch, r.micro_batch))
+            # A leave or a join leaves the config to the coordinator, which asks the planner
+            # (world.plan_world, objective fewest-changes: the same call checkpoint mode makes).
             status = self._apply(store, request, gen + 1, ev.step,
-                                 f"step {ev.step}: {ev.kind} -> {request.config} ({request.reason})", f"event {ev}")
+                                 f"step {ev.step}: {ev.kind} -> {request.config or 'planned'} ({request.reason})",
+                                 f"event {ev}")
         self._wait_workers(timeout=600, only=tuple(status.get("members") or ()))
         self._status(store)  # before the stop: the coordinator's store goes with it
         store.set(Keys.STOP, "1")
@@ -429,7 +433,7 @@ def run_local(run: RunSpec) -> dict:
     try:
         if run.mode == "live":
             return job.run_live()
-        from liveshard.runtime.localrun.restart import run_checkpoint_mode
+        from liveshard.dev.localrun.restart import run_checkpoint_mode
 
         return run_checkpoint_mode(job)
     finally:

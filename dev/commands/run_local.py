@@ -28,8 +28,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from liveshard.runtime.localrun.driver import RunSpec, run_local
-    from liveshard.runtime.localrun.events import parse_events
+    from liveshard.dev.localrun.driver import RunSpec, run_local
+    from liveshard.dev.localrun.events import parse_events
     from liveshard.runtime.spec import load_model
 
     spec = load_model(args.model)

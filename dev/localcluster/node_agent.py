@@ -27,13 +27,14 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from liveshard.dev.ports import free_port
 
 log = logging.getLogger("liveshard.localcluster")
 
@@ -53,12 +54,6 @@ class PodProcess:
     env: dict[str, str]
     log_path: Path
     reported: str = "Running"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_object(name: str, gpus: int, labels: dict[str, str] | None = None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from liveshard.operator.planner import GPU
+    from liveshard.runtime.planner.search import GPU
 
 
 class Arrangement:

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from liveshard.runtime.localcluster.emulator import KubeEmulator
-from liveshard.runtime.localcluster.node_agent import NodeAgent
+from liveshard.dev.localcluster.emulator import KubeEmulator
+from liveshard.dev.localcluster.node_agent import NodeAgent
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "elastictrainingjob.yaml"
 

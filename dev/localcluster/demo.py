@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from liveshard.runtime.localcluster.cluster import LocalCluster
-from liveshard.runtime.localcluster.node_agent import SPOT_ITN_TAINT
-from liveshard.runtime.localcluster.sample import sample_job
-
-GROUP, VERSION, PLURAL = "liveshard.io", "v1alpha1", "elastictrainingjobs"
+from liveshard.dev.localcluster.cluster import LocalCluster
+from liveshard.dev.localcluster.node_agent import SPOT_ITN_TAINT
+from liveshard.dev.localcluster.sample import sample_job
+from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 
 
 @dataclass

@@ -17,11 +17,11 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from liveshard.operator.cost_model import Hardware, ModelCosts
-from liveshard.operator.layer_split import balance_layers
-from liveshard.operator.placement import Arrangement, arrangements
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.planner.cost_model import Hardware, ModelCosts
+from liveshard.runtime.planner.layer_split import balance_layers
+from liveshard.runtime.planner.placement import Arrangement, arrangements
 from liveshard.runtime.spec import ModelSpec
 
 GiB = 2**30
@@ -48,10 +48,14 @@ class Constraints:
     # (= GPUs per worker pod).
     granularity: int = 1
     max_gpus: int | None = None
+    # What the planner optimises (``world.plan_world``): "throughput", the cost model's fastest
+    # config; or "fewest-changes", the current degrees on as many GPUs as the batch allows
+    # (scripted CPU runs, where the cost model's GPU figures mean nothing).
+    objective: str = "throughput"
 
 
 @dataclass(frozen=True)
-class Plan:
+class ParallelPlan:
     config: ParallelConfig
     gpus: tuple[GPU, ...]  # rank order: rank i runs on gpus[i]
     step_seconds: float  # modeled time per optimizer step
@@ -384,7 +388,7 @@ def _order(p: _Priced) -> tuple:
 # ---- the public entry point ------------------------------------------------------------------
 
 def plan_parallelism(spec: ModelSpec, gpus: Sequence[GPU], constraints: Constraints = Constraints(),
-                     hardware: Hardware | None = None, *, exhaustive: bool = False) -> Plan:
+                     hardware: Hardware | None = None, *, exhaustive: bool = False) -> ParallelPlan:
     """The fastest feasible plan for ``spec`` on (a subset of) ``gpus``.
 
     ``exhaustive`` prices every candidate instead of stopping at the lower bound (slow; it is
@@ -559,7 +563,7 @@ def _config(f: _Family, p: _Priced, dist_opt: bool) -> ParallelConfig:
                           layers=None if even else p.layers, dist_opt=dist_opt)
 
 
-def _build_plan(search: _Search, best: _Priced, runner: _Priced | None, considered: int) -> Plan:
+def _build_plan(search: _Search, best: _Priced, runner: _Priced | None, considered: int) -> ParallelPlan:
     f, c = best.family, search.c
     cfg = _config(f, best, c.dist_opt)
     cfg.validate(search.spec)
@@ -569,7 +573,7 @@ def _build_plan(search: _Search, best: _Priced, runner: _Priced | None, consider
     standby = order[best.world:]
     tokens = c.global_batch * search.seq
     explanation = _explain(search, best, runner, cfg, considered)
-    return Plan(
+    return ParallelPlan(
         config=cfg, gpus=ranks, step_seconds=best.step, tokens_per_second=tokens / best.step,
         memory_bytes_per_gpu=int(max(best.stage_memory)), explanation=explanation, standby=standby,
         costs=best.terms, stage_memory_bytes=tuple(int(x) for x in best.stage_memory),

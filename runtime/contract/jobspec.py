@@ -9,31 +9,15 @@ is a valid ``ModelSpec`` and that the parallelism constraints fit it. Every prob
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from liveshard.operator import signals
+from liveshard.runtime.contract.causes import NODE_KINDS
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.spec import ModelSpec
+from liveshard.runtime.units import parse_bytes
 
 DEFAULT_GPU_MEMORY = 80 * 2**30
-DEFAULT_COORDINATOR_PORT = 29400
-
-_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTPE]i?|k|m)?\s*$")
-_FACTORS = {None: 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-            "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-
-
-def parse_bytes(value: Any, field_name: str) -> int:
-    """A Kubernetes quantity (``80Gi``, ``81559Mi``, ``8e10`` is not accepted) as bytes."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    match = _QUANTITY.match(str(value)) if isinstance(value, str) else None
-    if not match or match.group(2) == "m":
-        raise ConfigError(field_name, f"{value!r} is not a memory size", "write e.g. 80Gi or 40960Mi")
-    return int(float(match.group(1)) * _FACTORS[match.group(2)])
-
 
 @dataclass(frozen=True)
 class Workers:
@@ -169,11 +153,11 @@ def read_spec(spec: dict[str, Any]) -> JobSpec:
                           f"{model.num_attention_heads} attention heads", "allow a tp that divides them")
 
     e = spec.get("elasticity") or {}
-    act_on = e.get("actOn", list(signals.NODE_KINDS))
-    if not isinstance(act_on, list) or any(k not in signals.NODE_KINDS for k in act_on):
-        bad = next((k for k in act_on if k not in signals.NODE_KINDS), act_on) if isinstance(act_on, list) else act_on
+    act_on = e.get("actOn", list(NODE_KINDS))
+    if not isinstance(act_on, list) or any(k not in NODE_KINDS for k in act_on):
+        bad = next((k for k in act_on if k not in NODE_KINDS), act_on) if isinstance(act_on, list) else act_on
         raise ConfigError("spec.elasticity.actOn", f"unknown signal {bad!r}",
-                          f"use some of: {', '.join(signals.NODE_KINDS)}")
+                          f"use some of: {', '.join(NODE_KINDS)}")
     elastic = Elasticity(
         act_on=frozenset(act_on),
         scale_up_cooldown_seconds=float(_int(e, "scaleUpCooldownSeconds", "spec.elasticity", 300, 0)),

@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
                           f"run `liveshard local-cluster down --dir {workdir}` or pick another --dir")
     import yaml
 
-    from liveshard.runtime.localcluster.cluster import LocalCluster
-    from liveshard.runtime.localcluster.sample import sample_job
+    from liveshard.dev.localcluster.cluster import LocalCluster
+    from liveshard.dev.localcluster.sample import sample_job
 
     cluster = LocalCluster(workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node)
     stopping = False

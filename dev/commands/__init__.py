@@ -1,0 +1,1 @@
+"""The ``liveshard`` subcommands that run development tooling (see ``liveshard.runtime.cli``)."""

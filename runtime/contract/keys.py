@@ -1,0 +1,90 @@
+"""Every key of a job's c10d store, in one namespace.
+
+The coordinator serves the store; workers, the coordinator's plan sources and the local tools
+read and write it. All values are JSON or plain text (never pickled). Keys live under the job's
+prefix (``liveshard/<job>/``, see ``control.store.JobStore``).
+
+    members/<id>                 a worker announces itself (host, pid, node, time; after a
+                                 coordinator restart also its plan and newest checkpoint)
+    members/count, members/index/<i>   the registration order
+    hb/<id>                      heartbeat: time, state, generation, rank, step, step time, loss
+    plan/latest                  generation number of the newest world plan
+    plan/<N>                     WorldPlan N (config, members in rank order, reason, ...)
+    gen/<N>/prepared/<id>        the member's transition-plan checksum (it has prepared N)
+    gen/<N>/switch               the step boundary at which the old world switched to N
+    gen/<N>/result/<id>          the member's outcome and phase timings (MemberResult)
+    gen/<N>/outcome              "committed" or "aborted: <why>" (written by the coordinator)
+    world/<N>/...                c10d keys of the training world of generation N
+    xfer/<N>/...                 c10d keys of the transition group (old members + new members)
+    request/count, request/<k>   plan requests posted by a local driver (StorePlanSource)
+    coordinator/status           the coordinator's last status report (JSON)
+    recovery/requested           the dead members the coordinator last recovered from
+    control/stop                 ask every worker to finish (local driver)
+    checkpoint/latest            the newest complete checkpoint: path, step, config (rank 0)
+    dev/release/<step>           dev tooling: a held worker may pass step <step>
+    dev/held/<step>/<id>         dev tooling: worker <id> is held at step <step>
+"""
+
+from __future__ import annotations
+
+
+class Keys:
+    LATEST = "plan/latest"
+    STOP = "control/stop"
+    CHECKPOINT = "checkpoint/latest"
+    MEMBER_COUNT = "members/count"
+    REQUEST_COUNT = "request/count"
+    COORDINATOR_STATUS = "coordinator/status"
+    RECOVERY = "recovery/requested"
+
+    @staticmethod
+    def member(worker: str) -> str:
+        return f"members/{worker}"
+
+    @staticmethod
+    def member_index(index: int) -> str:
+        return f"members/index/{index}"
+
+    @staticmethod
+    def heartbeat(worker: str) -> str:
+        return f"hb/{worker}"
+
+    @staticmethod
+    def plan(gen: int) -> str:
+        return f"plan/{gen}"
+
+    @staticmethod
+    def prepared(gen: int, worker: str) -> str:
+        return f"gen/{gen}/prepared/{worker}"
+
+    @staticmethod
+    def switch(gen: int) -> str:
+        return f"gen/{gen}/switch"
+
+    @staticmethod
+    def result(gen: int, worker: str) -> str:
+        return f"gen/{gen}/result/{worker}"
+
+    @staticmethod
+    def outcome(gen: int) -> str:
+        return f"gen/{gen}/outcome"
+
+    @staticmethod
+    def world_prefix(gen: int) -> str:
+        return f"world/{gen}/"
+
+    @staticmethod
+    def transfer_prefix(gen: int) -> str:
+        return f"xfer/{gen}/"
+
+    @staticmethod
+    def request(index: int) -> str:
+        return f"request/{index}"
+
+    @staticmethod
+    def release(step: int) -> str:
+        return f"dev/release/{step}"
+
+    @staticmethod
+    def held(step: int, worker: str) -> str:
+        return f"dev/held/{step}/{worker}"

@@ -1,0 +1,227 @@
+"""What the operator and the coordinator write to an ElasticTrainingJob's status, typed.
+
+The operator writes ``status.plan`` (``StatusPlan``); the coordinator answers with an ack
+(``PlanAck``: ``appliedGeneration``/``appliedAt``) or an abort (``PlanAbort``:
+``abortedGeneration``/``abortReason``) and reports per-pod ``speeds`` and ``stragglers``. Each
+type reads itself from the status (``from_status``, which validates and raises ``InvalidStatus``
+naming the field) and writes itself as a merge patch (``to_status``). ``operator/README.md``
+describes the protocol.
+
+A plan's ``members`` are pods in rank order; a pod with ``gpusPerWorker = g`` stands for the
+runtime's workers ``<pod>/0 .. <pod>/g-1``, so rank ``r`` runs on local GPU ``r % g`` of pod
+``members[r // g]`` (``worker_ids``). A plan with no config and no members is a *stop*: the
+running world saves a checkpoint and waits; the next plan with members restores it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from liveshard.runtime.contract.causes import Cause, cause_of
+from liveshard.runtime.contract.times import iso, parse_time
+
+
+class InvalidStatus(ValueError):
+    """A status field that does not say what the contract says it must."""
+
+    def __init__(self, field_name: str, problem: str) -> None:
+        super().__init__(f"status.{field_name}: {problem}")
+        self.field = field_name
+
+
+def worker_ids(pods: Iterable[str], gpus_per_worker: int) -> tuple[str, ...]:
+    """Pods in rank order, expanded to the runtime's worker ids in rank order."""
+    return tuple(f"{pod}/{i}" for pod in pods for i in range(max(1, gpus_per_worker)))
+
+
+def pod_of(worker_id: str) -> str:
+    """The pod a runtime worker id belongs to (``<pod>/<local rank>``; a bare id is its own pod)."""
+    return worker_id.rpartition("/")[0] or worker_id
+
+
+def _int(status: Mapping[str, Any], key: str, name: str, default: int | None = 0) -> int | None:
+    value = status.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value or value < 0:
+        raise InvalidStatus(name, f"must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _names(value: Any, name: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or any(not isinstance(v, str) or not v for v in value):
+        raise InvalidStatus(name, f"must be a list of pod names, got {value!r}")
+    return tuple(value)
+
+
+def _float(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidStatus(name, f"must be a number, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class StatusPlan:
+    """``status.plan``: the world the operator wants, generation by generation."""
+
+    generation: int
+    config: str  # ParallelConfig string form; "" for a stop
+    members: tuple[str, ...]  # pods in rank order
+    gpus_per_worker: int = 1
+    cause: Cause | None = None
+    reason: str = ""  # one line for people: what was seen
+    deadline: datetime | None = None  # when the leavers are gone (the notice)
+    created_at: datetime | None = None
+    leaving: tuple[str, ...] = ()
+    joining: tuple[str, ...] = ()
+    micro_batches: int | None = None  # per data-parallel rank per step
+    step_seconds: float | None = None  # the planner's prediction
+    tokens_per_second: float | None = None
+    explanation: tuple[str, ...] = ()
+
+    @property
+    def is_stop(self) -> bool:
+        return not self.config or not self.members
+
+    @property
+    def world_size(self) -> int:
+        return 0 if self.is_stop else len(self.members) * max(1, self.gpus_per_worker)
+
+    def worker_ids(self) -> tuple[str, ...]:
+        """The runtime's worker ids in rank order."""
+        return worker_ids(self.members, self.gpus_per_worker)
+
+    def leaving_worker_ids(self) -> tuple[str, ...]:
+        return worker_ids(self.leaving, self.gpus_per_worker)
+
+    def to_status(self) -> dict[str, Any]:
+        return {"plan": {
+            "generation": self.generation, "config": self.config, "members": list(self.members),
+            "gpusPerWorker": self.gpus_per_worker, "worldSize": self.world_size,
+            "cause": str(self.cause) if self.cause else None, "reason": self.reason,
+            "deadline": iso(self.deadline) if self.deadline else None,
+            "createdAt": iso(self.created_at) if self.created_at else None,
+            "leaving": list(self.leaving), "joining": list(self.joining),
+            "microBatches": self.micro_batches, "stepSeconds": self.step_seconds,
+            "tokensPerSecond": self.tokens_per_second, "explanation": list(self.explanation),
+        }}
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> StatusPlan | None:
+        """The plan in ``status`` (None if there is none yet); raises ``InvalidStatus``."""
+        plan = status.get("plan")
+        if not plan:
+            return None
+        if not isinstance(plan, Mapping):
+            raise InvalidStatus("plan", f"must be an object, got {plan!r}")
+        config = plan.get("config") or ""
+        if not isinstance(config, str):
+            raise InvalidStatus("plan.config", f"must be a parallel config string, got {config!r}")
+        if config:
+            from liveshard.runtime.errors import ConfigError
+            from liveshard.runtime.parallel import ParallelConfig
+
+            try:
+                ParallelConfig.parse(config)
+            except ConfigError as e:
+                raise InvalidStatus("plan.config", str(e)) from None
+        gpw = _int(plan, "gpusPerWorker", "plan.gpusPerWorker", 1) or 1
+        explanation = plan.get("explanation") or ()
+        return cls(
+            generation=_int(plan, "generation", "plan.generation") or 0,
+            config=config,
+            members=_names(plan.get("members"), "plan.members"),
+            gpus_per_worker=gpw,
+            cause=cause_of(plan.get("cause")),
+            reason=str(plan.get("reason") or ""),
+            deadline=parse_time(plan.get("deadline")),
+            created_at=parse_time(plan.get("createdAt")),
+            leaving=_names(plan.get("leaving"), "plan.leaving"),
+            joining=_names(plan.get("joining"), "plan.joining"),
+            micro_batches=_int(plan, "microBatches", "plan.microBatches", None),
+            step_seconds=_float(plan.get("stepSeconds"), "plan.stepSeconds"),
+            tokens_per_second=_float(plan.get("tokensPerSecond"), "plan.tokensPerSecond"),
+            explanation=tuple(str(x) for x in explanation),
+        )
+
+
+@dataclass(frozen=True)
+class PlanAck:
+    """The coordinator applied ``generation`` (its world runs it) at ``at``."""
+
+    generation: int
+    at: datetime | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        return {"appliedGeneration": self.generation, "appliedAt": iso(self.at) if self.at else None}
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> PlanAck:
+        return cls(_int(status, "appliedGeneration", "appliedGeneration") or 0,
+                   parse_time(status.get("appliedAt")))
+
+
+@dataclass(frozen=True)
+class PlanAbort:
+    """The runtime could not apply ``generation``; the operator plans again after a back-off."""
+
+    generation: int
+    reason: str = ""
+
+    def to_status(self) -> dict[str, Any]:
+        return {"abortedGeneration": self.generation, "abortReason": self.reason[:500]}
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> PlanAbort:
+        return cls(_int(status, "abortedGeneration", "abortedGeneration") or 0,
+                   str(status.get("abortReason") or ""))
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A device measured slower than its peers (relative speed < 1)."""
+
+    pod: str
+    device: str  # runtime worker id: <pod>/<local rank>
+    relative_speed: float
+    since: datetime | None = None
+    evidence: str = ""  # what was measured (step times, NVML throttle reasons)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pod": self.pod, "device": self.device, "relativeSpeed": round(self.relative_speed, 3),
+                "since": iso(self.since) if self.since else None, "evidence": self.evidence[:200]}
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """The coordinator's measurements: relative speed per pod (1.0 = the median), stragglers."""
+
+    speeds: Mapping[str, float] = field(default_factory=dict)
+    stragglers: tuple[Straggler, ...] = ()
+
+    def to_status(self) -> dict[str, Any]:
+        return {"speeds": dict(self.speeds), "stragglers": [s.to_dict() for s in self.stragglers]}
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> Telemetry:
+        raw = status.get("speeds") or {}
+        if not isinstance(raw, Mapping):
+            raise InvalidStatus("speeds", f"must map pod names to numbers, got {raw!r}")
+        speeds = {}
+        for pod, value in raw.items():
+            speed = _float(value, f"speeds.{pod}")
+            if speed is None or speed <= 0:
+                raise InvalidStatus(f"speeds.{pod}", f"must be a positive number, got {value!r}")
+            speeds[str(pod)] = speed
+        stragglers = tuple(
+            Straggler(str(s.get("pod", "")), str(s.get("device", "")), float(s.get("relativeSpeed") or 1.0),
+                      parse_time(s.get("since")), str(s.get("evidence") or ""))
+            for s in status.get("stragglers") or () if isinstance(s, Mapping))
+        return cls(speeds, stragglers)

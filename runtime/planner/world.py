@@ -1,0 +1,123 @@
+"""The one owner of a world's parallel config and its rank order.
+
+``plan_world`` is what the operator calls for every plan it writes, what the coordinator calls
+when it must plan alone (a member lost without notice, a local run's "whatever fits" request)
+and what the local driver's checkpoint mode calls: the same function on the same inputs gives
+the same world, and nobody re-orders its ranks afterwards (``status.plan.members`` is the rank
+order that runs).
+
+Rank order: the GPUs are first put in *continuity order*, the running world's members in their
+rank order, then everybody else in the order given. The search's placement keeps that order
+wherever speeds, nodes and memory tie, so a survivor keeps its place and as much state as
+possible stays where it is. A config given by the caller (an explicit reconfiguration) is
+checked and placed in that same order, unpriced.
+
+Objectives (``Constraints.objective``): ``throughput``, the cost model's fastest config
+(``search.plan_parallelism``); ``fewest-changes``, the current TP/PP/EP degrees with DP as large
+as the global batch allows, else the valid config with the most GPUs and the fewest changed
+degrees. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.planner.cost_model import Hardware
+from liveshard.runtime.planner.search import GPU, Constraints, NoFeasiblePlan, ParallelPlan, plan_parallelism
+from liveshard.runtime.spec import ModelSpec
+
+THROUGHPUT = "throughput"
+FEWEST_CHANGES = "fewest-changes"
+OBJECTIVES = (THROUGHPUT, FEWEST_CHANGES)
+
+
+def continuity_order(gpus: Sequence[GPU], current: Sequence[str]) -> list[GPU]:
+    """The running world's GPUs in their rank order, then the others in the order given."""
+    rank = {g: i for i, g in enumerate(current)}
+    running = sorted((g for g in gpus if g.id in rank), key=lambda g: rank[g.id])
+    return running + [g for g in gpus if g.id not in rank]
+
+
+def plan_world(spec: ModelSpec, gpus: Sequence[GPU], constraints: Constraints, *,
+               current: ParallelConfig | None = None, current_members: Sequence[str] = (),
+               config: ParallelConfig | None = None, hardware: Hardware | None = None) -> ParallelPlan:
+    """The config and rank order for a world on (a subset of) ``gpus``.
+
+    ``current``/``current_members``: the running world (config and GPU ids in rank order), or
+    none. ``config``: a config fixed by the caller (only placed, not chosen). Raises
+    ``NoFeasiblePlan`` when nothing fits, ``ConfigError`` for a config that cannot run here.
+    """
+    if constraints.objective not in OBJECTIVES:
+        raise ConfigError("objective", f"unknown planner objective {constraints.objective!r}",
+                          f"use one of {', '.join(OBJECTIVES)}")
+    ordered = continuity_order(gpus, current_members)
+    if config is None and constraints.objective == FEWEST_CHANGES:
+        config = closest_config(spec, current or ParallelConfig(dist_opt=constraints.dist_opt), ordered,
+                                constraints)
+    if config is None:
+        return plan_parallelism(spec, ordered, constraints, hardware)
+    return place(spec, config, ordered, constraints)
+
+
+def place(spec: ModelSpec, cfg: ParallelConfig, ordered: Sequence[GPU], c: Constraints) -> ParallelPlan:
+    """``cfg`` on the first GPUs of ``ordered``, checked against the model, the batch and the pods."""
+    cfg.validate(spec)
+    world = cfg.world_size
+    if world > len(ordered):
+        raise ConfigError("config", f"{cfg} needs {world} workers, {len(ordered)} given",
+                          "choose a smaller config or add workers")
+    if world % c.granularity:
+        raise ConfigError("config", f"{cfg} uses {world} GPUs, not whole pods of {c.granularity}",
+                          f"use a world size that is a multiple of {c.granularity}")
+    _check_batch(cfg, c)
+    ranks, standby = tuple(ordered[:world]), tuple(ordered[world:])
+    return ParallelPlan(config=cfg, gpus=ranks, step_seconds=0.0, tokens_per_second=0.0,
+                        memory_bytes_per_gpu=0, explanation=(f"{cfg} as requested, in continuity order",),
+                        standby=standby)
+
+
+def _check_batch(cfg: ParallelConfig, c: Constraints) -> None:
+    if c.global_batch % (cfg.dp * c.micro_batch):
+        raise ConfigError("config", f"global batch {c.global_batch} does not split over dp={cfg.dp} "
+                                    f"x micro-batch {c.micro_batch}",
+                          "choose a dp that divides global_batch / micro_batch")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def closest_config(spec: ModelSpec, current: ParallelConfig, gpus: Sequence[GPU],
+                   c: Constraints) -> ParallelConfig:
+    """The ``fewest-changes`` choice: the most GPUs first, then the fewest changed degrees
+    (TP, PP, EP against ``current``), then the smallest TP x PP. Keeps the current config's
+    optimizer settings; a non-uniform layer split is dropped (it was priced for other GPUs)."""
+    limit = min(len(gpus), c.max_gpus or len(gpus))
+    candidates: list[tuple[tuple, ParallelConfig]] = []
+    for world in range(limit - limit % c.granularity, 0, -c.granularity):
+        for tp in _divisors(world):
+            if c.tp and tp not in c.tp:
+                continue
+            for pp in _divisors(world // tp):
+                if c.pp and pp not in c.pp:
+                    continue
+                dp = world // (tp * pp)
+                if c.global_batch % (dp * c.micro_batch):
+                    continue
+                ep = current.ep if current.ep <= dp * tp and (dp * tp) % current.ep == 0 else 1
+                if c.ep and ep not in c.ep:
+                    continue
+                cfg = replace(current, tp=tp, pp=pp, dp=dp, ep=ep, cp=1, layers=None)
+                try:
+                    cfg.validate(spec)
+                except ConfigError:
+                    continue
+                changes = (tp != current.tp) + (pp != current.pp) + (ep != current.ep)
+                candidates.append(((changes, tp * pp, tp), cfg))
+        if candidates:
+            return min(candidates, key=lambda x: x[0])[1]
+    raise NoFeasiblePlan(f"no valid parallel config for {spec.name} fits {len(gpus)} GPU(s) with global batch "
+                         f"{c.global_batch} and micro-batch {c.micro_batch}", "gpus")
