@@ -16,24 +16,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from liveshard.operator import builders, signals
 from liveshard.operator.signals import Signal
+from liveshard.runtime.contract.causes import Cause
+from liveshard.runtime.contract.crd import LABEL_INDEX, LABEL_ROLE, ROLE_COORDINATOR, ROLE_WORKER
 from liveshard.runtime.contract.jobspec import JobSpec, read_spec
+from liveshard.runtime.contract.status import InvalidStatus, PlanAbort, PlanAck, StatusPlan, Telemetry
+from liveshard.runtime.contract.times import iso, parse_time
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.planner.pods import Candidate, PodAssignment, micro_batches, node_gpu_memory, plan_for
-from liveshard.runtime.planner.search import NoFeasiblePlan, plan_parallelism
+from liveshard.runtime.planner.search import NoFeasiblePlan
 
 HISTORY_LIMIT = 20
 ABORT_RETRY_SECONDS = 30.0
 IDLE_REQUEUE_SECONDS = 30.0
 UNACKED_REQUEUE_SECONDS = 5.0
 
-# Replan reasons (the metric label; the status carries the full sentence).
-INITIAL, RESUME, MEMBER_LOST, SCALE_UP, SCALE_DOWN, SPEC_CHANGED, RETRY = (
-    "initial", "resume", "member-lost", "scale-up", "scale-down", "spec-changed", "retry")
 
 
 @dataclass(frozen=True)
@@ -65,17 +66,13 @@ class Decision:
     create_coordinator: bool = False
     delete_pods: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
-    replan_reason: str | None = None  # metric label of a plan written now
+    replan_reason: Cause | None = None  # metric label of a plan written now
     triggers: list[str] = field(default_factory=list)  # nodes/pods whose signal caused it
     applied: tuple[int, float] | None = None  # (generation, plan-to-ack seconds) newly acked
     new_failures: int = 0
     requeue_after: float = IDLE_REQUEUE_SECONDS
     scale_up_key: Hashable | None = None  # candidates already tried for scale-up
     spec: JobSpec | None = None
-
-
-def iso(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 # ---- observing --------------------------------------------------------------------------------
@@ -87,10 +84,10 @@ def observe_workers(pods: list[dict[str, Any]], nodes: Mapping[str, Signal | Non
     for pod in pods:
         meta = pod.get("metadata") or {}
         labels = meta.get("labels") or {}
-        if labels.get(builders.LABEL_ROLE) != builders.ROLE_WORKER:
+        if labels.get(LABEL_ROLE) != ROLE_WORKER:
             continue
         try:
-            index = int(labels.get(builders.LABEL_INDEX, ""))
+            index = int(labels.get(LABEL_INDEX, ""))
         except ValueError:
             continue
         node = (pod.get("spec") or {}).get("nodeName")
@@ -132,13 +129,26 @@ def condition(conditions: list[dict[str, Any]], ctype: str) -> dict[str, Any] | 
 # ---- the decision -----------------------------------------------------------------------------
 def reconcile(job: dict[str, Any], pods: list[dict[str, Any]], nodes: Mapping[str, Signal | None],
               now: datetime, *, node_labels: Mapping[str, Mapping[str, str]] | None = None,
-              planner: Callable[..., Any] = plan_parallelism,
               scale_up_checked: Hashable | None = None) -> Decision:
-    return _Reconciler(job, pods, nodes, node_labels or {}, now, planner, scale_up_checked).run()
+    return _Reconciler(job, pods, nodes, node_labels or {}, now, scale_up_checked).run()
+
+
+@dataclass
+class _NextPlan:
+    """What phase 3 decided: a new plan, a stop, or nothing (``assignment`` and ``stop_reason`` None)."""
+
+    assignment: PodAssignment | None = None
+    stop_reason: str | None = None
+    cause: Cause | None = None
+    text: str = ""
+    deadline: datetime | None = None
 
 
 class _Reconciler:
-    def __init__(self, job, pods, nodes, node_labels, now, planner, scale_up_checked) -> None:
+    """One pass over one job, in phases: read the spec, the coordinator pod, the runtime's
+    answer to the current plan, who is leaving, whether to plan anew, pods, conditions."""
+
+    def __init__(self, job, pods, nodes, node_labels, now, scale_up_checked) -> None:
         self.job = job
         self.meta = job.get("metadata") or {}
         self.name = self.meta.get("name", "")
@@ -147,7 +157,6 @@ class _Reconciler:
         self.nodes = nodes
         self.node_labels = node_labels
         self.now = now
-        self.planner = planner
         self.scale_up_checked = scale_up_checked
         self.d = Decision()
         self.conditions = list(self.status.get("conditions") or [])
@@ -168,6 +177,49 @@ class _Reconciler:
         d, st = self.d, self.d.status
         st["observedGeneration"] = self.meta.get("generation")
         st["selector"] = builders.worker_selector(self.name)
+        if not self._read_inputs():
+            st["conditions"] = self.conditions
+            return d
+        self._coordinator_pod()
+        workers = observe_workers(self.pods, self.nodes, self.node_labels, self.spec.elasticity.act_on, self.now)
+        self.by_name = {w.name: w for w in workers}
+        plan = self.plan
+        acked = plan is None or self.ack.generation >= plan.generation
+        members = list(plan.members) if plan else []
+        st["worldSize"] = int(self.status.get("worldSize") or 0)
+        # 1. the runtime's answer to the current plan
+        if plan and acked and plan.generation:
+            self._note_ack(plan)
+            st["worldSize"] = plan.world_size
+        aborted = plan is not None and not acked and self.abort.generation >= plan.generation
+        if aborted:
+            self._note_abort(plan)
+        # 2. who is leaving, who can take part; 3. a new plan?
+        candidates = [Candidate(w.name, w.node or "", w.gpu_memory_bytes, float(self.speeds.get(w.name, 1.0)))
+                      for w in workers if w.running and self._leaving(w) is None]
+        nxt = self._next_plan(plan, members, candidates, acked, aborted)
+        # 4. write it
+        if nxt.assignment is not None:
+            new = self._write_plan(plan, nxt, members)
+            plan, members, acked = new, list(new.members), False
+        elif nxt.stop_reason is not None and members:
+            new = self._write_stop(plan, nxt, members)
+            plan, members, acked = new, [], False
+        # 5. pods: delete leavers once it is safe, create what is missing
+        self._pods(workers, members, acked)
+        # 6. phase and conditions
+        self._conditions(plan, members, acked, self.ack.generation, self.spec.workers.replicas)
+        st["conditions"] = self.conditions
+        st["history"] = self.history[-HISTORY_LIMIT:]
+        if plan and not acked:
+            d.requeue_after = min(d.requeue_after, UNACKED_REQUEUE_SECONDS)
+        return d
+
+    # -- phase 0: inputs --
+    def _read_inputs(self) -> bool:
+        """The spec and the runtime's part of the status; False (and a Failed job) if the spec
+        is invalid. A malformed status field is reported and treated as absent, never raised."""
+        st = self.d.status
         try:
             spec = read_spec(self.job.get("spec"))
         except ConfigError as e:
@@ -176,134 +228,138 @@ class _Reconciler:
             self.cond("Ready", False, "InvalidSpec", str(e))
             if self.status.get("message") != str(e):
                 self.event("Warning", "InvalidSpec", str(e))
-            st["conditions"] = self.conditions
-            return d
-        d.spec = spec
-        self.spec = spec
+            return False
+        self.d.spec = self.spec = spec
+        self.plan = self._status_part(StatusPlan.from_status, None)
+        self.ack = self._status_part(PlanAck.from_status, PlanAck(0))
+        self.abort = self._status_part(PlanAbort.from_status, PlanAbort(0))
+        self.speeds = self._status_part(Telemetry.from_status, Telemetry()).speeds
+        return True
 
+    def _status_part(self, read: Callable[[dict[str, Any]], Any], default: Any) -> Any:
+        try:
+            return read(self.status)
+        except InvalidStatus as e:
+            self.event("Warning", "InvalidStatus", f"{e}; ignored")
+            return default
+
+    def _coordinator_pod(self) -> None:
         coordinators = [p for p in self.pods if ((p.get("metadata") or {}).get("labels") or {}).get(
-            builders.LABEL_ROLE) == builders.ROLE_COORDINATOR and not p["metadata"].get("deletionTimestamp")]
+            LABEL_ROLE) == ROLE_COORDINATOR and not p["metadata"].get("deletionTimestamp")]
         for p in coordinators:
             if (p.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
                 # e.g. evicted: a stopped pod is not restarted, so replace it (next pass)
-                d.delete_pods.append(p["metadata"]["name"])
+                self.d.delete_pods.append(p["metadata"]["name"])
                 self.event("Warning", "CoordinatorReplaced",
                            f"coordinator pod {p['metadata']['name']} stopped: "
                            f"{(p.get('status') or {}).get('reason') or 'no reason given'}")
-        d.create_coordinator = not coordinators
+        self.d.create_coordinator = not coordinators
 
-        workers = observe_workers(self.pods, self.nodes, self.node_labels, spec.elasticity.act_on, self.now)
-        desired = spec.workers.replicas
-        by_name = {w.name: w for w in workers}
-        self.by_name = by_name
+    # -- phase 2: who leaves --
+    def _leaving(self, w: Worker) -> Signal | None:
+        if w.signal is not None:
+            return w.signal
+        desired = self.spec.workers.replicas
+        if w.index >= desired:
+            return Signal(Cause.SCALE_DOWN, f"scaled down to {desired} workers", None,
+                          source="spec.workers.replicas")
+        return None
 
-        plan = self.status.get("plan") or None
-        gen = int(plan.get("generation", 0)) if plan else 0
-        applied = int(self.status.get("appliedGeneration") or 0)
-        acked = plan is None or applied >= gen
-        members = list(plan.get("members") or []) if plan else []
-        st["worldSize"] = int(self.status.get("worldSize") or 0)
-
-        # 1. the runtime's answer to the current plan
-        if plan and acked and gen:
-            self._note_ack(plan, gen)
-            st["worldSize"] = int(plan.get("worldSize") or 0)
-        aborted = bool(plan) and not acked and int(self.status.get("abortedGeneration") or 0) >= gen
-        if aborted:
-            self._note_abort(plan, gen)
-
-        # 2. who is leaving, who can take part
-        def leaving(w: Worker) -> Signal | None:
-            if w.signal is not None:
-                return w.signal
-            if w.index >= desired:
-                return Signal(SCALE_DOWN, f"scaled down to {desired} workers", None,
-                              source="spec.workers.replicas")
-            return None
-
-        candidates = [Candidate(w.name, w.node or "", w.gpu_memory_bytes,
-                                float((self.status.get("speeds") or {}).get(w.name, 1.0)))
-                      for w in workers if w.running and leaving(w) is None]
-        leaving_members = [(m, leaving(by_name[m])) for m in members if m in by_name and leaving(by_name[m])]
+    # -- phase 3: a new plan? --
+    def _next_plan(self, plan: StatusPlan | None, members: list[str], candidates: list[Candidate],
+                   acked: bool, aborted: bool) -> _NextPlan:
+        by_name = self.by_name
+        leaving = [(m, self._leaving(by_name[m])) for m in members if m in by_name and self._leaving(by_name[m])]
         lost = [m for m in members if m not in by_name]
+        if members and (leaving or lost):
+            return self._plan_departures(plan, candidates, leaving, lost)
+        if not members:
+            return self._plan_start(plan, candidates)
+        if aborted and self._abort_backoff_over(plan.generation):
+            return self._attempt(plan, candidates, Cause.RETRY,
+                                 f"retry: generation {plan.generation} was aborted by the runtime")
+        if self.status.get("observedGeneration") not in (None, self.meta.get("generation")):
+            return self._plan_spec_change(plan, members, candidates)
+        if acked and any(c.pod not in members for c in candidates):
+            return self._plan_scale_up(plan, members, candidates)
+        return _NextPlan()
 
-        # 3. a new plan?
-        new: PodAssignment | None = None
-        reason_kind, reason_text, deadline = None, "", None
-        stop_reason: str | None = None
-        if members and (leaving_members or lost):
-            if leaving_members:
-                first = signals.most_pressing([s for _, s in leaving_members])
-                reason_kind = first.kind
-                names = [m for m, s in leaving_members]
-                where = sorted({by_name[m].node for m in names if by_name[m].node})
-                reason_text = (f"{first.kind}: {first.reason}"
-                               + (f" (node {', '.join(where)})" if where and first.kind != SCALE_DOWN else "")
-                               + f"; leaving: {', '.join(names)}")
-                deadline = min((s.deadline for _, s in leaving_members if s.deadline), default=None)
-                d.triggers = [by_name[m].node or m for m in names]
-            else:
-                reason_kind = MEMBER_LOST
-                reason_text = f"member-lost: pods {', '.join(lost)} no longer exist"
-            if lost and leaving_members:
-                reason_text += f"; lost: {', '.join(lost)}"
-            new, stop_reason = self._try_plan(candidates)
-        elif not members:
-            ready_to_start = len(candidates) >= spec.workers.min and (
-                len(candidates) >= desired or self._waited(spec.elasticity.scale_up_cooldown_seconds))
-            if ready_to_start:
-                reason_kind = INITIAL if plan is None else RESUME
-                reason_text = (f"{reason_kind}: {len(candidates)} worker pods running")
-                new, stop_reason = self._try_plan(candidates)
-                if new is None:
-                    reason_kind = None  # nothing to stop: just stay suspended
-            elif plan is None:
-                running = len(candidates)
+    def _attempt(self, plan: StatusPlan | None, candidates: list[Candidate], cause: Cause, text: str,
+                 deadline: datetime | None = None) -> _NextPlan:
+        assignment, stop_reason = self._try_plan(candidates, plan)
+        return _NextPlan(assignment, stop_reason, cause, text, deadline)
+
+    def _plan_departures(self, plan, candidates, leaving, lost) -> _NextPlan:
+        by_name = self.by_name
+        deadline = None
+        if leaving:
+            first = signals.most_pressing([s for _, s in leaving])
+            cause = first.kind
+            names = [m for m, _ in leaving]
+            where = sorted({by_name[m].node for m in names if by_name[m].node})
+            text = (f"{first.kind}: {first.reason}"
+                    + (f" (node {', '.join(where)})" if where and first.kind != Cause.SCALE_DOWN else "")
+                    + f"; leaving: {', '.join(names)}")
+            deadline = min((s.deadline for _, s in leaving if s.deadline), default=None)
+            self.d.triggers = [by_name[m].node or m for m in names]
+            if lost:
+                text += f"; lost: {', '.join(lost)}"
+        else:
+            cause, text = Cause.MEMBER_LOST, f"member-lost: pods {', '.join(lost)} no longer exist"
+        return self._attempt(plan, candidates, cause, text, deadline)
+
+    def _plan_start(self, plan: StatusPlan | None, candidates: list[Candidate]) -> _NextPlan:
+        spec, st = self.spec, self.d.status
+        desired = spec.workers.replicas
+        ready = len(candidates) >= spec.workers.min and (
+            len(candidates) >= desired or self._waited(spec.elasticity.scale_up_cooldown_seconds))
+        if ready:
+            cause = Cause.INITIAL if plan is None else Cause.RESUME
+            nxt = self._attempt(plan, candidates, cause, f"{cause}: {len(candidates)} worker pods running")
+            if nxt.assignment is None:
+                nxt.cause = None  # nothing to stop: just stay suspended
+        else:
+            nxt = _NextPlan()
+            if plan is None:
                 st["phase"] = "Pending"
-                st["message"] = f"waiting for worker pods: {running} of {desired} running (min {spec.workers.min})"
-            if stop_reason and not plan:
-                st["phase"] = "Suspended"
-                st["message"] = stop_reason
-        elif aborted and self._abort_backoff_over(gen):
-            reason_kind, reason_text = RETRY, f"retry: generation {gen} was aborted by the runtime"
-            new, stop_reason = self._try_plan(candidates)
-        elif self.status.get("observedGeneration") not in (None, self.meta.get("generation")):
-            proposal, why = self._try_plan(candidates)
-            if proposal is not None and (proposal.config != plan.get("config")
-                                         or list(proposal.members) != members):
-                new, reason_kind = proposal, SPEC_CHANGED
-                reason_text = f"spec-changed: job generation {self.meta.get('generation')}"
-        elif acked and any(c.pod not in members for c in candidates):
-            key = (tuple(c.pod for c in candidates), gen)
-            wait = self._cooldown_left(plan, spec.elasticity.scale_up_cooldown_seconds)
-            if wait > 0:
-                d.requeue_after = min(d.requeue_after, wait + 0.1)
-            elif key != self.scale_up_checked:
-                d.scale_up_key = key
-                proposal, _ = self._try_plan(candidates)
-                if proposal is not None and proposal.world_size > int(plan.get("worldSize") or 0):
-                    new, reason_kind = proposal, SCALE_UP
-                    joining = [m for m in proposal.members if m not in members]
-                    reason_text = f"scale-up: {', '.join(joining)} joined"
-            else:
-                d.scale_up_key = key
+                st["message"] = (f"waiting for worker pods: {len(candidates)} of {desired} running "
+                                 f"(min {spec.workers.min})")
+        if nxt.stop_reason and not plan:
+            st["phase"] = "Suspended"
+            st["message"] = nxt.stop_reason
+        return nxt
 
-        # 4. write it
-        if new is not None:
-            self._write_plan(plan, new, reason_kind, reason_text, deadline, members)
-            plan, members, acked = st["plan"], list(new.members), False
-        elif stop_reason is not None and members:
-            self._write_stop(plan, reason_kind or MEMBER_LOST, reason_text, deadline, stop_reason, members)
-            plan, members, acked = st["plan"], [], False
+    def _plan_spec_change(self, plan: StatusPlan, members: list[str], candidates: list[Candidate]) -> _NextPlan:
+        proposal, _ = self._try_plan(candidates, plan)
+        if proposal is not None and (proposal.config != plan.config or list(proposal.members) != members):
+            return _NextPlan(proposal, None, Cause.SPEC_CHANGED,
+                             f"spec-changed: job generation {self.meta.get('generation')}")
+        return _NextPlan()
 
-        # 5. pods: delete leavers once it is safe, create what is missing
+    def _plan_scale_up(self, plan: StatusPlan, members: list[str], candidates: list[Candidate]) -> _NextPlan:
+        key = (tuple(c.pod for c in candidates), plan.generation)
+        wait = self._cooldown_left(plan, self.spec.elasticity.scale_up_cooldown_seconds)
+        if wait > 0:
+            self.d.requeue_after = min(self.d.requeue_after, wait + 0.1)
+            return _NextPlan()
+        self.d.scale_up_key = key
+        if key == self.scale_up_checked:
+            return _NextPlan()
+        proposal, _ = self._try_plan(candidates, plan)
+        if proposal is not None and proposal.world_size > plan.world_size:
+            joining = [m for m in proposal.members if m not in members]
+            return _NextPlan(proposal, None, Cause.SCALE_UP, f"scale-up: {', '.join(joining)} joined")
+        return _NextPlan()
+
+    # -- phase 5: pods --
+    def _pods(self, workers: list[Worker], members: list[str], acked: bool) -> None:
+        d, st = self.d, self.d.status
         counted = list(self.status.get("countedFailures") or [])
         for w in workers:
-            why = leaving(w)
+            why = self._leaving(w)
             if w.deleting or why is None:
                 continue
-            safe = w.dead or (acked and w.name not in members)
-            if not safe:
+            if not (w.dead or (acked and w.name not in members)):
                 continue
             d.delete_pods.append(w.name)
             if why.failure and w.uid not in counted:
@@ -314,104 +370,93 @@ class _Reconciler:
             st["failures"] = int(self.status.get("failures") or 0) + d.new_failures
             st["countedFailures"] = counted[-50:]
         existing = {w.name for w in workers}
-        for i in range(desired):
+        for i in range(self.spec.workers.replicas):
             if builders.worker_name(self.name, i) not in existing:
                 d.create_workers.append(i)
         st["replicas"] = sum(1 for w in workers if not w.deleting and w.name not in d.delete_pods)
 
-        # 6. phase and conditions
-        self._conditions(plan, members, acked, applied, desired, spec)
-        st["conditions"] = self.conditions
-        st["history"] = self.history[-HISTORY_LIMIT:]
-        if plan and not acked:
-            d.requeue_after = min(d.requeue_after, UNACKED_REQUEUE_SECONDS)
-        return d
-
     # -- planning --
-    def _try_plan(self, candidates: list[Candidate]) -> tuple[PodAssignment | None, str | None]:
+    def _try_plan(self, candidates: list[Candidate], current: StatusPlan | None
+                  ) -> tuple[PodAssignment | None, str | None]:
         spec = self.spec
         if len(candidates) < spec.workers.min:
             return None, (f"{len(candidates)} running worker pods, fewer than workers.min="
                           f"{spec.workers.min}")
+        running = current if current is not None and not current.is_stop else None
         try:
-            return plan_for(spec, candidates, self.planner), None
+            return plan_for(spec, candidates, running.config if running else "",
+                            running.members if running else ()), None
         except NoFeasiblePlan as e:
             return None, f"no feasible plan: {e}"
 
-    def _write_plan(self, old: dict[str, Any] | None, new: PodAssignment, kind: str, text: str,
-                    deadline: datetime | None, old_members: list[str]) -> None:
-        st = self.d.status
-        gen = int(old.get("generation", 0)) + 1 if old else 1
-        if deadline is None:
-            deadline = self.now + timedelta(seconds=self.spec.elasticity.reconfiguration_timeout_seconds)
-        st["plan"] = {
-            "generation": gen, "config": new.config, "members": list(new.members),
-            "gpusPerWorker": self.spec.workers.gpus_per_worker, "worldSize": new.world_size,
-            "reason": text, "deadline": iso(deadline), "createdAt": iso(self.now),
-            "leaving": [m for m in old_members if m not in new.members],
-            "joining": [m for m in new.members if m not in old_members],
-            "microBatches": micro_batches(self.spec, new.plan),
-            "stepSeconds": round(float(new.plan.step_seconds), 6),
-            "tokensPerSecond": round(float(new.plan.tokens_per_second), 3),
-            "explanation": list(new.plan.explanation)[:12],
-        }
-        self._supersede(old)
-        self.history.append({"generation": gen, "reason": text,
-                             "from": (old or {}).get("config") or "", "to": new.config,
-                             "worldSize": new.world_size, "createdAt": iso(self.now)})
-        self.d.replan_reason = kind
+    def _write_plan(self, old: StatusPlan | None, nxt: _NextPlan, old_members: list[str]) -> StatusPlan:
+        new = nxt.assignment
+        assert new is not None
+        gen = old.generation + 1 if old else 1
+        plan = StatusPlan(
+            generation=gen, config=new.config, members=new.members,
+            gpus_per_worker=self.spec.workers.gpus_per_worker, cause=nxt.cause, reason=nxt.text,
+            deadline=nxt.deadline or self._default_deadline(), created_at=self.now,
+            leaving=tuple(m for m in old_members if m not in new.members),
+            joining=tuple(m for m in new.members if m not in old_members),
+            micro_batches=micro_batches(self.spec, new.plan),
+            step_seconds=round(float(new.plan.step_seconds), 6),
+            tokens_per_second=round(float(new.plan.tokens_per_second), 3),
+            explanation=tuple(new.plan.explanation)[:12])
+        self._record_plan(old, plan)
         self.event("Normal", "Replanned", f"generation {gen}: {new.config} on {new.world_size} GPUs "
-                   f"({len(new.members)} pods); {text}")
+                   f"({len(new.members)} pods); {nxt.text}")
+        return plan
 
-    def _write_stop(self, old: dict[str, Any] | None, kind: str, text: str, deadline: datetime | None,
-                    why: str, old_members: list[str]) -> None:
+    def _write_stop(self, old: StatusPlan | None, nxt: _NextPlan, old_members: list[str]) -> StatusPlan:
         """No plan fits the pods that remain: tell the runtime to checkpoint and stop."""
-        st = self.d.status
-        gen = int(old.get("generation", 0)) + 1 if old else 1
-        if deadline is None:
-            deadline = self.now + timedelta(seconds=self.spec.elasticity.reconfiguration_timeout_seconds)
-        st["plan"] = {
-            "generation": gen, "config": "", "members": [], "gpusPerWorker": self.spec.workers.gpus_per_worker,
-            "worldSize": 0, "reason": f"{text}; suspended: {why}", "deadline": iso(deadline),
-            "createdAt": iso(self.now), "leaving": list(old_members), "joining": [],
-            "microBatches": None, "stepSeconds": None, "tokensPerSecond": None, "explanation": [why],
-        }
-        self._supersede(old)
-        self.history.append({"generation": gen, "reason": st["plan"]["reason"],
-                             "from": (old or {}).get("config") or "", "to": "", "worldSize": 0,
-                             "createdAt": iso(self.now)})
-        self.d.replan_reason = kind
+        why = nxt.stop_reason or ""
+        plan = StatusPlan(
+            generation=old.generation + 1 if old else 1, config="", members=(),
+            gpus_per_worker=self.spec.workers.gpus_per_worker, cause=nxt.cause or Cause.MEMBER_LOST,
+            reason=f"{nxt.text}; suspended: {why}", deadline=nxt.deadline or self._default_deadline(),
+            created_at=self.now, leaving=tuple(old_members), explanation=(why,))
+        self._record_plan(old, plan)
+        return plan
 
-    def _supersede(self, old: dict[str, Any] | None) -> None:
-        if not old:
-            return
-        for h in self.history:
-            if h.get("generation") == old.get("generation") and not h.get("outcome"):
-                h["outcome"] = "Superseded"
+    def _default_deadline(self) -> datetime:
+        return self.now + timedelta(seconds=self.spec.elasticity.reconfiguration_timeout_seconds)
+
+    def _record_plan(self, old: StatusPlan | None, plan: StatusPlan) -> None:
+        self.d.status.update(plan.to_status())
+        if old is not None:
+            for h in self.history:
+                if h.get("generation") == old.generation and not h.get("outcome"):
+                    h["outcome"] = "Superseded"
+        self.history.append({"generation": plan.generation, "reason": plan.reason,
+                             "from": old.config if old else "", "to": plan.config,
+                             "worldSize": plan.world_size, "createdAt": iso(self.now)})
+        self.d.replan_reason = plan.cause
 
     # -- the runtime's answers --
-    def _note_ack(self, plan: dict[str, Any], gen: int) -> None:
+    def _note_ack(self, plan: StatusPlan) -> None:
+        gen = plan.generation
         entry = next((h for h in self.history if h.get("generation") == gen), None)
         if entry is None or entry.get("outcome"):
             return
-        applied_at = signals.parse_time(self.status.get("appliedAt")) or self.now
-        created = signals.parse_time(plan.get("createdAt")) or applied_at
+        applied_at = self.ack.at or self.now
+        created = plan.created_at or applied_at
         seconds = max(0.0, (applied_at - created).total_seconds())
         entry.update(appliedAt=iso(applied_at), seconds=round(seconds, 3), outcome="Applied")
         self.d.applied = (gen, seconds)
-        what = f"{plan.get('config')} on {plan.get('worldSize')} GPUs" if plan.get("members") else "stopped"
+        what = f"{plan.config} on {plan.world_size} GPUs" if plan.members else "stopped"
         self.event("Normal", "Reconfigured", f"generation {gen} applied: {what} ({seconds:.1f}s after the plan)")
 
-    def _note_abort(self, plan: dict[str, Any], gen: int) -> None:
-        entry = next((h for h in self.history if h.get("generation") == gen), None)
+    def _note_abort(self, plan: StatusPlan) -> None:
+        entry = next((h for h in self.history if h.get("generation") == plan.generation), None)
         if entry is not None and entry.get("outcome") != "Aborted":
             entry.update(outcome="Aborted", abortedAt=iso(self.now))
-            self.event("Warning", "ReconfigurationAborted",
-                       f"generation {gen} aborted by the runtime: {self.status.get('abortReason') or 'no reason'}")
+            self.event("Warning", "ReconfigurationAborted", f"generation {plan.generation} aborted by the "
+                       f"runtime: {self.abort.reason or 'no reason'}")
 
     def _abort_backoff_over(self, gen: int) -> bool:
         entry = next((h for h in self.history if h.get("generation") == gen), None)
-        since = signals.parse_time((entry or {}).get("abortedAt")) or self.now
+        since = parse_time((entry or {}).get("abortedAt")) or self.now
         left = ABORT_RETRY_SECONDS - (self.now - since).total_seconds()
         if left > 0:
             self.d.requeue_after = min(self.d.requeue_after, left + 0.1)
@@ -420,7 +465,7 @@ class _Reconciler:
 
     # -- time --
     def _waited(self, seconds: float) -> bool:
-        created = signals.parse_time(self.meta.get("creationTimestamp"))
+        created = parse_time(self.meta.get("creationTimestamp"))
         if created is None:
             return True
         left = seconds - (self.now - created).total_seconds()
@@ -428,18 +473,19 @@ class _Reconciler:
             self.d.requeue_after = min(self.d.requeue_after, left + 0.1)
         return left <= 0
 
-    def _cooldown_left(self, plan: dict[str, Any] | None, seconds: float) -> float:
-        created = signals.parse_time((plan or {}).get("createdAt"))
+    def _cooldown_left(self, plan: StatusPlan | None, seconds: float) -> float:
+        created = plan.created_at if plan else None
         if created is None:
             return 0.0
         return seconds - (self.now - created).total_seconds()
 
-    # -- status --
-    def _conditions(self, plan, members, acked, applied, desired, spec: JobSpec) -> None:
+    # -- phase 6: status --
+    def _conditions(self, plan: StatusPlan | None, members: list[str], acked: bool, applied: int,
+                    desired: int) -> None:
         st = self.d.status
-        stopped = bool(plan) and not members
-        if st.get("phase") == "Suspended" or (stopped and plan):
-            why = (plan or {}).get("reason") or st.get("message") or "no feasible plan"
+        stopped = plan is not None and not members
+        if st.get("phase") == "Suspended" or stopped:
+            why = (plan.reason if plan else "") or st.get("message") or "no feasible plan"
             st["phase"] = "Suspended"
             st["message"] = why
             kind = "BelowMinWorkers" if "fewer than workers.min" in why else "NoFeasiblePlan"
@@ -451,19 +497,19 @@ class _Reconciler:
                 st["phase"] = "Pending" if applied == 0 else "Reconfiguring"
             else:
                 st["phase"] = "Running"
-            st["message"] = (plan or {}).get("reason", "")
+            st["message"] = plan.reason if plan else ""
         running = st["phase"] == "Running"
+        pending = plan is not None and not acked
         self.cond("Ready", running, st["phase"], st.get("message", ""))
-        self.cond("Reconfiguring", bool(plan) and not acked, "PlanPending" if plan and not acked else "Idle",
-                  f"waiting for the runtime to apply generation {plan['generation']}" if plan and not acked else "")
+        self.cond("Reconfiguring", pending, "PlanPending" if pending else "Idle",
+                  f"waiting for the runtime to apply generation {plan.generation}" if pending else "")
         degraded, reason, message = False, "AsDesired", ""
-        deadline = signals.parse_time((plan or {}).get("deadline"))
-        if plan and not acked and deadline and self.now > deadline:
+        if pending and plan.deadline and self.now > plan.deadline:
             degraded, reason = True, "AckDeadlineExceeded"
-            message = f"generation {plan['generation']} not applied by its deadline {plan['deadline']}"
-        elif plan and not acked and int(self.status.get("abortedGeneration") or 0) >= int(plan["generation"]):
+            message = f"generation {plan.generation} not applied by its deadline {iso(plan.deadline)}"
+        elif pending and self.abort.generation >= plan.generation:
             degraded, reason = True, "ReconfigurationAborted"
-            message = str(self.status.get("abortReason") or "the runtime aborted the reconfiguration")
+            message = self.abort.reason or "the runtime aborted the reconfiguration"
         elif running and len(members) < desired:
             degraded, reason = True, "BelowDesiredSize"
             message = f"training on {len(members)} of {desired} desired worker pods"

@@ -20,14 +20,18 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from liveshard.runtime.control.protocol import Keys, MemberResult, WorldPlan, transition_members
+from liveshard.runtime.contract.causes import Cause
+from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.contract.status import pod_of
+from liveshard.runtime.control.protocol import MemberResult, WorldPlan, transition_members
 from liveshard.runtime.control.store import JobStore
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
-from liveshard.runtime.planner.replan_old import fit_config
+from liveshard.runtime.planner import GPU, Constraints, NoFeasiblePlan, ParallelPlan, plan_world
 from liveshard.runtime.spec import ModelSpec
 from liveshard.runtime.telemetry import summarize
 
@@ -36,19 +40,35 @@ log = logging.getLogger("liveshard.coordinator")
 
 @dataclass
 class PlanRequest:
-    """A wish for a new world: explicit members and config, or "fit the members you have"."""
+    """A wish for a new world: explicit members (in rank order) and config, or "plan a world
+    for these workers" (``config`` None: the planner chooses the config and the rank order)."""
 
     members: tuple[str, ...]
-    config: str | None = None  # None: choose one that fits (replan.fit_config)
+    config: str | None = None
     reason: str = ""
     switch_at_step: int | None = None
     deadline: float | None = None
+    cause: str | None = None  # a contract.Cause value
+
+
+@dataclass(frozen=True)
+class PlanningInputs:
+    """What the planner is given besides the workers: the job's constraints (the same the
+    operator plans with), each GPU's memory, and measured relative speeds per pod."""
+
+    constraints: Constraints
+    gpu_memory_bytes: int = 80 << 30
+    speeds: Mapping[str, float] = field(default_factory=dict)
 
 
 class PlanSource(Protocol):
     def poll(self) -> PlanRequest | None: ...
 
     def report(self, status: dict) -> None: ...
+
+    def planning(self) -> PlanningInputs | None:
+        """The job's current planning inputs, or None to keep the coordinator's own."""
+        ...
 
 
 class StorePlanSource:
@@ -60,14 +80,14 @@ class StorePlanSource:
 
     @staticmethod
     def post(store: JobStore, request: PlanRequest) -> None:
-        index = store.store.add("request/count", 1) - 1
-        store.set_json(f"request/{index}", request.__dict__)
+        index = store.store.add(Keys.REQUEST_COUNT, 1) - 1
+        store.set_json(Keys.request(index), request.__dict__)
 
     def poll(self) -> PlanRequest | None:
-        count = self.store.store.add("request/count", 0)
+        count = self.store.store.add(Keys.REQUEST_COUNT, 0)
         if self.seen >= count:
             return None
-        data = self.store.get_json(f"request/{self.seen}")
+        data = self.store.get_json(Keys.request(self.seen))
         if data is None:  # counter bumped, value not written yet
             return None
         self.seen += 1
@@ -75,7 +95,10 @@ class StorePlanSource:
         return PlanRequest(**data)
 
     def report(self, status: dict) -> None:
-        self.store.set_json("status", status)
+        pass  # the coordinator's status is in the store already (Keys.COORDINATOR_STATUS)
+
+    def planning(self) -> PlanningInputs | None:
+        return None
 
 
 @dataclass
@@ -87,14 +110,12 @@ class Generation:
 
 
 class Coordinator:
-    def __init__(self, store: JobStore, spec: ModelSpec, source: PlanSource, *, global_batch: int,
-                 micro_batch: int = 1, heartbeat_timeout: float = 3.0,
-                 transition_timeout: float = 120.0) -> None:
+    def __init__(self, store: JobStore, spec: ModelSpec, source: PlanSource, planning: PlanningInputs, *,
+                 heartbeat_timeout: float = 3.0, transition_timeout: float = 120.0) -> None:
         self.store = store
         self.spec = spec
         self.source = source
-        self.global_batch = global_batch
-        self.micro_batch = micro_batch
+        self.planning = planning
         self.heartbeat_timeout = heartbeat_timeout
         self.transition_timeout = transition_timeout
         self.current: WorldPlan | None = None  # the committed world
@@ -155,56 +176,66 @@ class Coordinator:
             return
         members = tuple(m for m in request.members if m not in self.dead)
         try:
-            if request.config is not None:
-                cfg = ParallelConfig.parse(request.config)
-            else:
-                base = (ParallelConfig.parse(self.current.config) if self.current and not self.current.is_stop
-                        else ParallelConfig())
-                cfg = fit_config(self.spec, base, len(members), self.global_batch, self.micro_batch)
-            cfg.validate(self.spec)
-            if cfg.world_size > len(members):
-                raise ConfigError("config", f"{cfg} needs {cfg.world_size} workers, {len(members)} given")
-        except ConfigError as e:
+            world = self._choose_world(request, members)
+        except (ConfigError, NoFeasiblePlan) as e:
             self._reject(request, str(e))
             return
-        dead = tuple(sorted(self.dead & set(self.current.members))) if self.current else ()
-        restore_from = None
-        # A first world, or one restored from a checkpoint, takes the members in the order given.
-        ordered, standbys = members[: cfg.world_size], members[cfg.world_size:]
+        ordered = tuple(g.id for g in world.gpus)
+        used = set(ordered)
+        plan = WorldPlan(
+            generation=self.next_generation,
+            config=str(world.config),
+            members=ordered,
+            standbys=tuple(m for m in members if m not in used),
+            reason=request.reason,
+            previous=self.current.generation if self.current else None,
+            switch_at_step=request.switch_at_step,
+            deadline=request.deadline,
+            dead=tuple(sorted(self.dead & set(self.current.members))) if self.current else (),
+            created=time.time(),
+        )
         if self.current is not None:
-            from liveshard.runtime.agent.transition import order_members
-            from liveshard.runtime.vps.transition import NoSurvivingCopy
-
-            no_copy = "the job was stopped: its state is in its last checkpoint" if self.current.is_stop else None
-            if no_copy is None:
-                try:
-                    ordered, standbys = order_members(self.spec, self.current, str(cfg), members, dead)
-                except NoSurvivingCopy as e:
-                    no_copy = str(e)
-                except ConfigError as e:
-                    self._reject(request, str(e))
-                    return
+            no_copy = self._no_live_copy(plan)
             if no_copy is not None:  # the last checkpoint is the way back
                 checkpoint = self.latest_checkpoint()
                 if checkpoint is None:
                     self._reject(request, f"{no_copy} (and no checkpoint to restore from)")
                     return
                 log.warning("%s: restoring step %s from %s", no_copy, checkpoint.get("step"), checkpoint["path"])
-                restore_from = checkpoint["path"]
-        plan = WorldPlan(
-            generation=self.next_generation,
-            config=str(cfg),
-            members=ordered,
-            standbys=standbys,
-            reason=request.reason,
-            previous=self.current.generation if self.current else None,
-            switch_at_step=request.switch_at_step,
-            deadline=request.deadline,
-            dead=dead,
-            created=time.time(),
-            restore_from=restore_from,
-        )
+                plan = replace(plan, restore_from=checkpoint["path"])
         self._publish(plan)
+
+    def _choose_world(self, request: PlanRequest, members: tuple[str, ...]) -> ParallelPlan:
+        """The planner's world for ``members``: a request's explicit config keeps the rank order
+        it gives (the operator's planner chose it); otherwise the planner chooses both, from the
+        same inputs the operator has (the job's constraints, memory, measured speeds)."""
+        inputs = self.source.planning() or self.planning
+        gpus = [GPU(id=m, node=self._node_of(m), memory_bytes=inputs.gpu_memory_bytes,
+                    speed=float(inputs.speeds.get(pod_of(m), 1.0))) for m in members]
+        if request.config is not None:
+            return plan_world(self.spec, gpus, inputs.constraints, config=ParallelConfig.parse(request.config))
+        running = self.current if self.current is not None and not self.current.is_stop else None
+        return plan_world(self.spec, gpus, inputs.constraints,
+                          current=ParallelConfig.parse(running.config) if running else None,
+                          current_members=running.members if running else ())
+
+    def _node_of(self, worker: str) -> str:
+        info = self.store.get_json(Keys.member(worker)) or {}
+        return str(info.get("node") or info.get("host") or worker)
+
+    def _no_live_copy(self, plan: WorldPlan) -> str | None:
+        """Why ``plan`` cannot take its state from the running world (None: it can)."""
+        from liveshard.runtime.agent.transition import plan_for
+        from liveshard.runtime.vps.transition import NoSurvivingCopy
+
+        assert self.current is not None
+        if self.current.is_stop:
+            return "the job was stopped: its state is in its last checkpoint"
+        try:
+            plan_for(self.spec, self.current, plan)
+        except NoSurvivingCopy as e:
+            return str(e)
+        return None
 
     def _start_stop(self, request: PlanRequest) -> None:
         """A stop: the running world saves a checkpoint, and every worker waits for a plan that
@@ -344,8 +375,9 @@ class Coordinator:
     def _recover(self) -> None:
         assert self.current is not None
         survivors = tuple(m for m in (*self.current.members, *self.current.standbys) if m not in self.dead)
-        self.store.set_json("recovery/requested", {"dead": sorted(self.dead), "time": time.time()})
-        self._start(PlanRequest(members=survivors, reason=f"lost {', '.join(sorted(self.dead))} without notice"))
+        self.store.set_json(Keys.RECOVERY, {"dead": sorted(self.dead), "time": time.time()})
+        self._start(PlanRequest(members=survivors, reason=f"lost {', '.join(sorted(self.dead))} without notice",
+                                cause=Cause.LOST_WITHOUT_NOTICE))
 
     # ---- status ------------------------------------------------------------------------------
     def status(self) -> dict:
@@ -393,4 +425,4 @@ class Coordinator:
         self._last_report = time.monotonic()
         status = self.status()
         self.source.report(status)
-        self.store.set("coordinator/status", json.dumps(status, sort_keys=True, default=str))
+        self.store.set(Keys.COORDINATOR_STATUS, json.dumps(status, sort_keys=True, default=str))

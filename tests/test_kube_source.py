@@ -10,8 +10,9 @@ import pytest
 from kube_emulator import KubeEmulator
 
 from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
-from liveshard.runtime.control.kube_source import KubePlanSource, pod_speeds, worker_ids
-from liveshard.runtime.control.protocol import Keys
+from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.contract.status import worker_ids
+from liveshard.runtime.control.kube_source import KubePlanSource, pod_speeds
 from liveshard.runtime.control.store import JobStore, serve_store
 
 CRD = Path(__file__).resolve().parents[1] / "crds" / "elastictrainingjob.yaml"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import copy
 from datetime import UTC, datetime, timedelta
 
-from liveshard.operator import builders, signals
+from liveshard.operator import signals
 from liveshard.operator.reconcile import reconcile
+from liveshard.runtime.contract.crd import LABEL_INDEX, LABEL_JOB, LABEL_ROLE
 from liveshard.runtime.contract.jobspec import read_spec
 from liveshard.runtime.planner.pods import Candidate, plan_for
 
@@ -28,8 +29,8 @@ def make_job(max_workers=4, min_workers=1, gpus=2, status=None, **spec_extra):
 
 def make_pod(i, node=None, phase="Running", **meta):
     p = {"metadata": {"name": f"train-worker-{i}", "namespace": "ml", "uid": f"pod-{i}",
-                      "labels": {builders.LABEL_JOB: "train", builders.LABEL_ROLE: "worker",
-                                 builders.LABEL_INDEX: str(i)}, **meta},
+                      "labels": {LABEL_JOB: "train", LABEL_ROLE: "worker",
+                                 LABEL_INDEX: str(i)}, **meta},
          "spec": {"nodeName": node if node is not None else f"node-{i}"},
          "status": {"phase": phase}}
     if phase == "Pending" and node is None:
@@ -38,8 +39,8 @@ def make_pod(i, node=None, phase="Running", **meta):
 
 
 def coordinator():
-    return {"metadata": {"name": "train-coordinator", "labels": {builders.LABEL_JOB: "train",
-                                                                 builders.LABEL_ROLE: "coordinator"}}}
+    return {"metadata": {"name": "train-coordinator", "labels": {LABEL_JOB: "train",
+                                                                 LABEL_ROLE: "coordinator"}}}
 
 
 def healthy(n):

@@ -213,7 +213,7 @@ class Demo:
 
     def finish(self, timeout: float = 120.0) -> None:
         """Ask every worker to stop (the store's stop key) and wait for their results."""
-        from liveshard.runtime.control.protocol import Keys
+        from liveshard.runtime.contract.keys import Keys
 
         self.final_coordinator = self.coordinator()
         self.final_status = self.status()  # the stop ends the job's pods: judge the plans before it

@@ -29,7 +29,7 @@ from typing import Any
 
 from liveshard.dev.localrun.events import Event
 from liveshard.dev.ports import free_port
-from liveshard.runtime.control.protocol import Keys
+from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner import FEWEST_CHANGES, GPU, Constraints, ParallelPlan, plan_world

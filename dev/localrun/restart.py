@@ -15,7 +15,7 @@ from pathlib import Path
 
 from liveshard.dev.localrun.driver import LocalRun, plan_local_world
 from liveshard.dev.ports import free_port
-from liveshard.runtime.control.protocol import Keys
+from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import kopf
 
-from liveshard.operator.builders import GROUP, PLURAL, VERSION
+from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 from liveshard.runtime.contract.jobspec import validate_spec
 
 _registered = False

@@ -17,10 +17,10 @@ from typing import Any
 import kopf
 
 from liveshard.operator import builders, metrics
-from liveshard.operator.builders import GROUP, PLURAL, VERSION
 from liveshard.operator.context import Context, NodeLabels, NodeView
 from liveshard.operator.kube import Conflict
 from liveshard.operator.reconcile import Decision, reconcile
+from liveshard.runtime.contract.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 ERROR_BACKOFF = 5.0
 
@@ -94,7 +94,7 @@ async def reconcile_job(ctx: Context, namespace: str, name: str, pods_by_job: ko
     if differs(job.get("status") or {}, decision.status):
         await ctx.kube.patch_job_status(namespace, name, decision.status, job["metadata"].get("resourceVersion"))
         _record(ctx, namespace, name, decision)
-        ref = {"apiVersion": f"{GROUP}/{VERSION}", "kind": builders.KIND,
+        ref = {"apiVersion": API_VERSION, "kind": KIND,
                "metadata": {k: job["metadata"][k] for k in ("name", "namespace", "uid")}}
         for kind, reason, message in decision.events:
             kopf.event(ref, type=kind, reason=reason, message=message[:1000])

@@ -9,7 +9,7 @@ from typing import Any
 import kopf
 
 from liveshard.operator import signals
-from liveshard.operator.builders import LABEL_JOB
+from liveshard.runtime.contract.crd import LABEL_JOB
 
 JOB_PODS = {LABEL_JOB: kopf.PRESENT}
 

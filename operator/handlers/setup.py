@@ -7,7 +7,7 @@ from typing import Any
 
 import kopf
 
-from liveshard.operator.builders import GROUP
+from liveshard.runtime.contract.crd import GROUP
 
 STORAGE_PREFIX = GROUP
 

@@ -1,9 +1,9 @@
 """The worker side of a transition: world plans mapped onto the VPS transition planner and executor.
 
-A world plan names workers; the transition planner numbers devices (old rank ``i`` is device
-``i``, joiners follow in sorted order). ``order_members`` is what the coordinator uses to
-publish a plan's members in the rank order the planner chose (least data moved);
-``plan_for`` is what every member recomputes, with no communication, before it moves data.
+A world plan names workers in rank order (the planner chose it: ``planner.world``); the
+transition planner numbers devices (old rank ``i`` is device ``i``, joiners follow in sorted
+order). ``plan_for`` is what every member recomputes, with no communication, before it moves
+data, and what the coordinator checks a plan with (is there a live copy of everything?).
 """
 
 from __future__ import annotations
@@ -30,30 +30,17 @@ def device_map(old: WorldPlan, candidates: tuple[str, ...], dead: tuple[str, ...
                      joining=len(joiners(old, candidates)), dead=dead_ids)
 
 
-def order_members(spec: ModelSpec, old: WorldPlan, config: str, candidates: tuple[str, ...],
-                  dead: tuple[str, ...], gpus_per_node: int = DEFAULT_GPUS_PER_NODE
-                  ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(members in rank order, standbys) for a new config over ``candidates``."""
-    devices = device_map(old, candidates, dead, gpus_per_node)
-    plan = plan_transition(spec, ParallelConfig.parse(old.config), ParallelConfig.parse(config), devices)
-    by_device = (*old.members, *joiners(old, candidates))
-    members = tuple(by_device[d] for d in plan.rank_to_device)
-    standbys = tuple(by_device[d] for d in plan.standbys)
-    return members, standbys
-
-
 def plan_for(spec: ModelSpec, old: WorldPlan, new: WorldPlan,
              gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> TransitionPlan:
-    """The transition plan of ``new`` (checked against the members order it publishes)."""
+    """The transition plan of ``new``, with its ranks on the devices its members order names.
+
+    Raises ``vps.transition.NoSurvivingCopy`` when some state has no live holder left."""
     candidates = (*new.members, *new.standbys)
     devices = device_map(old, candidates, new.dead, gpus_per_node)
-    plan = plan_transition(spec, ParallelConfig.parse(old.config), ParallelConfig.parse(new.config), devices)
-    by_device = transition_devices(old, new)
-    members = tuple(by_device[d] for d in plan.rank_to_device)
-    if members != new.members:
-        raise RuntimeError(f"generation {new.generation}: the planner orders members {members[:4]}..., "
-                           f"the plan says {new.members[:4]}...")
-    return plan
+    device_of = {m: d for d, m in enumerate(transition_devices(old, new))}
+    rank_to_device = tuple(device_of[m] for m in new.members)
+    return plan_transition(spec, ParallelConfig.parse(old.config), ParallelConfig.parse(new.config), devices,
+                           rank_to_device)
 
 
 def group_ranks(old: WorldPlan, new: WorldPlan) -> list[Any]:

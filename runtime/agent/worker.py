@@ -52,7 +52,8 @@ from liveshard.runtime.agent.state import (
 )
 from liveshard.runtime.agent.trainer import Trainer, TrainingSettings
 from liveshard.runtime.agent.transition import execute_transition, plan_for
-from liveshard.runtime.control.protocol import Keys, MemberResult, WorldPlan, transition_members
+from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.control.protocol import MemberResult, WorldPlan, transition_members
 from liveshard.runtime.control.store import JobStore, connect_store
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec

@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+from liveshard.runtime.planner.world import OBJECTIVES, THROUGHPUT
+
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=os.environ.get("LIVESHARD_BIND", "0.0.0.0"), help="address the store listens on")
@@ -15,9 +17,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="preset or YAML file (default: $LIVESHARD_MODEL, the ModelSpec JSON the operator sets)")
     p.add_argument("--global-batch", type=int, default=None,
-                   help="default: the job's spec.parallelism.globalBatch (kubernetes source), else 8")
+                   help="sequences per step, for the store source (default 8; the kubernetes source reads the job)")
     p.add_argument("--micro-batch", type=int, default=None)
     p.add_argument("--heartbeat-timeout", type=float, default=3.0)
+    p.add_argument("--objective", choices=OBJECTIVES, default=THROUGHPUT,
+                   help="what the planner optimises when the coordinator plans alone with the store source "
+                        "(the kubernetes source plans as the operator does, from the job's spec)")
     # In a pod the operator built (LIVESHARD_ROLE=coordinator) plans come from the job's status.
     p.add_argument("--source", choices=("store", "kubernetes"),
                    default="kubernetes" if os.environ.get("LIVESHARD_ROLE") == "coordinator" else "store",
@@ -31,24 +36,25 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
     from liveshard.runtime.control.store import JobStore, serve_store
-    from liveshard.runtime.coordinator import Coordinator, StorePlanSource
+    from liveshard.runtime.coordinator import Coordinator, PlanningInputs, StorePlanSource
+    from liveshard.runtime.planner import Constraints
     from liveshard.runtime.spec import model_from_ref_or_env
 
     spec = model_from_ref_or_env(args.model)
-    global_batch, micro_batch = args.global_batch, args.micro_batch
     if args.source == "kubernetes":
         from liveshard.runtime.control.kube_source import KubePlanSource, api_client
 
         source = KubePlanSource(None, args.job, args.namespace, api=api_client(args.kubeconfig))
-        par = (source.read_job().get("spec") or {}).get("parallelism") or {}
-        global_batch = global_batch or int(par.get("globalBatch", 8))
-        micro_batch = micro_batch or int(par.get("microBatch", 1))
+        planning = source.planning(refresh=True)
+    else:
+        constraints = Constraints(global_batch=args.global_batch or 8, micro_batch=args.micro_batch or 1,
+                                  objective=args.objective)
+        planning = PlanningInputs(constraints)
     store = JobStore(serve_store(args.host, args.port), args.job)
     if args.source == "kubernetes":
         source.store = store
     else:
         source = StorePlanSource(store)
-    coordinator = Coordinator(store, spec, source, global_batch=global_batch or 8,
-                              micro_batch=micro_batch or 1, heartbeat_timeout=args.heartbeat_timeout)
+    coordinator = Coordinator(store, spec, source, planning, heartbeat_timeout=args.heartbeat_timeout)
     coordinator.run()
     return 0

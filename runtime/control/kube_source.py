@@ -3,7 +3,8 @@
 The operator writes ``status.plan`` (generation, config, member pods in rank order,
 gpusPerWorker, deadline); the coordinator acknowledges through ``status.appliedGeneration`` /
 ``appliedAt``, or ``abortedGeneration`` / ``abortReason``, and reports per-pod ``speeds``
-(operator/README.md is the contract). Reads and merge patches use the official kubernetes client.
+(``contract.status`` types them; operator/README.md describes the protocol). Reads and merge
+patches use the official kubernetes client.
 
 Two generation counters meet here and are kept apart:
 
@@ -31,49 +32,44 @@ next plan with members restores that checkpoint under its own config.
 
 A worker id is ``<pod>/<local rank>``: a member pod with ``gpusPerWorker = g`` stands for the
 workers ``<pod>/0 .. <pod>/g-1``, so rank ``r`` is local GPU ``r % g`` of pod ``members[r // g]``.
+
+When the coordinator must plan alone (a member lost without notice), it plans from the job's
+spec and measured speeds (``planning``), exactly as the operator does, so the operator's own plan
+for the same loss finds the world already running and is acked at once.
 """
 
 from __future__ import annotations
 
-import datetime
 import logging
 import statistics
 import time
 from typing import Any
 
+from liveshard.runtime.contract.causes import LOSSES
+from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
+from liveshard.runtime.contract.jobspec import read_spec
+from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.contract.status import (
+    InvalidStatus,
+    PlanAbort,
+    PlanAck,
+    StatusPlan,
+    Telemetry,
+    pod_of,
+)
 from liveshard.runtime.control.store import JobStore
-from liveshard.runtime.coordinator import PlanRequest
+from liveshard.runtime.coordinator import PlanningInputs, PlanRequest
+from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.planner.pods import constraints_for
 
 log = logging.getLogger("liveshard.kube_source")
 
-GROUP, VERSION, PLURAL = "liveshard.io", "v1alpha1", "elastictrainingjobs"
 SPEEDS_INTERVAL = 30.0  # seconds between speed reports (they feed the next plan, not this one)
 REGISTER_TIMEOUT = 300.0  # how long a plan waits for its joining workers to come up
 # Plans for a loss the operator saw (node gone, unreachable, pod failed) may arrive before the
 # coordinator's heartbeat timeout: wait this long for it to declare the leavers dead and recover.
-LOSS_REASONS = ("node-gone", "unreachable", "not-ready", "pod-failed", "member-lost", "pod-deletion",
-                "pod-disruption", "out-of-service")
 LOSS_GRACE = 8.0
-
-
-def worker_ids(pods: list[str], gpus_per_worker: int) -> tuple[str, ...]:
-    """Pods in rank order, expanded to the runtime's worker ids in rank order."""
-    return tuple(f"{pod}/{i}" for pod in pods for i in range(max(1, gpus_per_worker)))
-
-
-def pod_of(worker_id: str) -> str:
-    return worker_id.rpartition("/")[0] or worker_id
-
-
-def parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def rfc3339(t: float) -> str:
-    return datetime.datetime.fromtimestamp(t, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def same_config(a: str | None, b: str | None) -> bool:
@@ -102,7 +98,7 @@ def pod_speeds(telemetry: dict[str, dict]) -> dict[str, float]:
 
 def api_client(kubeconfig: str | None = None) -> Any:
     """The official client: the pod's service account, else ``kubeconfig`` / $KUBECONFIG."""
-    from liveshard.operator.kube import make_api_client
+    from liveshard.runtime.control.kubeapi import make_api_client
 
     return make_api_client(kubeconfig=kubeconfig)
 
@@ -122,11 +118,13 @@ class KubePlanSource:
         self.handled = 0  # newest operator generation handed on (or acked directly)
         self.awaiting: int | None = None  # handed to the coordinator, runtime generation not yet known
         self.runtime_of: dict[int, int] = {}  # operator generation -> runtime generation
-        self.answered: set[int] = set()  # operator generations acked or aborted
+        self.answered: set[int] = set()  # operator generations whose ack or abort the API accepted
         self.current: dict[str, Any] = {}  # the committed world, from the coordinator's last report
         self._next_poll = 0.0
         self._next_speeds = 0.0
         self._waiting_since: dict[int, float] = {}  # operator generation -> first seen (members not up)
+        self._planning: PlanningInputs | None = None
+        self._bad_status: str | None = None  # the last malformed status field reported
 
     # ---- the job -----------------------------------------------------------------------------
     def read_job(self) -> dict[str, Any]:
@@ -136,6 +134,21 @@ class KubePlanSource:
         self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.job,
                                                           {"status": status})
 
+    def planning(self, refresh: bool = False) -> PlanningInputs | None:
+        """The job's constraints, GPU memory and measured speeds: the operator's planning inputs."""
+        if refresh or self._planning is None:
+            self._update_planning(self.read_job())
+        return self._planning
+
+    def _update_planning(self, job: dict[str, Any]) -> None:
+        try:
+            spec = read_spec(job.get("spec"))
+            speeds = dict(Telemetry.from_status(job.get("status") or {}).speeds)
+        except (ConfigError, InvalidStatus) as e:
+            log.warning("job %s/%s: cannot plan from it: %s", self.namespace, self.job, e)
+            return
+        self._planning = PlanningInputs(constraints_for(spec), spec.workers.gpu_memory_bytes, speeds)
+
     # ---- PlanSource --------------------------------------------------------------------------
     def poll(self) -> PlanRequest | None:
         now = time.monotonic()
@@ -143,34 +156,47 @@ class KubePlanSource:
             return None
         self._next_poll = now + self.poll_interval
         try:
-            status = self.read_job().get("status") or {}
+            job = self.read_job()
         except Exception as e:  # API server restarting: try again next poll
             log.warning("reading job %s/%s: %s", self.namespace, self.job, e)
             return None
-        plan = status.get("plan") or {}
-        gen = int(plan.get("generation") or 0)
-        done = max(int(status.get("appliedGeneration") or 0), int(status.get("abortedGeneration") or 0))
-        if gen <= max(self.handled, done):
+        self._update_planning(job)
+        status = job.get("status") or {}
+        try:
+            plan = StatusPlan.from_status(status)
+            done = max(PlanAck.from_status(status).generation, PlanAbort.from_status(status).generation)
+        except InvalidStatus as e:  # reported once, never raised: the coordinator keeps running
+            if str(e) != self._bad_status:
+                self._bad_status = str(e)
+                log.error("job %s/%s: ignoring a malformed status: %s", self.namespace, self.job, e)
             return None
-        if not plan.get("config") or not plan.get("members"):
+        if plan is None or plan.generation <= max(self.handled, done):
+            return None
+        return self._request_for(plan, now)
+
+    def _request_for(self, plan: StatusPlan, now: float) -> PlanRequest | None:
+        gen = plan.generation
+        reason = f"operator plan {gen}: {plan.reason}".strip()
+        deadline = plan.deadline.timestamp() if plan.deadline else None
+        cause = str(plan.cause) if plan.cause else None
+        if plan.is_stop:
             # A stop: the running world saves a checkpoint; a later plan with members restores it.
             self.handled = gen
             if not self.current.get("config"):  # nothing is running (already stopped, or not started)
                 self._ack(gen, time.time())
                 return None
             self.awaiting = gen
-            log.info("operator plan %d: stop (%s)", gen, plan.get("reason", ""))
-            return PlanRequest(members=(), config="", reason=f"operator plan {gen}: {plan.get('reason', '')}".strip(),
-                               deadline=parse_time(plan.get("deadline")))
-        members = worker_ids(list(plan["members"]), int(plan.get("gpusPerWorker") or 1))
+            log.info("operator plan %d: stop (%s)", gen, plan.reason)
+            return PlanRequest(members=(), config="", reason=reason, deadline=deadline, cause=cause)
+        members = plan.worker_ids()
         first = self._waiting_since.setdefault(gen, now)
         missing = self.not_up(members)
         if not missing and self.silent_members():
             return None  # a member just died: let the coordinator's own recovery go first
-        if not missing and plan.get("reason", "").split(":")[0] in LOSS_REASONS and now - first < LOSS_GRACE:
+        if not missing and plan.cause in LOSSES and now - first < LOSS_GRACE:
             dead = set(self.current.get("dead") or ())
-            leaving = worker_ids(list(plan.get("leaving") or []), int(plan.get("gpusPerWorker") or 1))
-            if any(w not in dead for w in leaving if w in (self.current.get("members") or ())):
+            running = set(self.current.get("members") or ())
+            if any(w not in dead for w in plan.leaving_worker_ids() if w in running):
                 return None
         if missing:
             if now - first < REGISTER_TIMEOUT:
@@ -180,21 +206,17 @@ class KubePlanSource:
             return None
         self.handled = gen
         if (self.current.get("pending") is None and tuple(self.current.get("members") or ()) == members
-                and same_config(self.current.get("config"), plan["config"])):
+                and same_config(self.current.get("config"), plan.config)):
             log.info("operator plan %d matches the running world (runtime generation %s): acked",
                      gen, self.current.get("generation"))
             self._ack(gen, time.time())
             return None
         self.awaiting = gen
-        log.info("operator plan %d: %s on %d workers (%s)", gen, plan["config"], len(members), plan.get("reason", ""))
-        return PlanRequest(members=members, config=plan["config"],
-                           reason=f"operator plan {gen}: {plan.get('reason', '')}".strip(),
-                           deadline=parse_time(plan.get("deadline")))
+        log.info("operator plan %d: %s on %d workers (%s)", gen, plan.config, len(members), plan.reason)
+        return PlanRequest(members=members, config=plan.config, reason=reason, deadline=deadline, cause=cause)
 
     def not_up(self, members: tuple[str, ...], stale: float = 10.0) -> list[str]:
         """Members that have not registered, or whose last heartbeat is older than ``stale`` s."""
-        from liveshard.runtime.control.protocol import Keys
-
         assert self.store is not None
         out = []
         for m in members:
@@ -206,8 +228,6 @@ class KubePlanSource:
     def silent_members(self, silent: float = 1.5) -> list[str]:
         """Members of the running world whose heartbeats stopped and whom the coordinator has
         not declared dead yet: a plan started now would count on them as sources."""
-        from liveshard.runtime.control.protocol import Keys
-
         assert self.store is not None
         dead = set(self.current.get("dead") or ())
         out = []
@@ -243,22 +263,31 @@ class KubePlanSource:
             speeds = pod_speeds(status.get("telemetry") or {})
             if speeds:
                 self._next_speeds = now + SPEEDS_INTERVAL
-                self._write({"speeds": speeds})
+                self._write(Telemetry(speeds).to_status())
 
     def _ack(self, op_gen: int, at: float) -> None:
-        self.answered.add(op_gen)
-        self._write({"appliedGeneration": op_gen, "appliedAt": rfc3339(at)})
+        if self._write(PlanAck(op_gen, _utc(at)).to_status()):
+            self.answered.add(op_gen)
 
     def _abort(self, op_gen: int, reason: str) -> None:
-        self.answered.add(op_gen)
         log.warning("operator plan %d aborted: %s", op_gen, reason)
-        self._write({"abortedGeneration": op_gen, "abortReason": reason[:500]})
+        if self._write(PlanAbort(op_gen, reason).to_status()):
+            self.answered.add(op_gen)
 
-    def _write(self, status: dict[str, Any]) -> None:
+    def _write(self, status: dict[str, Any]) -> bool:
+        """Merge ``status`` into the job's status; False if the API refused it five times
+        (an ack not written is written again at the next report: it is idempotent)."""
         for attempt in range(5):
             try:
                 self.patch_status(status)
-                return
+                return True
             except Exception as e:
                 log.warning("writing %s to job %s/%s: %s", sorted(status), self.namespace, self.job, e)
                 time.sleep(0.2 * (attempt + 1))
+        return False
+
+
+def _utc(t: float):
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, tz=UTC)

@@ -1,19 +1,7 @@
-"""The reconfiguration protocol between the coordinator and the workers: plans and store keys.
+"""The reconfiguration protocol between the coordinator and the workers: world plans and results.
 
-Everything is written to the job's c10d store as JSON under these keys; nothing here does I/O.
-
-    members/<id>                 a worker announces itself (host, pid, node, device)
-    hb/<id>                      heartbeat: time, last completed step, step time, health
-    plan/latest                  generation number of the newest plan
-    plan/<N>                     WorldPlan N (config, members in rank order, reason, ...)
-    gen/<N>/prepared/<id>        the member's transition-plan checksum (it has prepared N)
-    gen/<N>/switch               the step boundary at which the old world switched to N
-    gen/<N>/result/<id>          the member's outcome and phase timings
-    gen/<N>/outcome              "committed" or "aborted: <why>" (written by the coordinator)
-    world/<N>/...                c10d keys of the training world of generation N
-    xfer/<N>/...                 c10d keys of the transition group (old members + new members)
-    control/stop                 ask every worker to finish (local driver)
-    checkpoint/latest            the newest complete checkpoint: path, step, config (rank 0 writes)
+Both travel through the job's c10d store as JSON, under the keys of ``contract.keys``; nothing
+here does I/O.
 
 Generation 0 is the initial world; a plan replaces the world of its ``previous`` generation,
 live (state moves to its new owners), or through a checkpoint: a *stop* plan (``config ""``, no
@@ -80,48 +68,6 @@ class MemberResult:
     @classmethod
     def from_json(cls, text: str | bytes) -> MemberResult:
         return cls(**json.loads(text))
-
-
-class Keys:
-    LATEST = "plan/latest"
-    STOP = "control/stop"
-    CHECKPOINT = "checkpoint/latest"
-
-    @staticmethod
-    def member(worker: str) -> str:
-        return f"members/{worker}"
-
-    @staticmethod
-    def heartbeat(worker: str) -> str:
-        return f"hb/{worker}"
-
-    @staticmethod
-    def plan(gen: int) -> str:
-        return f"plan/{gen}"
-
-    @staticmethod
-    def prepared(gen: int, worker: str) -> str:
-        return f"gen/{gen}/prepared/{worker}"
-
-    @staticmethod
-    def switch(gen: int) -> str:
-        return f"gen/{gen}/switch"
-
-    @staticmethod
-    def result(gen: int, worker: str) -> str:
-        return f"gen/{gen}/result/{worker}"
-
-    @staticmethod
-    def outcome(gen: int) -> str:
-        return f"gen/{gen}/outcome"
-
-    @staticmethod
-    def world_prefix(gen: int) -> str:
-        return f"world/{gen}/"
-
-    @staticmethod
-    def transfer_prefix(gen: int) -> str:
-        return f"xfer/{gen}/"
 
 
 def joiners(old: WorldPlan, candidates: tuple[str, ...]) -> tuple[str, ...]:

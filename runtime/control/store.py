@@ -14,7 +14,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from liveshard.runtime.control.protocol import Keys, WorldPlan
+from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.control.protocol import WorldPlan
 
 
 def serve_store(host: str, port: int, timeout: float = 30.0) -> dist.TCPStore:
@@ -70,14 +71,14 @@ class JobStore:
     # ---- membership -------------------------------------------------------------------------
     def register_member(self, worker: str, info: dict) -> None:
         self.set_json(Keys.member(worker), info)
-        index = self.store.add("members/count", 1) - 1
-        self.set(f"members/index/{index}", worker)
+        index = self.store.add(Keys.MEMBER_COUNT, 1) - 1
+        self.set(Keys.member_index(index), worker)
 
     def members(self) -> list[str]:
-        count = self.store.add("members/count", 0)
+        count = self.store.add(Keys.MEMBER_COUNT, 0)
         out = []
         for i in range(count):
-            name = self.get(f"members/index/{i}")
+            name = self.get(Keys.member_index(i))
             if name is not None:
                 out.append(name)
         return out

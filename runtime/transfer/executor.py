@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import pickle
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,13 +37,14 @@ import torch
 import torch.distributed as dist
 
 from liveshard.runtime.dtypes import torch_dtype
-from liveshard.runtime.transfer import packing, transport
+from liveshard.runtime.transfer import packing, rounds, transport
+from liveshard.runtime.transfer.rounds import A2A, P2P, ByPeer, Direct, Kept, Message, NewTensor, Round
 from liveshard.runtime.transfer.storage import DictStore
 from liveshard.runtime.vps.schedule import Chunk, Schedule
-from liveshard.runtime.vps.shards import local_tensor_shapes
 from liveshard.runtime.vps.transition import TransitionPlan
 
-MODES = ("p2p", "a2a")
+MODES = (P2P, A2A)
+DEFAULT_MODE = P2P
 
 
 class TransferError(RuntimeError):
@@ -76,7 +76,7 @@ class TransferResult:
 
 
 def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStore,
-            old_objects: dict[str, Any] | None = None, *, mode: str = "p2p", verify: bool = False,
+            old_objects: dict[str, Any] | None = None, *, mode: str = DEFAULT_MODE, verify: bool = False,
             group: dist.ProcessGroup | None = None, ranks: list[int] | None = None,
             release_old: bool = False, tensor_device: torch.device | str | None = None,
             direct_min_bytes: int = packing.DIRECT_MIN_BYTES,
@@ -89,160 +89,16 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStor
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     t_start = time.perf_counter()
-    stats = TransferStats()
-    member = device_id < plan.devices.num_devices
-    rank_of = (lambda d: d) if ranks is None else ranks.__getitem__
-    dev = torch.device(tensor_device) if tensor_device is not None else _device_of(old)
-    new_rank = plan.device_to_rank.get(device_id) if member else None
-    copies = plan.copies
-
-    # 1. new tensors: an old tensor kept whole and in place is reused; the others are allocated
-    #    when first written, so that with release_old memory is handed over tensor by tensor
-    new = _NewStore(dev)
-    alias = _aliases(plan, device_id, new_rank) if new_rank is not None else {}
-    alias = {k: src for k, src in alias.items() if old.has(k[0], src)}
-    if new_rank is not None:
-        for state, per in local_tensor_shapes(plan.new_layout, new_rank).items():
-            dtype = torch_dtype(plan.new_layout.dtype(state))
-            for name, shape in per.items():
-                src = alias.get((state, name))
-                if src is not None:
-                    t = new.put(state, name, old.get(state, src))
-                    stats.aliased_bytes += t.numel() * t.element_size()
-                elif destinations is not None and destinations.has(state, name):
-                    t = destinations.get(state, name)
-                    if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
-                        raise TransferError(f"destination {state}/{name} is {t.dtype} {tuple(t.shape)}, "
-                                            f"the plan needs {dtype} {tuple(shape)}")
-                    new.put(state, name, t)
-                    new.allocated += t.numel() * t.element_size()  # new memory, if allocated earlier
-                else:
-                    new.expect(state, name, shape, dtype)
-    released = 0
-    peak_extra = 0
-
-    # 2. local copies (in P2P mode they overlap round 0, see below)
-    aliased_names = {name for (_, name) in alias}
-    local_ok = [True]
-
-    def local_copies() -> None:
-        t0 = time.perf_counter()
-        for ci, c in enumerate(copies):
-            if c.src != device_id or c.dst != device_id:
-                continue
-            g = plan.groups[c.group]
-            if c.dst_view[0] in aliased_names and all((s, c.dst_view[0]) in alias for s in g.states):
-                continue
-            ch = Chunk(ci, (0,) * len(c.shape), c.shape, c.nbytes, 0, -1)
-            for state in g.states:
-                dst = packing.piece(new, state, c.dst_view, c.dst_rel, ch)
-                src = packing.piece(old, state, c.src_view, c.src_rel, ch)
-                dst.copy_(src)
-                if verify and packing.checksum(dst) != packing.checksum(src):  # before any release
-                    local_ok[0] = False
-            stats.local_bytes += c.nbytes
-        stats.local_seconds += time.perf_counter() - t0
-        nonlocal peak_extra
-        peak_extra = max(peak_extra, new.allocated - released)
-
-    # 3. rounds
-    t0 = time.perf_counter()
-    per_round = sched.for_device(device_id, copies) if member else [({}, {})] * sched.rounds
-    sent_sums: dict[int, list[int]] = {}
-    group_size = transport.group_size(group)
-    pending_local = member
-    if mode != "p2p" or not per_round:
-        local_copies()
-        pending_local = False
-    if release_old and member and not pending_local:
-        released += _release(plan, sched, device_id, old, -1, alias)
-    posted: deque[_P2PRound] = deque()  # P2P rounds on the wire, oldest first
-    live = 0  # staging bytes of the posted rounds
-    ready: _P2PRound | None = None  # the next round, prepared, when it did not fit the budget yet
-
-    def post_rounds(r: int) -> None:
-        """Post round ``r`` unless it is on the wire already, then later rounds while the staging
-        of every posted round fits the budget. Not with ``release_old``: posting ahead allocates
-        new tensors before the old ones they replace are released."""
-        nonlocal live, ready, peak_extra
-        nxt = r + len(posted)  # rounds before r are complete
-        while nxt < len(per_round) and (nxt == r or not release_old):
-            rnd = ready if ready is not None else _P2PRound.prepare(plan, *per_round[nxt], old, new,
-                                                                    direct_min_bytes)
-            ready = None
-            if nxt > r and live + rnd.staging > sched.budget:
-                ready = rnd
-                return
-            if verify:
-                for p, chs in per_round[nxt][0].items():
-                    sent_sums.setdefault(p, []).extend(_chunk_sums(chs, plan, old, src_side=True))
-            rnd.post(plan, old, new, dev, rank_of, group)
-            posted.append(rnd)
-            live += rnd.staging
-            nxt += 1
-            stats.peak_staging_bytes = max(stats.peak_staging_bytes, live)
-            stats.max_rounds_in_flight = max(stats.max_rounds_in_flight, len(posted))
-            peak_extra = max(peak_extra, new.allocated - released + live)
-
-    tr = time.perf_counter()
-    for r, (sends, recvs) in enumerate(per_round):
-        if mode == "p2p":
-            post_rounds(r)
-            if pending_local:  # the local copies run while the posted rounds are on the wire
-                local_copies()
-                pending_local = False
-                if release_old:
-                    released += _release(plan, sched, device_id, old, -1, alias)
-            done = posted.popleft()
-            done.complete()
-            live -= done.staging
-            peak_extra = max(peak_extra, new.allocated - released + live)
-        else:
-            if verify:
-                for p, chs in sends.items():
-                    sent_sums.setdefault(p, []).extend(_chunk_sums(chs, plan, old, src_side=True))
-            send_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=dev)
-                         for p, chs in sends.items()}
-            recv_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=dev)
-                         for p, chs in recvs.items()}
-            staging = sum(b.numel() for b in send_bufs.values()) + sum(b.numel() for b in recv_bufs.values())
-            stats.peak_staging_bytes = max(stats.peak_staging_bytes, staging)
-            stats.max_rounds_in_flight = 1
-            for p, chs in sends.items():
-                packing.pack(send_bufs[p], chs, plan, old)
-            _exchange_a2a(send_bufs, recv_bufs, rank_of, group, group_size, dev)
-            for p, chs in recvs.items():
-                packing.unpack(recv_bufs[p], chs, plan, new)
-            peak_extra = max(peak_extra, new.allocated - released + staging)
-            del send_bufs, recv_bufs
-        stats.bytes_sent += sum(ch.nbytes for chs in sends.values() for ch in chs)
-        stats.bytes_received += sum(ch.nbytes for chs in recvs.values() for ch in chs)
-        if release_old and member:
-            released += _release(plan, sched, device_id, old, r, alias)
-        now = time.perf_counter()
-        stats.round_seconds.append(now - tr)
-        tr = now
-    stats.rounds_seconds = time.perf_counter() - t0
-    new.allocate_rest()  # every element is written by the plan; this only guards empty tensors
-    stats.peak_extra_bytes = max(peak_extra, new.allocated - released)
-
-    # 4. small objects
-    new_objects = _move_objects(plan, device_id, old_objects or {}, rank_of, group, dev) if member else {}
-
-    # 5. verification
+    run = _Transfer.begin(plan, sched, device_id, old, verify=verify, group=group, ranks=ranks,
+                          release_old=release_old, tensor_device=tensor_device, destinations=destinations)
+    per_round = rounds.device_rounds(plan, sched, device_id)
+    _move_tensors(run, per_round, mode, direct_min_bytes)
+    new_objects = (_move_objects(plan, device_id, old_objects or {}, run.rank_of, group, run.dev)
+                   if run.member else {})
     if verify:
-        t0 = time.perf_counter()
-        ok = _verify(plan, per_round, new, sent_sums, rank_of, group, dev) if member else True
-        ok = ok and local_ok[0]
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=dev)
-        transport.all_reduce(flag, dist.ReduceOp.MIN, group)
-        stats.verify_seconds = time.perf_counter() - t0
-        if not int(flag.item()):
-            raise TransferError("checksums differ between sources and destinations"
-                                + ("" if ok else f" (device {device_id} saw a mismatch)"))
-        stats.verified = True
-    stats.seconds = time.perf_counter() - t_start
-    return TransferResult(DictStore(new.tensors) if new_rank is not None else DictStore(), new_objects, stats)
+        _verify_everywhere(run, per_round)
+    run.stats.seconds = time.perf_counter() - t_start
+    return TransferResult(run.result_store(), new_objects, run.stats)
 
 
 def allocate_destinations(plan: TransitionPlan, device_id: int, device: torch.device | str = "cpu") -> DictStore:
@@ -250,18 +106,258 @@ def allocate_destinations(plan: TransitionPlan, device_id: int, device: torch.de
     written once. Done while the job still trains (the new tensors then live beside the old
     state a little earlier), it takes the first-touch cost of fresh memory (page faults on CPU,
     the allocator on GPU) out of the transfer. Pass it as ``destinations``."""
-    new_rank = plan.device_to_rank.get(device_id) if device_id < plan.devices.num_devices else None
+    new_rank = rounds.new_rank_of(plan, device_id)
     if new_rank is None:
         return DictStore()
-    kept = _aliases(plan, device_id, new_rank)
+    kept = rounds.kept_in_place(plan, device_id, new_rank)
     out = DictStore()
-    for state, per in local_tensor_shapes(plan.new_layout, new_rank).items():
-        dtype = torch_dtype(plan.new_layout.dtype(state))
-        for name, shape in per.items():
-            if (state, name) not in kept:
-                # written, not only allocated: the pages must really be mapped now
-                out.tensors.setdefault(state, {})[name] = torch.empty(shape, dtype=dtype, device=device).zero_()
+    for nt in rounds.new_tensors(plan, new_rank):
+        if (nt.state, nt.name) not in kept:
+            # written, not only allocated: the pages must really be mapped now
+            t = torch.empty(nt.shape, dtype=torch_dtype(nt.dtype), device=device).zero_()
+            out.tensors.setdefault(nt.state, {})[nt.name] = t
     return out
+
+
+# 1. the new tensors
+
+
+@dataclass
+class _Transfer:
+    """One device's transfer under way: its stores, its stats and the memory accounting."""
+
+    plan: TransitionPlan
+    sched: Schedule
+    device_id: int
+    member: bool  # a device of the plan (old, joining, standby or leaving), not a spare process
+    new_rank: int | None
+    old: DictStore
+    new: _NewStore
+    kept: Kept  # new tensors that are old tensors kept in place (and held by ``old``)
+    frees: dict[int, list[tuple[str, str]]]  # with release_old: round -> old tensors last read in it
+    verify: bool
+    release_old: bool
+    rank_of: Callable[[int], int]
+    group: Any
+    dev: torch.device
+    stats: TransferStats = field(default_factory=TransferStats)
+    released: int = 0  # bytes of old tensors released so far
+    peak_extra: int = 0  # new tensors + staging - released, at its highest so far
+    local_ok: bool = True  # with verify: every local copy's checksums matched
+    sent_sums: dict[int, list[int]] = field(default_factory=dict)  # with verify: per peer, in send order
+    round_clock: float = 0.0  # when the previous round completed
+
+    @classmethod
+    def begin(cls, plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStore, *, verify: bool,
+              group: Any, ranks: list[int] | None, release_old: bool,
+              tensor_device: torch.device | str | None, destinations: DictStore | None) -> _Transfer:
+        """Step 1: the new tensors. An old tensor kept whole and in place is reused; the others
+        are allocated when first written, so that with release_old memory is handed over tensor
+        by tensor (or taken from ``destinations``)."""
+        stats = TransferStats()
+        dev = torch.device(tensor_device) if tensor_device is not None else _device_of(old)
+        new_rank = rounds.new_rank_of(plan, device_id)
+        kept = _kept_in_store(plan, device_id, new_rank, old)
+        new = _new_store(plan, new_rank, kept, old, destinations, dev, stats)
+        frees = rounds.release_schedule(plan, sched, device_id, kept) if release_old else {}
+        return cls(plan, sched, device_id, device_id < plan.devices.num_devices, new_rank, old, new, kept,
+                   frees, verify, release_old, (lambda d: d) if ranks is None else ranks.__getitem__,
+                   group, dev, stats)
+
+    def note_peak(self, staging: int = 0) -> None:
+        """Account the memory held now beyond the old state: new tensors and ``staging``, less
+        the old tensors released."""
+        self.peak_extra = max(self.peak_extra, self.new.allocated - self.released + staging)
+
+    def release_after(self, r: int) -> None:
+        """With release_old, drop the old tensors last read in round ``r`` (-1: the local copies)."""
+        if self.release_old and self.member:
+            self.released += _release(self.old, self.frees.get(r, ()))
+
+    def record_sent(self, sends: ByPeer) -> None:
+        """With verify, checksum what is about to be sent, at its source."""
+        if self.verify:
+            for p, chs in sends.items():
+                self.sent_sums.setdefault(p, []).extend(_chunk_sums(chs, self.plan, self.old, src_side=True))
+
+    def end_round(self, r: int, sends: ByPeer, recvs: ByPeer) -> None:
+        """After round ``r`` completed: count its bytes, release what it read last, time it."""
+        self.stats.bytes_sent += rounds.round_bytes(sends)
+        self.stats.bytes_received += rounds.round_bytes(recvs)
+        self.release_after(r)
+        now = time.perf_counter()
+        self.stats.round_seconds.append(now - self.round_clock)
+        self.round_clock = now
+
+    def result_store(self) -> DictStore:
+        return DictStore(self.new.tensors) if self.new_rank is not None else DictStore()
+
+
+def _kept_in_store(plan: TransitionPlan, device_id: int, new_rank: int | None, old: DictStore) -> Kept:
+    """The old tensors kept in place as new ones, among those ``old`` holds."""
+    if new_rank is None:
+        return {}
+    kept = rounds.kept_in_place(plan, device_id, new_rank)
+    return {k: src for k, src in kept.items() if old.has(k[0], src)}
+
+
+def _new_store(plan: TransitionPlan, new_rank: int | None, kept: Kept, old: DictStore,
+               destinations: DictStore | None, dev: torch.device, stats: TransferStats) -> _NewStore:
+    """The device's new tensors: kept old tensors, ``destinations``, the rest allocated on first write."""
+    new = _NewStore(dev)
+    if new_rank is None:
+        return new
+    for nt in rounds.new_tensors(plan, new_rank):
+        dtype = torch_dtype(nt.dtype)
+        src = kept.get((nt.state, nt.name))
+        if src is not None:
+            t = new.put(nt.state, nt.name, old.get(nt.state, src))
+            stats.aliased_bytes += t.numel() * t.element_size()
+        elif destinations is not None and destinations.has(nt.state, nt.name):
+            t = new.put(nt.state, nt.name, _destination(destinations, nt, dtype))
+            new.allocated += t.numel() * t.element_size()  # new memory, if allocated earlier
+        else:
+            new.expect(nt.state, nt.name, nt.shape, dtype)
+    return new
+
+
+def _destination(destinations: DictStore, nt: NewTensor, dtype: torch.dtype) -> torch.Tensor:
+    """The tensor allocated ahead for ``nt``, checked against the plan."""
+    t = destinations.get(nt.state, nt.name)
+    if tuple(t.shape) != tuple(nt.shape) or t.dtype != dtype:
+        raise TransferError(f"destination {nt.state}/{nt.name} is {t.dtype} {tuple(t.shape)}, "
+                            f"the plan needs {dtype} {tuple(nt.shape)}")
+    return t
+
+
+# 2. local copies, 3. rounds
+
+
+def _move_tensors(run: _Transfer, per_round: list[Round], mode: str, direct_min_bytes: int) -> None:
+    """The local copies and every round (in P2P mode the local copies overlap the first rounds)."""
+    t0 = time.perf_counter()
+    overlap = rounds.local_copies_overlap_rounds(mode, len(per_round))
+    if not overlap:
+        _copy_locally(run)
+        run.release_after(-1)
+    if mode == P2P:
+        _p2p_rounds(run, per_round, direct_min_bytes, copy_locally=overlap and run.member)
+    else:
+        _a2a_rounds(run, per_round)
+    run.stats.rounds_seconds = time.perf_counter() - t0
+    run.new.allocate_rest()  # every element is written by the plan; this only guards empty tensors
+    run.stats.peak_extra_bytes = max(run.peak_extra, run.new.allocated - run.released)
+
+
+def _copy_locally(run: _Transfer) -> None:
+    """Copy the pieces the device already holds from its old tensors into its new ones."""
+    t0 = time.perf_counter()
+    plan = run.plan
+    for ci in rounds.local_copies(plan, run.device_id, run.kept):
+        c = plan.copies[ci]
+        ch = rounds.whole_copy(plan, ci)
+        for state in plan.groups[c.group].states:
+            dst = packing.piece(run.new, state, c.dst_view, c.dst_rel, ch)
+            src = packing.piece(run.old, state, c.src_view, c.src_rel, ch)
+            dst.copy_(src)
+            if run.verify and packing.checksum(dst) != packing.checksum(src):  # before any release
+                run.local_ok = False
+        run.stats.local_bytes += c.nbytes
+    run.stats.local_seconds += time.perf_counter() - t0
+    run.note_peak()
+
+
+def _p2p_rounds(run: _Transfer, per_round: list[Round], direct_min_bytes: int, copy_locally: bool) -> None:
+    """P2P rounds in order, later ones posted ahead within the budget; with ``copy_locally`` the
+    local copies run while the first posted rounds are on the wire."""
+    pipe = _P2PPipeline(run, per_round, direct_min_bytes)
+    run.round_clock = time.perf_counter()
+    for r, (sends, recvs) in enumerate(per_round):
+        pipe.post_through(r)
+        if copy_locally and r == 0:
+            _copy_locally(run)
+            run.release_after(-1)
+        pipe.complete_oldest()
+        run.end_round(r, sends, recvs)
+    run.stats.peak_staging_bytes = max(run.stats.peak_staging_bytes, pipe.window.peak_live)
+    run.stats.max_rounds_in_flight = max(run.stats.max_rounds_in_flight, pipe.window.max_in_flight)
+
+
+class _P2PPipeline:
+    """The P2P rounds of one device on the wire (``rounds.PostingWindow`` decides how many).
+    Not ahead with release_old: posting ahead allocates new tensors before the old ones they
+    replace are released."""
+
+    def __init__(self, run: _Transfer, per_round: list[Round], direct_min_bytes: int) -> None:
+        self.run = run
+        self.per_round = per_round
+        self.direct_min_bytes = direct_min_bytes
+        self.window = rounds.PostingWindow(len(per_round), run.sched.budget, ahead=not run.release_old)
+        self.ready: _P2PRound | None = None  # the next round, prepared, when it did not fit the budget yet
+
+    def post_through(self, r: int) -> None:
+        """Post round ``r`` unless it is on the wire already, then later rounds while they fit."""
+        run, window = self.run, self.window
+        while (nxt := window.next_to_post(r)) is not None:
+            sends, recvs = self.per_round[nxt]
+            rnd = self.ready if self.ready is not None else _P2PRound.prepare(
+                run.plan, sends, recvs, run.old, run.new, self.direct_min_bytes)
+            self.ready = None
+            if not window.fits(r, nxt, rnd.staging):
+                self.ready = rnd
+                return
+            run.record_sent(sends)
+            rnd.post(run.plan, run.old, run.new, run.dev, run.rank_of, run.group)
+            window.posted(rnd, rnd.staging)
+            run.note_peak(window.live)
+
+    def complete_oldest(self) -> None:
+        self.window.complete_oldest().complete()
+        self.run.note_peak(self.window.live)
+
+
+def _a2a_rounds(run: _Transfer, per_round: list[Round]) -> None:
+    """All-to-all rounds, one at a time."""
+    group_size = transport.group_size(run.group)
+    run.round_clock = time.perf_counter()
+    for r, (sends, recvs) in enumerate(per_round):
+        run.record_sent(sends)
+        _a2a_round(run, sends, recvs, group_size)
+        run.end_round(r, sends, recvs)
+
+
+def _a2a_round(run: _Transfer, sends: ByPeer, recvs: ByPeer, group_size: int) -> None:
+    """One staging buffer per peer each way: pack, one all_to_all_single, unpack."""
+    send_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=run.dev)
+                 for p, chs in sends.items()}
+    recv_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=run.dev)
+                 for p, chs in recvs.items()}
+    staging = sum(b.numel() for b in send_bufs.values()) + sum(b.numel() for b in recv_bufs.values())
+    run.stats.peak_staging_bytes = max(run.stats.peak_staging_bytes, staging)
+    run.stats.max_rounds_in_flight = 1
+    for p, chs in sends.items():
+        packing.pack(send_bufs[p], chs, run.plan, run.old)
+    _exchange_a2a(send_bufs, recv_bufs, run.rank_of, run.group, group_size, run.dev)
+    for p, chs in recvs.items():
+        packing.unpack(recv_bufs[p], chs, run.plan, run.new)
+    run.note_peak(staging)
+
+
+# 5. verification
+
+
+def _verify_everywhere(run: _Transfer, per_round: list[Round]) -> None:
+    """Compare checksums at sources and destinations; every rank agrees on the verdict."""
+    t0 = time.perf_counter()
+    ok = _verify(run.plan, per_round, run.new, run.sent_sums, run.rank_of, run.group, run.dev) if run.member else True
+    ok = ok and run.local_ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=run.dev)
+    transport.all_reduce(flag, dist.ReduceOp.MIN, run.group)
+    run.stats.verify_seconds = time.perf_counter() - t0
+    if not int(flag.item()):
+        raise TransferError("checksums differ between sources and destinations"
+                            + ("" if ok else f" (device {run.device_id} saw a mismatch)"))
+    run.stats.verified = True
 
 
 class _NewStore(DictStore):
@@ -299,53 +395,16 @@ def _device_of(store: DictStore) -> torch.device:
     return torch.device("cpu")
 
 
-def _aliases(plan: TransitionPlan, device_id: int, new_rank: int) -> dict[tuple[str, str], str]:
-    """(state, new name) -> old name, for new tensors that are an old tensor kept whole, in place.
-    Pure (shapes from the layouts): ``allocate_destinations`` leaves these out ahead of time."""
-    if device_id >= plan.devices.old_world:
-        return {}
-    incoming: dict[tuple[int, str], list] = {}
-    for c in plan.copies:
-        if c.dst == device_id:
-            incoming.setdefault((c.group, c.dst_view[0]), []).append(c)
-    new_shapes = local_tensor_shapes(plan.new_layout, new_rank)
-    old_shapes = local_tensor_shapes(plan.old_layout, device_id)  # old rank i is device i
-    out: dict[tuple[str, str], str] = {}
-    for (gi, name), cs in incoming.items():
-        src_name = cs[0].src_view[0]
-        if not all(c.src == device_id and c.src_view == c.dst_view and c.src_rel == c.dst_rel
-                   and c.src_view[0] == src_name for c in cs):
-            continue
-        g = plan.groups[gi]
-        covered = sum(_numel(c.shape) for c in cs)
-        if all(tuple(old_shapes.get(state, {}).get(src_name, ())) == tuple(new_shapes[state][name])
-               and covered == _numel(new_shapes[state][name]) for state in g.states):
-            for state in g.states:
-                out[state, name] = src_name
-    return out
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _release(plan, sched: Schedule, device_id: int, old: DictStore, after_round: int, alias) -> int:
-    """Drop old tensors last read in ``after_round``; returns the bytes released."""
-    kept = set(alias.values())
+def _release(old: DictStore, tensors) -> int:
+    """Drop ``tensors`` (state, name) from the old store, those it holds; returns the bytes released."""
     freed = 0
-    for (d, gi, name), last in sched.last_read.items():
-        if d != device_id or last != after_round or name in kept:
+    for state, name in tensors:
+        try:
+            t = old.get(state, name)
+        except KeyError:
             continue
-        for state in plan.groups[gi].states:
-            try:
-                t = old.get(state, name)
-            except KeyError:
-                continue
-            freed += t.numel() * t.element_size()
-            old.release(state, name)
+        freed += t.numel() * t.element_size()
+        old.release(state, name)
     return freed
 
 
@@ -367,24 +426,9 @@ class _P2PRound:
     @classmethod
     def prepare(cls, plan, sends: dict[int, list[Chunk]], recvs: dict[int, list[Chunk]], old, new,
                 direct_min_bytes: int) -> _P2PRound:
-        out: list[tuple[int, list[Chunk] | torch.Tensor]] = []
-        into: list[tuple[int, list[Chunk] | torch.Tensor]] = []
-        staging = 0
-        for msgs, by_peer, store, src_side in ((out, sends, old, True), (into, recvs, new, False)):
-            for p, chs in sorted(by_peer.items()):
-                packed, direct = packing.split_direct(chs, direct_min_bytes)
-                if packed:
-                    msgs.append((p, packed))
-                    staging += packing.buffer_size(packed)
-                for ch in direct:
-                    c = plan.copies[ch.copy]
-                    view, rel = (c.src_view, c.src_rel) if src_side else (c.dst_view, c.dst_rel)
-                    for state in plan.groups[c.group].states:
-                        v = packing.piece(store, state, view, rel, ch)
-                        if not v.is_contiguous():
-                            staging += v.numel() * v.element_size()
-                        msgs.append((p, v))
-        return cls(out, into, staging)
+        out, out_staging = _resolve(rounds.message_layout(plan, sends, direct_min_bytes, src_side=True), old)
+        into, in_staging = _resolve(rounds.message_layout(plan, recvs, direct_min_bytes, src_side=False), new)
+        return cls(out, into, out_staging + in_staging)
 
     def post(self, plan, old, new, dev: torch.device, rank_of: Callable[[int], int], group) -> None:
         """Allocate and fill the staging, then start every send and receive of the round."""
@@ -420,6 +464,24 @@ class _P2PRound:
         self.sends, self.recvs, self.works, self.finish, self.buffers = [], [], [], [], []
 
 
+def _resolve(messages: list[Message], store) -> tuple[list[tuple[int, list[Chunk] | torch.Tensor]], int]:
+    """A message layout on ``store``'s tensors: packed chunk lists as they are (packed when
+    posted), direct messages as views of the state tensors; and the staging posting them
+    allocates (packed buffers, copies of strided views)."""
+    msgs: list[tuple[int, list[Chunk] | torch.Tensor]] = []
+    staging = 0
+    for m in messages:
+        if isinstance(m, Direct):
+            v = packing.piece(store, m.state, m.view, m.rel, m.chunk)
+            if not v.is_contiguous():
+                staging += v.numel() * v.element_size()
+            msgs.append((m.peer, v))
+        else:
+            msgs.append((m.peer, m.chunks))
+            staging += m.staging
+    return msgs, staging
+
+
 def _exchange_p2p(send_bufs, recv_bufs, rank_of, group) -> None:
     transport.exchange(send_bufs, recv_bufs, rank_of, group)
 
@@ -443,22 +505,14 @@ def _exchange_a2a(send_bufs, recv_bufs, rank_of, group, group_size: int, dev) ->
 
 
 def _chunk_sums(chs: list[Chunk], plan, store, src_side: bool) -> list[int]:
-    out = []
-    for ch in chs:
-        c = plan.copies[ch.copy]
-        view, rel = (c.src_view, c.src_rel) if src_side else (c.dst_view, c.dst_rel)
-        for state in plan.groups[c.group].states:
-            out.append(packing.checksum(packing.piece(store, state, view, rel, ch)))
-    return out
+    return [packing.checksum(packing.piece(store, state, view, rel, ch))
+            for ch in chs for state, view, rel in rounds.piece_refs(plan, ch, src_side)]
 
 
 def _verify(plan, per_round, new, sent_sums, rank_of, group, dev) -> bool:
     """Compare each received chunk's checksums with those its source computed before sending."""
     ok = True
-    received: dict[int, list[Chunk]] = {}
-    for _, recvs in per_round:
-        for p, chs in recvs.items():
-            received.setdefault(p, []).extend(chs)
+    received = rounds.received_by_peer(per_round)
     send_bufs = {p: torch.tensor(v, dtype=torch.int64, device=dev) for p, v in sent_sums.items()}
     recv_bufs = {p: torch.empty(sum(len(plan.groups[plan.copies[ch.copy].group].states) for ch in chs),
                                 dtype=torch.int64, device=dev) for p, chs in received.items()}
