@@ -8,7 +8,7 @@ the broken rule and its fix. Pure: no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 from liveshard.runtime.errors import ConfigError
@@ -223,9 +223,6 @@ class ParallelConfig:
             raise ConfigError("parallel", f"tp*pp*cp*dp={cfg.world_size} but the world has {world_size} ranks",
                               "make the product of the degrees equal the number of GPUs")
         return cfg
-
-    def with_(self, **changes: object) -> ParallelConfig:
-        return replace(self, **changes)  # type: ignore[arg-type]
 
 
 def _even_split_hint(num_layers: int, pp: int) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +94,3 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def wait_forever(self) -> None:
-        while self.operator_alive():
-            time.sleep(0.5)

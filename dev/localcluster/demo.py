@@ -32,7 +32,7 @@ from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 
 
 @dataclass
-class Event:
+class ClusterEvent:
     kind: str  # join | spot-notice | node-lost
     node: str
     time: float
@@ -59,7 +59,7 @@ class Demo:
         # room for one worker pod, which runs one process per GPU
         self.cluster = LocalCluster(self.out, nodes=gpu_nodes - 1, gpus_per_node=gpus_per_worker)
         self.global_batch = global_batch
-        self.events: list[Event] = []
+        self.events: list[ClusterEvent] = []
         self.samples: list[dict] = []  # (time, step, loss, world) as seen live
         self.started = time.time()
         self.store: Any = None
@@ -178,30 +178,30 @@ class Demo:
         self.wait(f"{steps} more steps", lambda s, c: self.step() >= start + steps)
         return st
 
-    def join(self, node: str) -> Event:
-        ev = Event("join", node, time.time())
+    def join(self, node: str) -> ClusterEvent:
+        ev = ClusterEvent("join", node, time.time())
         self.events.append(ev)
         self.say(f"EVENT node {node} joins")
         self.cluster.add_gpu_node(node)
         return ev
 
-    def spot_notice(self, pod: str) -> Event:
+    def spot_notice(self, pod: str) -> ClusterEvent:
         node = self.node_of(pod)
-        ev = Event("spot-notice", node, time.time(), [pod], detail={"uid": self.pods()[pod]["metadata"]["uid"]})
+        ev = ClusterEvent("spot-notice", node, time.time(), [pod], detail={"uid": self.pods()[pod]["metadata"]["uid"]})
         self.events.append(ev)
         self.say(f"EVENT spot interruption notice on {node} (pod {pod}): taint {SPOT_ITN_TAINT}")
         self.cluster.agent.taint(node, SPOT_ITN_TAINT, "spot-itn-local", "NoSchedule")
         return ev
 
-    def lose_node(self, pod: str) -> Event:
+    def lose_node(self, pod: str) -> ClusterEvent:
         node = self.node_of(pod)
-        ev = Event("node-lost", node, time.time())
+        ev = ClusterEvent("node-lost", node, time.time())
         self.events.append(ev)
         ev.pods = self.cluster.agent.lose_node(node)
         self.say(f"EVENT node {node} lost without notice: killed {', '.join(ev.pods)}")
         return ev
 
-    def answer(self, ev: Event, members: list[str]) -> dict:
+    def answer(self, ev: ClusterEvent, members: list[str]) -> dict:
         """Wait until a plan with exactly ``members`` is acked; record it on the event."""
         st, _ = self.wait(f"an acked plan of {members} after {ev.kind}", lambda s, c: self.acked(s)
                           and sorted((s.get("plan") or {}).get("members") or []) == sorted(members))
@@ -329,7 +329,7 @@ class Demo:
             return None
 
 
-def plot(steps: list[dict], events: list[Event], path: Path, t0: float) -> None:
+def plot(steps: list[dict], events: list[ClusterEvent], path: Path, t0: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

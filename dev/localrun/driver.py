@@ -289,16 +289,6 @@ class LocalRun:
             self._check_alive()
             time.sleep(0.01)
 
-    def _wait_step(self, store, members: tuple[str, ...], step: int, timeout: float = 600.0) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            steps = [(store.get_json(Keys.heartbeat(m)) or {}).get("step") or 0 for m in members]
-            if min(steps) >= step:
-                return
-            self._check_alive()
-            time.sleep(0.01)
-        raise TimeoutError(f"workers did not reach step {step}")
-
     def _check_alive(self) -> None:
         c = self.procs.coordinator
         if c is not None and c.poll() is not None:

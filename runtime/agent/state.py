@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.vps.layout import Layout
 from liveshard.runtime.vps.region import EXP_AVG, EXP_AVG_SQ, MAIN_PARAM, PARAM
 
@@ -173,25 +172,6 @@ def restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
     if "tracker" in state:
         tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
-
-
-def rng_owner(old: ParallelConfig, new: ParallelConfig, new_rank: int) -> int | None:
-    """The old rank whose RNG states new rank ``new_rank`` takes over, or None for a fresh seed.
-
-    RNG streams belong to a model-parallel position: a new rank at (tp, pp) continues the
-    stream of the old rank at the same (tp, pp) and DP index 0, when the old layout had that
-    position with the same TP and PP degrees.
-    """
-    if (old.tp, old.pp) != (new.tp, new.pp):
-        return None
-    c = new.coord(new_rank)
-    return old.rank_of(tp=c.tp, pp=c.pp)
-
-
-def fresh_rng_seed(seed: int, generation: int, cfg: ParallelConfig, rank: int) -> int:
-    c = cfg.coord(rank)
-    text = f"{seed}/{generation}/{cfg.tp}.{cfg.pp}/{c.tp}.{c.pp}"
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & 0x7FFFFFFF
 
 
 def state_checksums(tensors: dict[StateKey, torch.Tensor]) -> dict[str, str]:

@@ -82,7 +82,7 @@ def execute_transition(prep: Any, worker: str, sources: dict, objects: dict | No
         store.tensors.setdefault(state, {})[name] = tensor
     sched = schedule(plan, budget)
     result = executor.execute(plan, sched, device_id, store, objects or {},
-                              mode=mode or getattr(executor, "DEFAULT_MODE", "p2p"),
+                              mode=mode or executor.DEFAULT_MODE,
                               verify=verify, group=prep.group, ranks=group_ranks(old, new),
                               tensor_device=worlds.device(),  # a joiner has no old tensor to take it from
                               destinations=prep.destinations)

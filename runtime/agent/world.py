@@ -12,7 +12,6 @@ Backend-specific lines are here and only here: gloo on CPU, NCCL when CUDA is pr
 
 from __future__ import annotations
 
-import pickle
 from datetime import timedelta
 from typing import Any
 
@@ -69,16 +68,3 @@ def group_all_ok(pg: Any, ok: bool) -> bool:
     return bool(flag.item())
 
 
-def allgather_objects(pg: Any, obj: Any, size: int) -> list[Any]:
-    """Every member's ``obj`` (pickled), over a standalone group."""
-    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-    dev = device()
-    n = torch.tensor([payload.numel()], dtype=torch.int64, device=dev)
-    sizes = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(size)]
-    pg.allgather([sizes], [n]).wait()
-    longest = int(max(int(s.item()) for s in sizes))
-    padded = torch.zeros(longest, dtype=torch.uint8, device=dev)
-    padded[: payload.numel()] = payload.to(dev)
-    bufs = [torch.zeros(longest, dtype=torch.uint8, device=dev) for _ in range(size)]
-    pg.allgather([bufs], [padded]).wait()
-    return [pickle.loads(b[: int(s.item())].cpu().numpy().tobytes()) for b, s in zip(bufs, sizes)]

@@ -23,6 +23,9 @@ The old store is only read, never written: a failure at any point (exception, de
 checksum mismatch) leaves the old state intact, and the caller commits by swapping in the
 returned store. ``release_old`` drops each old tensor from the old store after its last read
 (less peak memory, no rollback).
+
+What each step moves on a device (the pieces, the chunks of each round and their messages, what
+is freed when) is worked out by the pure functions of ``rounds``; this module runs it.
 """
 
 from __future__ import annotations
@@ -230,7 +233,42 @@ def _destination(destinations: DictStore, nt: NewTensor, dtype: torch.dtype) -> 
     return t
 
 
-# 2. local copies, 3. rounds
+class _NewStore(DictStore):
+    """The new shards: reused old tensors, plus tensors allocated on first access."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+        self.allocated = 0
+        self._pending: dict[tuple[str, str], tuple] = {}
+
+    def put(self, state: str, name: str, t: torch.Tensor) -> torch.Tensor:
+        self.tensors.setdefault(state, {})[name] = t
+        return t
+
+    def expect(self, state: str, name: str, shape, dtype) -> None:
+        self._pending[state, name] = (shape, dtype)
+
+    def get(self, state: str, name: str) -> torch.Tensor:
+        t = self.tensors.get(state, {}).get(name)
+        if t is None:
+            shape, dtype = self._pending.pop((state, name))
+            t = self.put(state, name, torch.empty(shape, dtype=dtype, device=self.device))
+            self.allocated += t.numel() * t.element_size()
+        return t
+
+    def allocate_rest(self) -> None:
+        for state, name in list(self._pending):
+            self.get(state, name)
+
+
+def _device_of(store: DictStore) -> torch.device:
+    for _, _, t in store.items():
+        return t.device
+    return torch.device("cpu")
+
+
+# 2. local copies and 3. rounds
 
 
 def _move_tensors(run: _Transfer, per_round: list[Round], mode: str, direct_min_bytes: int) -> None:
@@ -265,6 +303,19 @@ def _copy_locally(run: _Transfer) -> None:
         run.stats.local_bytes += c.nbytes
     run.stats.local_seconds += time.perf_counter() - t0
     run.note_peak()
+
+
+def _release(old: DictStore, tensors) -> int:
+    """Drop ``tensors`` (state, name) from the old store, those it holds; returns the bytes released."""
+    freed = 0
+    for state, name in tensors:
+        try:
+            t = old.get(state, name)
+        except KeyError:
+            continue
+        freed += t.numel() * t.element_size()
+        old.release(state, name)
+    return freed
 
 
 def _p2p_rounds(run: _Transfer, per_round: list[Round], direct_min_bytes: int, copy_locally: bool) -> None:
@@ -314,98 +365,6 @@ class _P2PPipeline:
     def complete_oldest(self) -> None:
         self.window.complete_oldest().complete()
         self.run.note_peak(self.window.live)
-
-
-def _a2a_rounds(run: _Transfer, per_round: list[Round]) -> None:
-    """All-to-all rounds, one at a time."""
-    group_size = transport.group_size(run.group)
-    run.round_clock = time.perf_counter()
-    for r, (sends, recvs) in enumerate(per_round):
-        run.record_sent(sends)
-        _a2a_round(run, sends, recvs, group_size)
-        run.end_round(r, sends, recvs)
-
-
-def _a2a_round(run: _Transfer, sends: ByPeer, recvs: ByPeer, group_size: int) -> None:
-    """One staging buffer per peer each way: pack, one all_to_all_single, unpack."""
-    send_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=run.dev)
-                 for p, chs in sends.items()}
-    recv_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=run.dev)
-                 for p, chs in recvs.items()}
-    staging = sum(b.numel() for b in send_bufs.values()) + sum(b.numel() for b in recv_bufs.values())
-    run.stats.peak_staging_bytes = max(run.stats.peak_staging_bytes, staging)
-    run.stats.max_rounds_in_flight = 1
-    for p, chs in sends.items():
-        packing.pack(send_bufs[p], chs, run.plan, run.old)
-    _exchange_a2a(send_bufs, recv_bufs, run.rank_of, run.group, group_size, run.dev)
-    for p, chs in recvs.items():
-        packing.unpack(recv_bufs[p], chs, run.plan, run.new)
-    run.note_peak(staging)
-
-
-# 5. verification
-
-
-def _verify_everywhere(run: _Transfer, per_round: list[Round]) -> None:
-    """Compare checksums at sources and destinations; every rank agrees on the verdict."""
-    t0 = time.perf_counter()
-    ok = _verify(run.plan, per_round, run.new, run.sent_sums, run.rank_of, run.group, run.dev) if run.member else True
-    ok = ok and run.local_ok
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=run.dev)
-    transport.all_reduce(flag, dist.ReduceOp.MIN, run.group)
-    run.stats.verify_seconds = time.perf_counter() - t0
-    if not int(flag.item()):
-        raise TransferError("checksums differ between sources and destinations"
-                            + ("" if ok else f" (device {run.device_id} saw a mismatch)"))
-    run.stats.verified = True
-
-
-class _NewStore(DictStore):
-    """The new shards: reused old tensors, plus tensors allocated on first access."""
-
-    def __init__(self, device: torch.device) -> None:
-        super().__init__()
-        self.device = device
-        self.allocated = 0
-        self._pending: dict[tuple[str, str], tuple] = {}
-
-    def put(self, state: str, name: str, t: torch.Tensor) -> torch.Tensor:
-        self.tensors.setdefault(state, {})[name] = t
-        return t
-
-    def expect(self, state: str, name: str, shape, dtype) -> None:
-        self._pending[state, name] = (shape, dtype)
-
-    def get(self, state: str, name: str) -> torch.Tensor:
-        t = self.tensors.get(state, {}).get(name)
-        if t is None:
-            shape, dtype = self._pending.pop((state, name))
-            t = self.put(state, name, torch.empty(shape, dtype=dtype, device=self.device))
-            self.allocated += t.numel() * t.element_size()
-        return t
-
-    def allocate_rest(self) -> None:
-        for state, name in list(self._pending):
-            self.get(state, name)
-
-
-def _device_of(store: DictStore) -> torch.device:
-    for _, _, t in store.items():
-        return t.device
-    return torch.device("cpu")
-
-
-def _release(old: DictStore, tensors) -> int:
-    """Drop ``tensors`` (state, name) from the old store, those it holds; returns the bytes released."""
-    freed = 0
-    for state, name in tensors:
-        try:
-            t = old.get(state, name)
-        except KeyError:
-            continue
-        freed += t.numel() * t.element_size()
-        old.release(state, name)
-    return freed
 
 
 @dataclass
@@ -482,8 +441,31 @@ def _resolve(messages: list[Message], store) -> tuple[list[tuple[int, list[Chunk
     return msgs, staging
 
 
-def _exchange_p2p(send_bufs, recv_bufs, rank_of, group) -> None:
-    transport.exchange(send_bufs, recv_bufs, rank_of, group)
+def _a2a_rounds(run: _Transfer, per_round: list[Round]) -> None:
+    """All-to-all rounds, one at a time."""
+    group_size = transport.group_size(run.group)
+    run.round_clock = time.perf_counter()
+    for r, (sends, recvs) in enumerate(per_round):
+        run.record_sent(sends)
+        _a2a_round(run, sends, recvs, group_size)
+        run.end_round(r, sends, recvs)
+
+
+def _a2a_round(run: _Transfer, sends: ByPeer, recvs: ByPeer, group_size: int) -> None:
+    """One staging buffer per peer each way: pack, one all_to_all_single, unpack."""
+    send_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=run.dev)
+                 for p, chs in sends.items()}
+    recv_bufs = {p: torch.empty(packing.buffer_size(chs), dtype=torch.uint8, device=run.dev)
+                 for p, chs in recvs.items()}
+    staging = sum(b.numel() for b in send_bufs.values()) + sum(b.numel() for b in recv_bufs.values())
+    run.stats.peak_staging_bytes = max(run.stats.peak_staging_bytes, staging)
+    run.stats.max_rounds_in_flight = 1
+    for p, chs in sends.items():
+        packing.pack(send_bufs[p], chs, run.plan, run.old)
+    _exchange_a2a(send_bufs, recv_bufs, run.rank_of, run.group, group_size, run.dev)
+    for p, chs in recvs.items():
+        packing.unpack(recv_bufs[p], chs, run.plan, run.new)
+    run.note_peak(staging)
 
 
 def _exchange_a2a(send_bufs, recv_bufs, rank_of, group, group_size: int, dev) -> None:
@@ -504,23 +486,7 @@ def _exchange_a2a(send_bufs, recv_bufs, rank_of, group, group_size: int, dev) ->
         pos += buf.numel()
 
 
-def _chunk_sums(chs: list[Chunk], plan, store, src_side: bool) -> list[int]:
-    return [packing.checksum(packing.piece(store, state, view, rel, ch))
-            for ch in chs for state, view, rel in rounds.piece_refs(plan, ch, src_side)]
-
-
-def _verify(plan, per_round, new, sent_sums, rank_of, group, dev) -> bool:
-    """Compare each received chunk's checksums with those its source computed before sending."""
-    ok = True
-    received = rounds.received_by_peer(per_round)
-    send_bufs = {p: torch.tensor(v, dtype=torch.int64, device=dev) for p, v in sent_sums.items()}
-    recv_bufs = {p: torch.empty(sum(len(plan.groups[plan.copies[ch.copy].group].states) for ch in chs),
-                                dtype=torch.int64, device=dev) for p, chs in received.items()}
-    _exchange_p2p(send_bufs, recv_bufs, rank_of, group)
-    for p, chs in received.items():
-        if recv_bufs[p].tolist() != _chunk_sums(chs, plan, new, src_side=False):
-            ok = False
-    return ok
+# 4. small objects
 
 
 def _move_objects(plan: TransitionPlan, device_id: int, old_objects: dict[str, Any], rank_of,
@@ -551,3 +517,43 @@ def _move_objects(plan: TransitionPlan, device_id: int, old_objects: dict[str, A
             out[name] = pickle.loads(raw[pos:pos + n])
             pos += n
     return out
+
+
+def _exchange_p2p(send_bufs, recv_bufs, rank_of, group) -> None:
+    transport.exchange(send_bufs, recv_bufs, rank_of, group)
+
+
+# 5. verification
+
+
+def _verify_everywhere(run: _Transfer, per_round: list[Round]) -> None:
+    """Compare checksums at sources and destinations; every rank agrees on the verdict."""
+    t0 = time.perf_counter()
+    ok = _verify(run.plan, per_round, run.new, run.sent_sums, run.rank_of, run.group, run.dev) if run.member else True
+    ok = ok and run.local_ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=run.dev)
+    transport.all_reduce(flag, dist.ReduceOp.MIN, run.group)
+    run.stats.verify_seconds = time.perf_counter() - t0
+    if not int(flag.item()):
+        raise TransferError("checksums differ between sources and destinations"
+                            + ("" if ok else f" (device {run.device_id} saw a mismatch)"))
+    run.stats.verified = True
+
+
+def _verify(plan, per_round, new, sent_sums, rank_of, group, dev) -> bool:
+    """Compare each received chunk's checksums with those its source computed before sending."""
+    ok = True
+    received = rounds.received_by_peer(per_round)
+    send_bufs = {p: torch.tensor(v, dtype=torch.int64, device=dev) for p, v in sent_sums.items()}
+    recv_bufs = {p: torch.empty(sum(len(plan.groups[plan.copies[ch.copy].group].states) for ch in chs),
+                                dtype=torch.int64, device=dev) for p, chs in received.items()}
+    _exchange_p2p(send_bufs, recv_bufs, rank_of, group)
+    for p, chs in received.items():
+        if recv_bufs[p].tolist() != _chunk_sums(chs, plan, new, src_side=False):
+            ok = False
+    return ok
+
+
+def _chunk_sums(chs: list[Chunk], plan, store, src_side: bool) -> list[int]:
+    return [packing.checksum(packing.piece(store, state, view, rel, ch))
+            for ch in chs for state, view, rel in rounds.piece_refs(plan, ch, src_side)]

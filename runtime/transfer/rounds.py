@@ -170,8 +170,9 @@ def received_by_peer(per_round: list[Round]) -> ByPeer:
 def release_schedule(plan: TransitionPlan, sched: Schedule, device_id: int,
                      kept: Kept) -> dict[int, list[tuple[str, str]]]:
     """Round -> the old tensors (state, name) device ``device_id`` last reads in it (-1: the local
-    copies), never an old tensor kept in place. Lists every state of the group; the executor
-    frees those its old store holds."""
+    copies). Lists every state of the group; the executor frees those its old store holds. An
+    old tensor whose name is kept in place is never listed, for any state (the test is on the
+    local name alone)."""
     kept_names = set(kept.values())
     out: dict[int, list[tuple[str, str]]] = {}
     for (d, gi, name), last in sched.last_read.items():

@@ -1,8 +1,8 @@
 """Where a rank keeps its shards: a mapping (state, local tensor name) -> tensor.
 
-The executor reads old shards and writes new ones only through ``ShardStore``; ``DictStore``
-is the plain in-memory implementation (tests, ``reshard-local``, benchmarks); the runtime backs
-the same interface with megatron's parameters and optimizer shards. ``view_of`` turns a region's
+The executor reads old shards and writes new ones only through a ``DictStore`` (the runtime
+fills one with views of megatron's parameters and optimizer shards; tests, ``reshard-local``
+and the benchmarks with reference values). ``view_of`` turns a region's
 ``(local_name, local_offset, local_shape)`` into a tensor view: a box of the local tensor, or,
 for distributed-optimizer shards (a flat tensor), a flat slice reshaped to the box.
 """
@@ -10,7 +10,6 @@ for distributed-optimizer shards (a flat tensor), a flat slice reshaped to the b
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
 
 import torch
 
@@ -18,13 +17,6 @@ from liveshard.runtime.dtypes import torch_dtype
 from liveshard.runtime.vps.layout import Layout
 from liveshard.runtime.vps.region import Shape, volume
 from liveshard.runtime.vps.shards import is_flat, local_tensor_shapes
-
-
-class ShardStore(Protocol):
-    def get(self, state: str, name: str) -> torch.Tensor: ...
-
-    def release(self, state: str, name: str) -> None:
-        """Drop the store's reference (memory is freed once nobody else holds the tensor)."""
 
 
 class DictStore:

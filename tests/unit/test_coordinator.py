@@ -1,0 +1,176 @@
+"""The coordinator's decisions, driven tick by tick over an in-process store (no processes)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch.distributed as dist
+
+from liveshard.runtime.contract.causes import Cause
+from liveshard.runtime.contract.jobspec import read_spec
+from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.contract.status import pod_of
+from liveshard.runtime.control.protocol import MemberResult, WorldPlan
+from liveshard.runtime.control.store import JobStore
+from liveshard.runtime.coordinator import Coordinator, PlanningInputs, PlanRequest
+from liveshard.runtime.planner import FEWEST_CHANGES, Constraints
+from liveshard.runtime.planner.pods import Candidate, constraints_for, plan_for
+from liveshard.runtime.presets import PRESETS
+
+
+class Requests:
+    """A plan source the test feeds by hand."""
+
+    def __init__(self, inputs: PlanningInputs | None = None) -> None:
+        self.queue: list[PlanRequest] = []
+        self.reports: list[dict] = []
+        self.inputs = inputs
+
+    def poll(self) -> PlanRequest | None:
+        return self.queue.pop(0) if self.queue else None
+
+    def report(self, status: dict) -> None:
+        self.reports.append(status)
+
+    def planning(self) -> PlanningInputs | None:
+        return self.inputs
+
+
+def _coordinator(source: Requests, planning: PlanningInputs, model: str = "tiny-gpt") -> Coordinator:
+    return Coordinator(JobStore(dist.HashStore()), PRESETS[model], source, planning, heartbeat_timeout=1.0)
+
+
+def _beat(c: Coordinator, *workers: str, at: float | None = None) -> None:
+    for w in workers:
+        c.store.set_json(Keys.member(w), {"host": "h", "node": f"node-{w}", "time": at or time.time()})
+        c.store.set_json(Keys.heartbeat(w), {"time": at or time.time(), "state": "training"})
+
+
+def _commit(c: Coordinator) -> WorldPlan:
+    """Every involved member reports success for the pending generation; the coordinator commits."""
+    plan = c.pending.plan
+    involved = set(plan.members) | (set(c.current.members) if c.current else set())
+    for m in involved - c.dead:
+        c.store.set(Keys.result(plan.generation, m), MemberResult(ok=True).to_json())
+    c.tick()
+    assert c.pending is None and c.current == plan
+    return plan
+
+
+LOCAL = PlanningInputs(Constraints(global_batch=4, micro_batch=1, objective=FEWEST_CHANGES))
+
+
+def test_an_explicit_plan_runs_in_exactly_the_order_it_names():
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _beat(c, "p1", "p2")
+    source.queue.append(PlanRequest(members=("p2", "p1"), config="tp=1,pp=2,dp=1"))
+    c.tick()
+    assert c.pending.plan.members == ("p2", "p1")  # never re-ordered
+    _commit(c)
+    # a later explicit plan over the same world keeps its order too, even against continuity
+    source.queue.append(PlanRequest(members=("p1", "p2"), config="tp=2,pp=1,dp=1"))
+    c.tick()
+    assert c.pending.plan.members == ("p1", "p2") and c.pending.plan.previous == 0
+
+
+def test_a_config_the_global_batch_cannot_split_is_rejected_before_anything_moves():
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _beat(c, "a", "b", "c")
+    source.queue.append(PlanRequest(members=("a", "b", "c"), config="tp=1,pp=1,dp=3", reason="bad"))
+    c.tick()
+    assert c.pending is None and c.store.latest_generation() == -1
+    assert c.history[-1]["generation"] is None and "global batch 4" in c.history[-1]["outcome"]
+
+
+def test_a_member_lost_without_notice_is_replanned_from_the_survivors_in_their_rank_order():
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _beat(c, "w0", "w1", "w2", "w3")
+    source.queue.append(PlanRequest(members=("w0", "w1", "w2", "w3"), config="tp=1,pp=1,dp=4"))
+    c.tick()
+    _commit(c)
+    _beat(c, "w0", "w1", "w3")
+    _beat(c, "w2", at=time.time() - 10)  # silent past the heartbeat timeout
+    c.tick()
+    plan = c.pending.plan
+    assert c.dead == {"w2"} and plan.dead == ("w2",)
+    # fewest changes: dp over as many survivors as the batch of 4 splits over (2), survivors in order
+    assert plan.config.startswith("tp=1,pp=1,dp=2") and plan.members == ("w0", "w1") and plan.standbys == ("w3",)
+    assert plan.restore_from is None  # every replica survives somewhere
+
+
+def test_the_coordinator_plans_a_loss_exactly_as_the_operator_would():
+    """Same function, same inputs: the operator's plan for the survivors is the world the
+    coordinator already runs, so the operator's own plan is acked without a second switch."""
+    job_spec = read_spec({"model": {"preset": "tiny-gpt"}, "image": "x",
+                          "workers": {"min": 1, "max": 4, "replicas": 4, "gpusPerWorker": 1, "gpuMemory": "80Gi"},
+                          "parallelism": {"tp": [1], "pp": [1], "globalBatch": 240, "microBatch": 4,
+                                          "distributedOptimizer": False}})
+    pods = ["job-worker-0", "job-worker-1", "job-worker-2", "job-worker-3"]
+    first = plan_for(job_spec, [Candidate(p, f"n{i}") for i, p in enumerate(pods)])
+    speeds = {"job-worker-3": 0.5}
+    inputs = PlanningInputs(constraints_for(job_spec), job_spec.workers.gpu_memory_bytes, speeds)
+    source = Requests(inputs)
+    c = _coordinator(source, LOCAL)
+    workers = tuple(f"{p}/0" for p in first.members)
+    _beat(c, *workers)
+    source.queue.append(PlanRequest(members=workers, config=first.config))
+    c.tick()
+    _commit(c)
+    lost = workers[1]
+    _beat(c, *(w for w in workers if w != lost))
+    _beat(c, lost, at=time.time() - 10)
+    c.tick()
+    recovery = c.pending.plan
+    survivors = [p for p in first.members if p != pod_of(lost)]
+    operator = plan_for(job_spec, [Candidate(p, f"node-{p}/0", speed=speeds.get(p, 1.0)) for p in survivors],
+                        first.config, first.members)
+    assert recovery.config == operator.config
+    assert tuple(pod_of(m) for m in recovery.members) == operator.members
+
+
+def test_state_with_no_surviving_copy_is_restored_from_the_latest_checkpoint_or_rejected():
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _beat(c, "a", "b")
+    source.queue.append(PlanRequest(members=("a", "b"), config="tp=2,pp=1,dp=1"))
+    c.tick()
+    _commit(c)
+    _beat(c, "a")
+    _beat(c, "b", at=time.time() - 10)
+    c.tick()  # b held the only copy of half of every tensor, and there is no checkpoint
+    assert c.pending is None and "no checkpoint to restore from" in c.history[-1]["outcome"]
+    c.store.set_json(Keys.CHECKPOINT, {"path": "/ckpt/step00000004", "step": 4, "config": "tp=2,pp=1,dp=1"})
+    c.dead.clear()
+    c.tick()
+    c.dead.add("b")
+    c._recover()
+    plan = c.pending.plan
+    assert plan.restore_from == "/ckpt/step00000004" and plan.members == ("a",)
+
+
+def test_an_unknown_objective_is_a_config_error():
+    from liveshard.runtime.errors import ConfigError
+    from liveshard.runtime.planner import GPU, plan_world
+
+    with pytest.raises(ConfigError, match="objective"):
+        plan_world(PRESETS["tiny-gpt"], [GPU("a", "n", 1 << 30)], Constraints(objective="cheapest"))
+
+
+def test_recovery_plans_carry_their_cause():
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _beat(c, "a", "b")
+    source.queue.append(PlanRequest(members=("a", "b"), config="tp=1,pp=1,dp=2"))
+    c.tick()
+    _commit(c)
+    seen: list[PlanRequest] = []
+    start = c._start
+    c._start = lambda r: (seen.append(r), start(r))[1]
+    _beat(c, "a")
+    _beat(c, "b", at=time.time() - 10)
+    c.tick()
+    assert seen and seen[0].cause == Cause.LOST_WITHOUT_NOTICE
