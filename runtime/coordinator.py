@@ -49,6 +49,9 @@ class PlanRequest:
     switch_at_step: int | None = None
     deadline: float | None = None
     cause: str | None = None  # a contract.Cause value
+    # Whether ``members`` is the rank order (the operator's plans: its planner chose it); if not,
+    # the planner places an explicit config over them too.
+    ordered: bool = True
 
 
 @dataclass(frozen=True)
@@ -212,10 +215,11 @@ class Coordinator:
         inputs = self.source.planning() or self.planning
         gpus = [GPU(id=m, node=self._node_of(m), memory_bytes=inputs.gpu_memory_bytes,
                     speed=float(inputs.speeds.get(pod_of(m), 1.0))) for m in members]
-        if request.config is not None:
-            return plan_world(self.spec, gpus, inputs.constraints, config=ParallelConfig.parse(request.config))
+        config = ParallelConfig.parse(request.config) if request.config is not None else None
+        if config is not None and request.ordered:
+            return plan_world(self.spec, gpus, inputs.constraints, config=config)
         running = self.current if self.current is not None and not self.current.is_stop else None
-        return plan_world(self.spec, gpus, inputs.constraints,
+        return plan_world(self.spec, gpus, inputs.constraints, config=config,
                           current=ParallelConfig.parse(running.config) if running else None,
                           current_members=running.members if running else ())
 

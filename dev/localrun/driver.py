@@ -217,7 +217,8 @@ class LocalRun:
                                       reason=f"{ev.count} worker(s) joined", switch_at_step=ev.step)
             else:
                 request = PlanRequest(members=cur_members + tuple(standbys), config=ev.config,
-                                      reason=f"config change to {ev.config}", switch_at_step=ev.step)
+                                      reason=f"config change to {ev.config}", switch_at_step=ev.step,
+                                      ordered=False)
             # A leave or a join leaves the config to the coordinator, which asks the planner
             # (world.plan_world, objective fewest-changes: the same call checkpoint mode makes).
             status = self._apply(store, request, gen + 1, ev.step,

@@ -8,9 +8,12 @@ order that runs).
 
 Rank order: the GPUs are first put in *continuity order*, the running world's members in their
 rank order, then everybody else in the order given. The search's placement keeps that order
-wherever speeds, nodes and memory tie, so a survivor keeps its place and as much state as
-possible stays where it is. A config given by the caller (an explicit reconfiguration) is
-checked and placed in that same order, unpriced.
+wherever speeds, nodes and memory tie, so a survivor keeps its place. A config given by the
+caller (an explicit reconfiguration) is checked and placed in that same order, unpriced. When
+the layout itself changes (TP, PP, EP or the layer split), continuity is not what keeps state in
+place: the order is then the one the VPS transition planner finds moves the least state
+(``least_movement``), provided the cost model prices it exactly the same (every GPU alike, the
+same groups inside a node, each pod's GPUs consecutive and in order).
 
 Objectives (``Constraints.objective``): ``throughput``, the cost model's fastest config
 (``search.plan_parallelism``); ``fewest-changes``, the current TP/PP/EP degrees with DP as large
@@ -58,8 +61,68 @@ def plan_world(spec: ModelSpec, gpus: Sequence[GPU], constraints: Constraints, *
         config = closest_config(spec, current or ParallelConfig(dist_opt=constraints.dist_opt), ordered,
                                 constraints)
     if config is None:
-        return plan_parallelism(spec, ordered, constraints, hardware)
-    return place(spec, config, ordered, constraints)
+        plan = plan_parallelism(spec, ordered, constraints, hardware)
+    else:
+        plan = place(spec, config, ordered, constraints)
+    if current is not None and current_members:
+        plan = least_movement(spec, plan, current, tuple(current_members), constraints.granularity)
+    return plan
+
+
+def _layout_key(cfg: ParallelConfig) -> tuple:
+    return (cfg.tp, cfg.pp, cfg.cp, cfg.ep, cfg.expert_tp, cfg.layers)
+
+
+def least_movement(spec: ModelSpec, plan: ParallelPlan, current: ParallelConfig, current_members: tuple[str, ...],
+                   granularity: int = 1) -> ParallelPlan:
+    """``plan`` with its ranks on the GPUs that already hold most of their state, when the
+    layout changes and the new order prices exactly as the planner's; else ``plan`` as it is."""
+    from liveshard.runtime.vps.devices import DeviceMap
+    from liveshard.runtime.vps.transition import NoSurvivingCopy, plan_transition
+
+    cfg = plan.config
+    world = plan.gpus
+    if _layout_key(cfg) == _layout_key(current) or current.world_size != len(current_members):
+        return plan
+    if len({g.speed for g in world}) > 1 or len({g.memory_bytes for g in world}) > 1:
+        return plan  # the cost model placed stragglers or small GPUs on purpose
+    pool = {g.id: g for g in world}  # the planner chose these GPUs: only their order may change
+    joiners = [g.id for g in world if g.id not in set(current_members)]
+    by_device = (*current_members, *joiners)
+    leaving = frozenset(i for i, m in enumerate(current_members) if m not in pool)
+    try:
+        devices = DeviceMap(len(current_members), leaving=leaving, joining=len(joiners))
+        moved = plan_transition(spec, current, cfg, devices)
+    except (NoSurvivingCopy, ConfigError):
+        return plan
+    order = tuple(pool[by_device[d]] for d in moved.rank_to_device)
+    if order == world or not _prices_alike(world, order, cfg, granularity):
+        return plan
+    kept = plan_transition(spec, current, cfg, devices, tuple(by_device.index(g.id) for g in world))
+    if moved.bytes_moved >= kept.bytes_moved:
+        return plan
+    note = (f"rank order: {moved.bytes_moved / 1e6:.1f} MB of state move instead of "
+            f"{kept.bytes_moved / 1e6:.1f} MB in continuity order")
+    return replace(plan, gpus=order, explanation=(*plan.explanation, note))
+
+
+def _prices_alike(a: Sequence[GPU], b: Sequence[GPU], cfg: ParallelConfig, granularity: int) -> bool:
+    """Whether the cost model sees the two orders alike (same groups inside a node), and ``b``
+    keeps every pod's GPUs consecutive and in their local order."""
+    from liveshard.runtime.planner.placement import Arrangement
+
+    if granularity > 1:
+        for start in range(0, len(b), granularity):
+            ids = [g.id for g in b[start:start + granularity]]
+            pod = ids[0].rpartition("/")[0]
+            if ids != [f"{pod}/{k}" for k in range(granularity)]:
+                return False
+    world = len(a)
+    x, y = Arrangement(a), Arrangement(b)
+    for size in {cfg.tp * cfg.cp, cfg.ep * cfg.expert_tp, granularity}:
+        if world % size == 0 and x.blocks_local(size, world) != y.blocks_local(size, world):
+            return False
+    return x.local(0, world) == y.local(0, world)
 
 
 def place(spec: ModelSpec, cfg: ParallelConfig, ordered: Sequence[GPU], c: Constraints) -> ParallelPlan:
