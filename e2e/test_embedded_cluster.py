@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from liveshard.dev.localcluster.demo import Demo
+from liveshard.runtime.contract.status import worker_ids
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +28,15 @@ JOB = "tiny-gpt"
 
 def worker(i: int) -> str:
     return f"{JOB}-worker-{i}"
+
+
+def assert_rank_order_runs(demo: Demo, status: dict) -> None:
+    """``status.plan.members`` is exactly the rank order the runtime's world runs."""
+    plan = status["plan"]
+    expected = list(worker_ids(plan["members"], plan["gpusPerWorker"]))
+    _, coordinator = demo.wait("the acked plan's world", lambda s, c: (s.get("plan") or {}).get("generation")
+                               == plan["generation"] and c.get("pending") is None)
+    assert coordinator["members"] == expected, (coordinator["members"], expected)
 
 
 def test_multi_gpu_pods_run_one_rank_per_gpu_and_survive_a_spot_notice(tmp_path):
@@ -47,8 +57,10 @@ def test_multi_gpu_pods_run_one_rank_per_gpu_and_survive_a_spot_notice(tmp_path)
         assert st["plan"]["gpusPerWorker"] == 2 and st["plan"]["worldSize"] == 4
         assert st["plan"]["config"].startswith("tp=1,pp=1,dp=4")
         assert sorted(d.coordinator()["members"]) == [f"{pod(i)}/{r}" for i in (0, 1) for r in (0, 1)]
+        assert_rank_order_runs(d, st)
         ev = d.spot_notice(pod(1))
         st = d.answer(ev, [pod(0)])
+        assert_rank_order_runs(d, st)
         assert st["plan"]["worldSize"] == 2 and st["plan"]["leaving"] == [pod(1)]
         assert sorted(d.coordinator()["members"]) == [f"{pod(0)}/0", f"{pod(0)}/1"]
         d.wait("the leaving pod deleted", lambda s, c: pod(1) not in d.pods()
@@ -96,6 +108,7 @@ def test_job_starts_and_trains(story):
     # the operator sets Running once it has seen the ack
     _step(story, lambda: story.wait("phase Running", lambda s, c: s.get("phase") == "Running"))
     assert sorted(st["plan"]["members"]) == [worker(0), worker(1)]
+    assert_rank_order_runs(story, st)
     pods = story.pods()
     assert pods[f"{JOB}-coordinator"]["spec"]["nodeName"] == "control-0"  # kept off spot nodes
     assert pods[worker(2)]["status"]["phase"] == "Pending"  # two GPU nodes only
@@ -104,7 +117,8 @@ def test_job_starts_and_trains(story):
 
 def test_node_joins_and_the_job_grows(story):
     ev = story.join("gpu-2")
-    _step(story, lambda: story.answer(ev, [worker(0), worker(1), worker(2)]))
+    st = _step(story, lambda: story.answer(ev, [worker(0), worker(1), worker(2)]))
+    assert_rank_order_runs(story, st)
     start = story.step()
     _step(story, lambda: story.wait("3 more steps", lambda s, c: story.step() >= start + 3))
     assert len(story.coordinator()["members"]) == 3
@@ -114,7 +128,8 @@ def test_spot_notice_plans_without_the_node_and_deletes_the_pod_after_the_ack(st
     ev = story.spot_notice(worker(1))
     st = _step(story, lambda: story.answer(ev, [worker(0), worker(2)]))
     assert st["plan"]["leaving"] == [worker(1)]
-    assert st["plan"]["reason"].startswith("spot-interruption")
+    assert st["plan"]["cause"] == "spot-interruption" and st["plan"]["reason"].startswith("spot-interruption")
+    assert_rank_order_runs(story, st)
     # the leaving pod goes only after the ack; it is recreated but cannot run on the tainted node
     _step(story, lambda: story.wait("the leaving pod deleted", lambda s, c: worker(1) not in story.pods()
                                     or story.pods()[worker(1)]["metadata"]["uid"] != ev.detail["uid"]))
@@ -134,8 +149,12 @@ def test_node_lost_without_notice_is_recovered(story):
     assert ev.pods == [worker(2)]
     st = _step(story, lambda: story.answer(ev, [worker(0)]))
     assert st["plan"]["config"].startswith("tp=1,pp=1,dp=1")
+    assert_rank_order_runs(story, st)
     history = story.coordinator()["history"]
     assert any("without notice" in (h.get("reason") or "") and h["outcome"] == "committed" for h in history)
+    # the coordinator planned the loss as the operator would: the operator's plan needed no second switch
+    committed = [h for h in history if h.get("generation") is not None and h["outcome"] == "committed"]
+    assert "without notice" in committed[-1]["reason"], committed[-1]
     _step(story, lambda: story.wait("3 more steps", lambda s, c: story.step() >= before + 3))
 
 

@@ -51,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"liveshard {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as e:
+        if not args._module.startswith("liveshard.dev."):
+            raise
+        # development tooling outside a development install (e.g. in a product image)
+        print(f"liveshard {args.command}: error: needs {e.name!r}, which the product images leave out "
+              "(fix: pip install 'liveshard[local]')", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `liveshard layout ... | head`
         return 0
 

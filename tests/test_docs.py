@@ -52,3 +52,11 @@ def test_deploy_doc_names_existing_files():
     assert paths
     missing = sorted(p for p in paths if not (ROOT / p).exists())
     assert not missing, missing
+
+
+def test_architecture_doc_names_existing_files():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    paths = set(re.findall(r"`((?:runtime|operator|dev|tests|e2e|crds|helm|images|docs)/[\w./-]*\w/?)`", text))
+    assert len(paths) > 20
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, missing

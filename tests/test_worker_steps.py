@@ -8,11 +8,10 @@ its update must not be.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
-from liveshard.runtime.agent.worker import WorkerAgent, WorkerState
+from liveshard.runtime.agent.training import train_one
+from liveshard.runtime.agent.worker import WorkerState
 
 
 class _Trainer:
@@ -34,27 +33,35 @@ class _Trainer:
         return 2.5
 
 
-def _agent(trainer: _Trainer) -> WorkerAgent:
-    agent = WorkerAgent.__new__(WorkerAgent)  # no store: only the step loop runs here
-    agent.state = WorkerState(generation=3)
-    agent.trainer = trainer
-    agent.built = SimpleNamespace(cfg=SimpleNamespace(world_size=2))
-    agent._after_step = lambda: None
-    return agent
+def _train(trainer: _Trainer) -> WorkerState:
+    """One step as the worker takes it (no store, no world: the step boundary does nothing)."""
+    state = WorkerState(generation=3)
+    train_one(state, trainer, world_size=2, after_step=lambda: None)
+    return state
 
 
 @pytest.mark.parametrize("fail, recorded", [(None, [(5, 2.5)]), ("loss report", [(5, None)]),
                                             ("before update", [])])
 def test_a_step_is_recorded_once_its_update_is_applied(fail, recorded):
-    agent = _agent(_Trainer(fail))
-    agent._train_one()
-    assert [(r.step, r.loss) for r in agent.state.records] == recorded
-    assert all(r.consumed_samples == 40 and r.generation == 3 for r in agent.state.records)
-    assert agent.state.phase == ("broken" if fail else "starting")
+    state = _train(_Trainer(fail))
+    assert [(r.step, r.loss) for r in state.records] == recorded
+    assert all(r.consumed_samples == 40 and r.generation == 3 and r.world_size == 2 for r in state.records)
+    assert state.phase == ("broken" if fail else "starting")
 
 
 def test_a_failure_that_is_not_a_peer_is_raised():
-    agent = _agent(_Trainer(None))
-    agent.trainer.step = lambda: (_ for _ in ()).throw(ValueError("a bug"))
+    trainer = _Trainer(None)
+    trainer.step = lambda: (_ for _ in ()).throw(ValueError("a bug"))
     with pytest.raises(ValueError):
-        agent._train_one()
+        _train(trainer)
+
+
+def test_a_step_boundary_that_loses_a_peer_does_not_record_the_step_twice():
+    state = WorkerState(generation=3)
+
+    def boundary() -> None:
+        raise RuntimeError("[gloo] Connection closed by peer")
+
+    train_one(state, _Trainer(None), world_size=2, after_step=boundary)
+    assert [(r.step, r.loss) for r in state.records] == [(5, 2.5)]
+    assert state.phase == "broken"

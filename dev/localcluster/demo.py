@@ -29,6 +29,7 @@ from liveshard.dev.localcluster.cluster import LocalCluster
 from liveshard.dev.localcluster.node_agent import SPOT_ITN_TAINT
 from liveshard.dev.localcluster.sample import sample_job
 from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
+from liveshard.runtime.contract.keys import Keys
 
 
 @dataclass
@@ -107,7 +108,7 @@ class Demo:
             except Exception:
                 return {}
         try:
-            text = self.store.get("coordinator/status")
+            text = self.store.get(Keys.COORDINATOR_STATUS)
         except Exception:
             return {}
         return json.loads(text) if text else {}

@@ -2,10 +2,13 @@
 
 ``live`` mode sends each event to the coordinator as a plan request (a spot notice, a join, a
 config change) with ``switch_at_step`` set to the event's step, so the switch happens exactly
-there; ``kill`` events SIGKILL a worker at its step and leave detection and recovery to the
-runtime. ``checkpoint`` mode makes the same changes the way restart-based systems do: at the
-event's step every worker saves a megatron checkpoint and exits, and new processes start under
-the new config and load it (a kill restarts everybody from the last periodic checkpoint).
+there. Workers run through ``held_worker.py``: each waits at every event's step until the driver
+releases it, so events land on exact steps. A ``kill`` event waits until the victims are held
+at their step, SIGKILLs their process groups from here, and only then releases the survivors,
+leaving detection and recovery to the runtime. ``checkpoint`` mode makes the same changes the
+way restart-based systems do: at the event's step every worker saves a megatron checkpoint and
+exits, and new processes start under the new config and load it (a kill restarts everybody from
+the last periodic checkpoint).
 
 The report (``run.json``) has, per step, the loss, config, world size and consumed samples; per
 event its kind, phase timings and downtime; and layout-independent checksums of the final state
@@ -81,6 +84,11 @@ def _cli() -> list[str]:
     return [sys.executable, "-m", "liveshard.runtime.cli"]
 
 
+def _held_worker_cli() -> list[str]:
+    """``liveshard worker`` with ``--hold-at-steps`` (dev tooling: ``held_worker.py``)."""
+    return [sys.executable, "-m", "liveshard.dev.localrun.held_worker"]
+
+
 def plan_local_world(run: RunSpec, current: ParallelConfig, workers: list[str],
                      current_members: tuple[str, ...] = ()) -> ParallelPlan:
     """The world the coordinator would choose for ``workers`` (checkpoint mode uses it to make
@@ -122,10 +130,13 @@ class LocalRun:
         self.procs.coordinator = subprocess.Popen(cmd, stdout=self._logfile("coordinator"), stderr=subprocess.STDOUT,
                                                   env=self._env(), start_new_session=True)
 
-    def start_worker(self, wid: str, port: int, *, max_steps: int, extra: list[str] | None = None) -> None:
+    def start_worker(self, wid: str, port: int, *, max_steps: int, extra: list[str] | None = None,
+                     holds: tuple[int, ...] = ()) -> None:
+        """Start worker ``wid``; with ``holds`` it waits at those steps until released."""
         r = self.run
         safe = wid.replace("/", "_")
-        cmd = [*_cli(), "worker", "--id", wid, "--coordinator", f"127.0.0.1:{port}", "--model", r.model,
+        base = [*_held_worker_cli(), "--hold-at-steps", ",".join(map(str, holds))] if holds else [*_cli(), "worker"]
+        cmd = [*base, "--id", wid, "--coordinator", f"127.0.0.1:{port}", "--model", r.model,
                "--global-batch", str(r.global_batch), "--micro-batch", str(r.micro_batch),
                "--seq-length", str(r.seq_length), "--lr", str(r.lr), "--seed", str(r.seed),
                "--max-steps", str(max_steps), "--collective-timeout", str(r.collective_timeout),
@@ -168,9 +179,9 @@ class LocalRun:
         ids = [f"w{i}" for i in range(r.workers)]
         joiners = [f"w{r.workers + i}" for i in range(sum(e.count for e in r.events if e.kind == "join"))]
         # Joiners start now: imports and megatron set-up happen before they are admitted.
-        holds = ",".join(str(e.step) for e in r.events)
+        holds = tuple(e.step for e in r.events)
         for wid in ids + joiners:
-            self.start_worker(wid, port, max_steps=r.steps, extra=["--hold-at-steps", holds] if holds else [])
+            self.start_worker(wid, port, max_steps=r.steps, holds=holds)
         StorePlanSource.post(store, PlanRequest(members=tuple(ids), config=str(self.cfg), reason="start"))
         self.say(f"started {len(ids)} workers ({len(joiners)} joiners waiting), config {self.cfg}")
         next_joiner = 0
@@ -186,7 +197,7 @@ class LocalRun:
                 self.start_coordinator(port)
                 store = self.connect(port)
                 status = self._wait_adopted(store, gen)
-                store.set(f"release/{ev.step}", "1")
+                store.set(Keys.release(ev.step), "1")
                 continue
             if ev.kind == "stop":
                 config_before = status["config"]
@@ -198,9 +209,7 @@ class LocalRun:
                                      f"resuming after {ev}")
                 continue
             if ev.kind == "kill":
-                for rank in ev.ranks:  # the victim SIGKILLs itself when released at the step
-                    store.set(f"inject/kill/{cur_members[rank]}", str(ev.step))
-                store.set(f"release/{ev.step}", "1")
+                self.kill_at_step(store, [cur_members[rank] for rank in ev.ranks], ev.step)
                 self.say(f"step {ev.step}: kill -9 of rank(s) {list(ev.ranks)} "
                          f"({', '.join(cur_members[k] for k in ev.ranks)}) without notice")
                 status = self._wait_generation(store, gen + 1)
@@ -241,12 +250,31 @@ class LocalRun:
         StorePlanSource.post(store, request)
         self._wait_published(store, gen)
         if release_step is not None:
-            store.set(f"release/{release_step}", "1")
+            store.set(Keys.release(release_step), "1")
         self.say(message)
         status = self._wait_generation(store, gen)
         if status.get("last_outcome") != "committed":
             raise RuntimeError(f"{what} ended {status.get('last_outcome')}")
         return status
+
+    def kill_at_step(self, store, victims: list[str], step: int, timeout: float = 600.0) -> None:
+        """Kill ``victims`` without notice exactly at ``step``: wait until each is held there,
+        SIGKILL its process group, wait for it to die, then release the step for the others."""
+        end = time.monotonic() + timeout
+        for wid in victims:
+            while store.get(Keys.held(step, wid)) is None:
+                if self.procs.workers[wid].poll() is not None:
+                    raise RuntimeError(f"{wid} exited before step {step} (see {self.dir})")
+                if time.monotonic() > end:
+                    raise TimeoutError(f"{wid} was not held at step {step} in {timeout:.0f} s")
+                self._check_alive()
+                time.sleep(0.01)
+        for wid in victims:
+            proc = self.procs.workers[wid]
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+        store.set(Keys.release(step), "1")
 
     def _status(self, store) -> dict:
         text = store.get("coordinator/status")

@@ -50,9 +50,8 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
                 extra += ["--load", str(load_dir)]
             if ev is not None and ev.kind != "kill":
                 extra += ["--save-dir", str(save_dir), "--save-at-step", str(end_step)]
-            if ev is not None and ev.kind == "kill":
-                extra += ["--hold-at-steps", str(ev.step)]
-            job.start_worker(wid, port, max_steps=r.steps, extra=extra)
+            holds = (ev.step,) if ev is not None and ev.kind == "kill" else ()
+            job.start_worker(wid, port, max_steps=r.steps, extra=extra, holds=holds)
         t0 = time.time()
         StorePlanSource.post(store, PlanRequest(members=tuple(ids), config=str(cfg), reason=f"segment {seg}"))
         job.say(f"segment {seg}: {cfg} on {len(ids)} new processes from step {start_step}")
@@ -60,9 +59,7 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
                         "outcome": "committed", "reason": "start" if seg == 0 else str(r.events[seg - 1]),
                         "phases": {}, "started": t0})
         if ev is not None and ev.kind == "kill":
-            for rank in ev.ranks:
-                store.set(f"inject/kill/{ids[rank]}", str(ev.step))
-            store.set(f"release/{ev.step}", "1")
+            job.kill_at_step(store, [ids[rank] for rank in ev.ranks], ev.step)
             for rank in ev.ranks:
                 job.procs.workers[ids[rank]].wait(timeout=600)
             job.say(f"step {ev.step}: killed rank(s) {list(ev.ranks)}; restarting everybody")

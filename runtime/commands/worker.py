@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -45,7 +46,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--result", default=None,
                    help="write steps, events and final checksums here (JSON); with several local workers, "
                         "each writes FILE with .LOCAL_RANK before the extension (r.json -> r.0.json)")
-    p.add_argument("--hold-at-steps", default="", help="comma-separated steps at which a plan is due (scripted runs)")
     p.add_argument("--load", default=None, help="megatron checkpoint to start from")
     p.add_argument("--save-dir", default=None)
     p.add_argument("--save-at-step", type=int, default=None, help="save to --save-dir at this step, then exit")
@@ -59,7 +59,20 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="wait for a background checkpoint this many steps after it starts (0: when done)")
 
 
-def run(args: argparse.Namespace) -> int:
+def worker_id(args: argparse.Namespace) -> str:
+    """This process's worker id: ``--id`` (``/LOCAL_RANK`` appended in a pod of several
+    processes), else ``<pod>/<LOCAL_RANK>``."""
+    from liveshard.runtime.agent import local_workers as lw
+
+    local_rank, local_size = lw.local_rank(os.environ)
+    pod = os.environ.get("LIVESHARD_POD_NAME") or os.environ.get("POD_NAME") or socket.gethostname()
+    return lw.per_process_id(args.id, local_rank, local_size) if args.id else f"{pod}/{local_rank}"
+
+
+def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None,
+        command: list[str] | None = None) -> int:
+    """``step_gate``: see ``WorkerAgent`` (dev tooling only); ``command``: what a pod's
+    supervisor starts once per GPU (default: this ``liveshard worker`` command line)."""
     from liveshard.runtime.agent import local_workers as lw
     from liveshard.runtime.errors import ConfigError
 
@@ -71,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {prefix}%(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
     if lw.should_supervise(n, os.environ):
-        return lw.supervise(lw.child_command(), n)
+        return lw.supervise(command or lw.child_command(), n)
 
     from liveshard.runtime.spec import model_from_ref_or_env
 
@@ -89,24 +102,22 @@ def run(args: argparse.Namespace) -> int:
     from liveshard.runtime.agent.trainer import TrainingSettings
     from liveshard.runtime.agent.worker import WorkerAgent, WorkerOptions
 
-    pod = os.environ.get("LIVESHARD_POD_NAME") or os.environ.get("POD_NAME") or socket.gethostname()
-    worker_id = lw.per_process_id(args.id, local_rank, local_size) if args.id else f"{pod}/{local_rank}"
+    wid = worker_id(args)
     result = lw.per_process_path(args.result, local_rank, local_size) if args.result else None
     host, _, port = args.coordinator.rpartition(":")
     settings = TrainingSettings(global_batch=args.global_batch, micro_batch=args.micro_batch,
                                 seq_length=args.seq_length, lr=args.lr, seed=args.seed)
     options = WorkerOptions(max_steps=args.max_steps, transfer_budget=args.budget, verify=args.verify,
                             preallocate=args.preallocate, collective_timeout=args.collective_timeout,
-                            hold_at_steps=tuple(int(x) for x in args.hold_at_steps.split(",") if x),
                             load_dir=args.load, save_dir=args.save_dir, save_at_step=args.save_at_step,
                             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                             checkpoint_interval=60.0 * args.checkpoint_interval_minutes,
                             checkpoint_finalize_steps=args.checkpoint_finalize_steps)
-    agent = WorkerAgent(worker_id, host, int(port), spec, settings, options, job=args.job)
+    agent = WorkerAgent(wid, host, int(port), spec, settings, options, job=args.job, step_gate=step_gate)
     state = agent.run()
     if result:
         out = {
-            "id": worker_id,
+            "id": wid,
             "phase": state.phase,
             "generation": state.generation,
             "rank": state.rank,

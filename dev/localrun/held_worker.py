@@ -1,0 +1,113 @@
+"""``liveshard worker`` that waits at chosen steps: the local driver's gate for scripted events.
+
+    python -m liveshard.dev.localrun.held_worker WORKER-ARGS --hold-at-steps 3,5,7
+
+Takes exactly the arguments of ``liveshard worker`` plus ``--hold-at-steps`` and runs the same
+worker (``liveshard.runtime.commands.worker.run``) with a step gate (``HeldSteps``): at the
+boundary after each listed step, before the old world agrees whether to switch, the worker
+writes ``Keys.held(step, id)`` and waits for ``Keys.release(step)`` (keys of the job's store).
+Meanwhile the driver does what is due at that step: publishes a plan, restarts the
+coordinator, or SIGKILLs a victim's process group from outside (after seeing it held) and only
+then releases the others. Events so land on exact steps however fast steps are. The production
+worker has no such gate and never kills itself.
+
+The gate polls with its own store client and reconnects when the store goes away (a
+coordinator restart); after 300 s without a release it logs and trains on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from liveshard.runtime.commands import worker as worker_command
+from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.control.store import JobStore, connect_store
+
+log = logging.getLogger("liveshard.held_worker")
+
+MODULE = "liveshard.dev.localrun.held_worker"
+
+
+def parse_steps(text: str) -> frozenset[int]:
+    """``"3,5,7"`` -> {3, 5, 7} (empty: none)."""
+    return frozenset(int(x) for x in text.split(",") if x.strip())
+
+
+class HeldSteps:
+    """A ``WorkerAgent`` step gate: hold at ``steps`` until the driver releases them."""
+
+    def __init__(self, host: str, port: int, job: str, worker_id: str, steps: frozenset[int],
+                 timeout: float = 300.0, poll: float = 0.5) -> None:
+        self.host, self.port, self.job = host, port, job
+        self.worker_id = worker_id
+        self.steps = steps
+        self.timeout = timeout
+        self.poll = poll
+        self._store: JobStore | None = None  # the gate's own client (the worker's are per thread)
+
+    def __call__(self, step: int) -> bool:
+        """Hold at ``step`` if it is listed (True), else pass at once (False)."""
+        if step not in self.steps:
+            return False
+        end = time.monotonic() + self.timeout
+        if not (self._retry(end, lambda store: self._mark_held(store, step))
+                and self._retry(end, lambda store: self._released(store, step))):
+            log.warning("step %d was not released in %.0f s; training on", step, self.timeout)
+        return True
+
+    def _mark_held(self, store: JobStore, step: int) -> bool:
+        store.set(Keys.held(step, self.worker_id), str(os.getpid()))
+        return True
+
+    def _released(self, store: JobStore, step: int) -> bool:
+        return store.wait_for(Keys.release(step), timeout=self.poll) is not None
+
+    def _retry(self, end: float, attempt: Callable[[JobStore], bool]) -> bool:
+        """Repeat ``attempt(store)`` until it returns True (False once ``end`` has passed),
+        reconnecting when the store is gone: it may be restarting with its coordinator."""
+        while True:
+            try:
+                if attempt(self._client()):
+                    return True
+            except Exception:
+                self._store = None
+                time.sleep(0.2)
+            if time.monotonic() > end:
+                return False
+
+    def _client(self) -> JobStore:
+        if self._store is None:
+            self._store = JobStore(connect_store(self.host, self.port, timeout=5.0), self.job)
+        return self._store
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}",
+                                description="liveshard worker, held at chosen steps until the driver releases them")
+    worker_command.configure(p)
+    p.add_argument("--hold-at-steps", default="",
+                   help="comma-separated steps at whose boundary the worker waits for the driver")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from liveshard.runtime.errors import ConfigError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    host, _, port = args.coordinator.rpartition(":")
+    gate = HeldSteps(host, int(port), args.job, worker_command.worker_id(args), parse_steps(args.hold_at_steps))
+    try:  # a pod's supervisor starts this module again per GPU, holds included
+        return int(worker_command.run(args, step_gate=gate, command=[sys.executable, "-m", MODULE, *argv]) or 0)
+    except ConfigError as e:
+        print(f"held_worker: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""A worker's link to the job's store: its clients, its registration, heartbeats and results.
+
+The coordinator serves the job's store (``control.store``). A worker keeps **one client per
+thread** (``StoreClients``): a c10d store client must not be used by two threads at once (a
+blocking rendezvous in one interleaves with the other's requests on the same socket), so the
+training (main) thread and the control thread each have their own. When the coordinator
+restarts (its store with it), the control thread connects both clients anew and announces the
+world this worker trains in (``reannounce``); the main thread picks its new client up at its
+next store call.
+
+What a worker writes here: its registration (``members/<id>``: host, node, pid, time), its
+heartbeats (``hb/<id>``) and its outcome of each generation (``gen/<N>/result/<id>``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from liveshard.runtime import telemetry
+from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.control.protocol import MemberResult
+from liveshard.runtime.control.store import JobStore, connect_store
+
+if TYPE_CHECKING:
+    from liveshard.runtime.agent.worker import WorkerState
+
+log = logging.getLogger("liveshard.worker")
+
+
+class StoreClients:
+    """The worker's store clients: one for the main thread, one for the control thread."""
+
+    def __init__(self, host: str, port: int, job: str, timeout: float = 300.0) -> None:
+        self.host, self.port, self.job = host, port, job
+        self.control_thread: threading.Thread | None = None  # whose calls get the "control" client
+        self._stores = self.connect(timeout)
+
+    def connect(self, timeout: float) -> dict[str, JobStore]:
+        """New clients (not yet in use: see ``replace``)."""
+        return {name: JobStore(connect_store(self.host, self.port, timeout=timeout), self.job)
+                for name in ("main", "control")}
+
+    def replace(self, stores: dict[str, JobStore]) -> None:
+        # one assignment: each thread picks its new client up at its next store call
+        self._stores = stores
+
+    @property
+    def store(self) -> JobStore:
+        """The calling thread's client."""
+        return self._stores["control" if threading.current_thread() is self.control_thread else "main"]
+
+
+def member_info(**extra: Any) -> dict:
+    """What a worker announces about itself; the coordinator's planner reads ``node``."""
+    return {"host": socket.gethostname(), "node": os.environ.get("LIVESHARD_NODE_NAME") or socket.gethostname(),
+            "pid": os.getpid(), "time": time.time(), **extra}
+
+
+def register(clients: StoreClients, worker_id: str, timeout: float = 300.0) -> None:
+    """Announce this worker; if the coordinator restarted meanwhile (its store with it),
+    connect to the new one and announce there."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            clients.store.register_member(worker_id, member_info())
+            return
+        except Exception as e:
+            if time.monotonic() > end:
+                raise
+            log.warning("registering with the coordinator failed (%s); reconnecting", e)
+            time.sleep(0.5)
+            with contextlib.suppress(Exception):
+                clients.replace(clients.connect(timeout=5.0))
+
+
+def reannounce(clients: StoreClients, worker_id: str, state: WorkerState,
+               last_checkpoint: Callable[[], dict | None]) -> bool:
+    """Connect to a restarted coordinator and announce the world this worker trains in (and the
+    newest checkpoint it saved); False if the coordinator is not back yet."""
+    try:
+        stores = clients.connect(timeout=5.0)
+    except Exception:
+        return False
+    info = member_info(reconnected=True)
+    if state.plan is not None:
+        info["plan"] = state.plan.to_json()
+    checkpoint = last_checkpoint()
+    if checkpoint is not None:
+        info["checkpoint"] = checkpoint
+    stores["control"].register_member(worker_id, info)
+    clients.replace(stores)
+    return True
+
+
+def heartbeat_payload(now: float, state: WorkerState, trainer: Any) -> dict:
+    """``hb/<id>``: what the coordinator watches (liveness, phase, world, step, speed, health)."""
+    t = trainer
+    payload = {
+        "time": now,
+        "state": state.phase,
+        "generation": state.generation,
+        "rank": state.rank,
+        "step": t.step_count if t else None,
+        "step_seconds": t.last_step_seconds if t else None,
+        "loss": t.last_loss if t else None,
+        "pid": os.getpid(),
+    }
+    health = telemetry.gpu_health()
+    if health:
+        payload["health"] = health
+    return payload
+
+
+def send_heartbeat(store: JobStore, worker_id: str, payload: dict) -> None:
+    with contextlib.suppress(Exception):  # the coordinator may be restarting
+        store.set_json(Keys.heartbeat(worker_id), payload)
+
+
+def report_result(store: JobStore, worker_id: str, gen: int, result: MemberResult) -> None:
+    """This worker's outcome of generation ``gen`` (the coordinator collects every member's)."""
+    store.set(Keys.result(gen, worker_id), result.to_json())

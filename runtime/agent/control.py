@@ -1,0 +1,117 @@
+"""The worker's control thread: heartbeats, watching for plans, triggering their preparation.
+
+Training never waits on the store. This thread does it instead, a few times a second
+(``WorkerOptions.poll_interval``):
+
+* it heartbeats (``WorkerOptions.heartbeat_interval``), so the coordinator sees the worker alive;
+* it notes a stop request (``control/stop``) and the newest plan generation (``latest_seen``),
+  which the training thread reads at its next step boundary;
+* it prepares each new plan that involves this worker (``prepare.Preparer``), in this thread,
+  while training goes on;
+* when the store stops answering (the coordinator restarts), it connects to the new one and
+  announces the world this worker trains in (``connection.reannounce``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from liveshard.runtime.agent.connection import StoreClients, reannounce
+from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.control.protocol import WorldPlan
+
+if TYPE_CHECKING:
+    from liveshard.runtime.agent.checkpoint_schedule import SafetyCheckpoints
+    from liveshard.runtime.agent.prepare import Preparations
+    from liveshard.runtime.agent.worker import WorkerOptions, WorkerState
+
+log = logging.getLogger("liveshard.worker")
+
+
+def involved(worker_id: str, plan: WorldPlan, current: WorldPlan | None) -> bool:
+    """Whether ``plan`` concerns this worker: a member or standby of it, or a member of the
+    world it follows."""
+    if worker_id in plan.members or worker_id in plan.standbys:
+        return True
+    return current is not None and plan.previous == current.generation and worker_id in current.members
+
+
+class ControlThread:
+    """Runs beside training; the training thread reads ``latest_seen`` and ``stop_requested``."""
+
+    def __init__(self, worker_id: str, options: WorkerOptions, clients: StoreClients, state: WorkerState,
+                 preparations: Preparations, checkpoints: SafetyCheckpoints,
+                 prepare: Callable[[WorldPlan], None], heartbeat: Callable[[float], None]) -> None:
+        self.id = worker_id
+        self.options = options
+        self.clients = clients
+        self.state = state
+        self.preparations = preparations
+        self.checkpoints = checkpoints
+        self.prepare = prepare
+        self.heartbeat = heartbeat
+        self.latest_seen = -1  # newest plan generation this worker has seen
+        self.stop_requested = False  # the job asked every worker to finish
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name=f"control-{worker_id}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        next_hb = 0.0
+        failures = 0
+        handled = -1  # newest generation whose plan this thread has looked at
+        while not self._stop.is_set():
+            now = time.time()
+            if now >= next_hb:
+                self.heartbeat(now)
+                next_hb = now + self.options.heartbeat_interval
+            try:
+                handled = self._poll(handled)
+                failures = 0
+            except Exception:  # the coordinator (and its store) may be restarting
+                failures += 1
+                if failures >= 3:
+                    if self._reconnect():
+                        handled = -1  # a new store: look at its plans afresh
+                    failures = 0
+            # Every poll takes CPU (and the GIL) from training. Plans come with notice (a spot
+            # warning gives minutes) and are prepared in the background, so a few polls a second
+            # are prompt enough; a failed poll retries sooner (the coordinator may be restarting).
+            time.sleep(self.options.poll_interval if failures == 0 else 0.05)
+
+    def _poll(self, handled: int) -> int:
+        """One look at the store; returns the newest generation whose plan has been acted on."""
+        store = self.clients.store
+        if store.has(Keys.STOP):
+            self.stop_requested = True
+        latest = store.latest_generation()
+        if latest > self.latest_seen:
+            self.latest_seen = latest
+        if latest > handled:  # read a plan until it is acted on, not on every poll after
+            plan = store.plan(latest)
+            if plan is not None:
+                current = self.state.generation if self.state.generation is not None else -1
+                if self.preparations.known(latest) or latest <= current:
+                    handled = latest
+                elif involved(self.id, plan, self.state.plan):
+                    self.prepare(plan)
+                    handled = latest
+        return handled
+
+    def _reconnect(self) -> bool:
+        """Connect to a restarted coordinator and announce the world this worker trains in."""
+        if not reannounce(self.clients, self.id, self.state, lambda: self.checkpoints.last):
+            return False
+        self.heartbeat(time.time())
+        self.latest_seen = max(self.latest_seen, self.state.generation or 0)
+        log.warning("reconnected to the coordinator; announced generation %s", self.state.generation)
+        return True

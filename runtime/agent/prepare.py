@@ -1,0 +1,208 @@
+"""Preparing a plan in the background, while training goes on: everything a switch can pay early.
+
+For a live transition every member of the old and the new world (``Preparer.prepare``, run by
+the control thread):
+
+1. computes the transition plan (``transition.plan_for``: pure, the same on every member);
+2. publishes its checksum (``gen/<N>/prepared/<id>``) and waits for every other member's,
+   heartbeating meanwhile: all must be equal;
+3. builds the transition group over old and new members (``world.build_transition_group``);
+4. allocates and touches the new tensors the transfer will fill, and gradient memory when the
+   old buffer is too small (joiners always; members too per ``WorkerOptions.preallocate``), so
+   the pause does not pay for fresh memory.
+
+A first world, or one built through a checkpoint (a stop, a restore), has nothing to plan or
+connect. The result is a ``Prepared``, kept in ``Preparations`` (shared with the training
+thread, which switches to it at a step boundary); a failure is recorded there and reported to
+the coordinator, which aborts the generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from liveshard.runtime.agent import world as worlds
+from liveshard.runtime.agent.connection import StoreClients, report_result
+from liveshard.runtime.agent.transition import plan_for
+from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.control.protocol import MemberResult, WorldPlan, transition_devices, transition_members
+from liveshard.runtime.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from liveshard.runtime.agent.worker import WorkerOptions
+
+log = logging.getLogger("liveshard.worker")
+
+
+@dataclass
+class Prepared:
+    """A plan this worker is ready to switch to."""
+
+    plan: WorldPlan
+    old: WorldPlan | None
+    transition: Any  # liveshard.runtime.vps.transition.TransitionPlan (None for generation 0)
+    group: Any  # the transition ProcessGroup (None for generation 0)
+    group_rank: int
+    members: tuple[str, ...]  # transition group members
+    seconds: float
+    destinations: Any = None  # new tensors allocated and touched ahead (see WorkerOptions.preallocate)
+    grad_buffer: Any = None  # and memory for its gradients when the old DDP buffer is too small
+
+
+class Preparations:
+    """Generations this worker has prepared, or failed to, by generation (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready: dict[int, Prepared] = {}
+        self._failed: dict[int, str] = {}
+
+    def add(self, prep: Prepared) -> None:
+        with self._lock:
+            self._ready[prep.plan.generation] = prep
+
+    def fail(self, gen: int, error: str) -> None:
+        with self._lock:
+            self._failed[gen] = error
+
+    def abort(self, gen: int, error: str) -> None:
+        """A switch to ``gen`` failed: drop what was prepared for it."""
+        with self._lock:
+            self._ready.pop(gen, None)
+            self._failed[gen] = error
+
+    def known(self, gen: int) -> bool:
+        """Prepared, or failed to."""
+        with self._lock:
+            return gen in self._ready or gen in self._failed
+
+    def get(self, gen: int) -> Prepared:
+        with self._lock:
+            return self._ready[gen]
+
+    def prepared_from(self, gen: int | None) -> list[int]:
+        """The generations prepared as the successor of the world of generation ``gen``."""
+        with self._lock:
+            return [g for g, p in self._ready.items() if p.old is not None and p.old.generation == gen]
+
+    def newest_after(self, gen: int | None) -> Prepared | None:
+        """The newest prepared generation above ``gen`` (any, for None)."""
+        with self._lock:
+            ready = [p for g, p in self._ready.items() if gen is None or g > gen]
+        return max(ready, key=lambda p: p.plan.generation) if ready else None
+
+    def wait(self, gen: int, timeout: float = 300.0) -> Prepared | None:
+        """Wait until ``gen`` is prepared (None if it failed, or after ``timeout`` seconds)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self._lock:
+                if gen in self._ready:
+                    return self._ready[gen]
+                if gen in self._failed:
+                    return None
+            time.sleep(0.005)
+        return None
+
+    def drop_through(self, gen: int) -> None:
+        """A world of generation ``gen`` was adopted: what was prepared for it or older ones
+        (groups, buffers) goes."""
+        with self._lock:
+            for g in [g for g in self._ready if g <= gen]:
+                del self._ready[g]
+
+
+class Preparer:
+    """Prepares plans for one worker (called from the control thread)."""
+
+    def __init__(self, worker_id: str, spec: ModelSpec, options: WorkerOptions, device: torch.device,
+                 clients: StoreClients, preparations: Preparations, heartbeat: Callable[[float], None]) -> None:
+        self.id = worker_id
+        self.spec = spec
+        self.options = options
+        self.device = device  # fixed in the main thread (CUDA's current device is per thread)
+        self.clients = clients
+        self.preparations = preparations
+        self.heartbeat = heartbeat
+
+    def prepare(self, plan: WorldPlan) -> None:
+        """Background: transition plan, checksum agreement, transition group."""
+        start = time.perf_counter()
+        try:
+            old = self.clients.store.plan(plan.previous) if plan.previous is not None else None
+            if old is None or not plan.is_live_transition:
+                # a first world, or one built through a checkpoint: nothing to plan or connect
+                prepared = Prepared(plan, old, None, None, 0, plan.members, time.perf_counter() - start)
+            else:
+                prepared = self._prepare_live(plan, old, start)
+            self.preparations.add(prepared)
+        except Exception as e:
+            log.error("prepare %d failed: %s", plan.generation, traceback.format_exc())
+            self.preparations.fail(plan.generation, f"{type(e).__name__}: {e}")
+            report_result(self.clients.store, self.id, plan.generation, MemberResult(ok=False, error=f"prepare: {e}"))
+
+    def _prepare_live(self, plan: WorldPlan, old: WorldPlan, start: float) -> Prepared:
+        transition = plan_for(self.spec, old, plan)
+        members = transition_members(old, plan)
+        self._agree(plan.generation, members, transition.checksum)
+        group_rank = members.index(self.id)
+        group = worlds.build_transition_group(self.clients.store.store, Keys.transfer_prefix(plan.generation),
+                                              group_rank, len(members), self.options.collective_timeout)
+        destinations, grad_buffer = self._preallocate(plan, old, transition)
+        return Prepared(plan, old, transition, group, group_rank, members, time.perf_counter() - start,
+                        destinations, grad_buffer)
+
+    def _agree(self, gen: int, members: tuple[str, ...], checksum: str) -> None:
+        """Publish our transition plan's checksum and check every member's against it."""
+        self.clients.store.set(Keys.prepared(gen, self.id), checksum)
+        for m in members:
+            other = self._wait_heartbeating(Keys.prepared(gen, m), timeout=120.0)
+            if other is None:
+                raise RuntimeError(f"member {m} did not prepare generation {gen}")
+            if other != checksum:
+                raise RuntimeError(f"transition plan checksum of {m} differs from ours")
+
+    def _wait_heartbeating(self, key: str, timeout: float) -> str | None:
+        """Wait for a store key from the control thread, heartbeating meanwhile (a member
+        waiting for a slow peer must not look dead to the coordinator)."""
+        end = time.monotonic() + timeout
+        while True:
+            value = self.clients.store.wait_for(key, timeout=0.25)
+            if value is not None or time.monotonic() > end:
+                return value
+            self.heartbeat(time.time())
+
+    def _preallocate(self, plan: WorldPlan, old: WorldPlan, transition: Any) -> tuple[Any, Any]:
+        """Pay the first touch of the new memory now, not during the pause: the new tensors, and
+        a gradient buffer when the old one (reused) is too small. (None, None) when this member
+        does not pre-allocate."""
+        joiner = self.id in plan.members and self.id not in old.members
+        if not (joiner or (self.id in plan.members and self._preallocates_as_member())):
+            return None, None
+        from liveshard.runtime.transfer.executor import allocate_destinations
+
+        device_id = transition_devices(old, plan).index(self.id)
+        destinations = allocate_destinations(transition, device_id, self.device)
+        grad_buffer = None
+        params = param_count(transition.new_layout, transition.device_to_rank[device_id])
+        held = 0 if joiner else param_count(transition.old_layout, device_id)
+        if params > held:
+            # DDP pads its buckets: a little more than the parameters (fp32 gradients)
+            grad_buffer = torch.zeros(params + params // 64 + (1 << 16), dtype=torch.float32, device=self.device)
+        return destinations, grad_buffer
+
+    def _preallocates_as_member(self) -> bool:
+        mode = self.options.preallocate
+        return mode == "all" or (mode == "auto" and self.device.type == "cpu")
+
+
+def param_count(layout: Any, rank: int) -> int:
+    """Model parameters (elements) a rank holds in a layout."""
+    return sum(p.numel for p in layout.local_params(rank))

@@ -1,0 +1,252 @@
+"""Where the world is switched: transfer, commit vote, commit or abort; or through a checkpoint.
+
+A worker moves to a prepared plan (``prepare.Prepared``) in one of two places: at a step
+boundary, when the old world has agreed to switch (``training.StepBoundary`` calls ``switch``),
+or while it is not training (``wait_for_plan``: at the start, as a joiner or standby, or with a
+broken world), where it starts the first world, or follows the old world's switch step.
+
+``switch`` for a live transition:
+
+1. **transfer**: every member moves its part of the state over the transition group
+   (``transition.execute_transition``) into new tensors; the old model is never written;
+2. **commit vote**: one MIN all-reduce over the transition group;
+3. **commit** (all ok): the old world is torn down (its gradient buffers kept for the new
+   model), the new training world built in this process, the received state, progress and RNG
+   loaded; a leaver exits, a standby waits. **Abort** (any failure): the old world keeps
+   training on its untouched state and the coordinator aborts the generation.
+
+A plan with no live state (``through_checkpoint``): a stop saves a checkpoint (all must succeed,
+or the stop is refused) and leaves every worker waiting; a restore builds the new world from
+the checkpoint it names.
+
+These functions work on the ``WorkerAgent``: its current world (``trainer``, ``built``,
+``state``) and its lifecycle methods (``build``, ``adopt``, ``teardown``, ``report``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from liveshard.runtime.agent import world as worlds
+from liveshard.runtime.agent.state import capture_rng, load_state, restore_rng, state_tensors
+from liveshard.runtime.agent.transition import TransitionResult, execute_transition
+from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.control.protocol import MemberResult, WorldPlan
+from liveshard.runtime.parallel import ParallelConfig
+
+if TYPE_CHECKING:
+    from liveshard.runtime.agent.prepare import Prepared
+    from liveshard.runtime.agent.worker import WorkerAgent
+
+log = logging.getLogger("liveshard.worker")
+
+
+# ---- not training: wait for a plan -----------------------------------------------------------
+def wait_for_plan(agent: WorkerAgent) -> bool:
+    """Not training (start, joiner, standby, broken world): wait for a plan to act on. False
+    when the worker is to stop."""
+    if agent.state.phase != "broken":
+        agent.state.phase = "waiting"
+    while not agent.stopping():
+        prep = agent.preparations.newest_after(agent.state.generation)
+        if prep is None:
+            time.sleep(0.02)
+        elif _take(agent, prep):
+            return True
+    return False
+
+
+def _take(agent: WorkerAgent, prep: Prepared) -> bool:
+    """Act on ``prep``; False while its switch step is not known yet (look again)."""
+    if prep.old is None:
+        if agent.id in prep.plan.members:
+            start_world(agent, prep.plan)
+        else:
+            agent.adopt(prep.plan, None)  # a standby from the start
+        return True
+    if not prep.plan.is_live_transition:
+        through_checkpoint(agent, prep, agent.trainer.step_count if agent.trainer else -1)
+        return True
+    if agent.state.phase == "broken":
+        # The old world cannot agree on a step: the transition group, which every
+        # member has joined by now, is the synchronisation. The first old rank marks it.
+        if agent.state.rank is not None and agent.id == prep.members[0]:
+            agent.store.set(Keys.switch(prep.plan.generation), str(agent.trainer.step_count))
+        switch(agent, prep, switch_step=agent.trainer.step_count)
+        return True
+    try:
+        step = agent.store.wait_for(Keys.switch(prep.plan.generation), timeout=0.2)
+    except Exception:  # the coordinator is restarting
+        time.sleep(0.2)
+        return False
+    if step is None:
+        return False
+    switch(agent, prep, switch_step=int(step))
+    return True
+
+
+def start_world(agent: WorkerAgent, plan: WorldPlan, load_dir: str | None = None,
+                phases: dict[str, float] | None = None) -> None:
+    """Build the world of ``plan`` from scratch: initialised, or loaded from a checkpoint."""
+    cfg = ParallelConfig.parse(plan.config)
+    rank = plan.members.index(agent.id)
+    load_dir = load_dir or agent.options.load_dir
+    phases = dict(phases or {})
+    t0 = time.perf_counter()
+    worlds.init_training_world(agent.store.store, Keys.world_prefix(plan.generation), rank,
+                               cfg.world_size, agent.options.collective_timeout)
+    agent.build(cfg, initialize=load_dir is None)
+    phases["build"] = time.perf_counter() - t0
+    if load_dir:
+        from liveshard.runtime.agent import checkpoint
+
+        t1 = time.perf_counter()
+        checkpoint.load(agent.built, agent.trainer, load_dir)
+        phases["load"] = time.perf_counter() - t1
+    agent.adopt(plan, rank)
+    agent.report(plan.generation, MemberResult(ok=True, phases=phases, step=agent.trainer.step_count))
+
+
+# ---- a live transition -----------------------------------------------------------------------
+def switch(agent: WorkerAgent, prep: Prepared, switch_step: int) -> None:
+    """Switch to ``prep.plan`` after step ``switch_step``: transfer, vote, commit or abort."""
+    plan, old = prep.plan, prep.old
+    assert old is not None
+    # the old world settles its background save first
+    agent.checkpoints.settle(broken=agent.state.phase == "broken")
+    if not plan.is_live_transition:
+        through_checkpoint(agent, prep, switch_step)
+        return
+    phases: dict[str, float] = {"prepare": prep.seconds}
+    t_stop = time.perf_counter()
+    ok, error, result = _transfer(agent, prep)
+    phases["transfer"] = time.perf_counter() - t_stop
+    try:
+        ok = worlds.group_all_ok(prep.group, ok)
+    except Exception as e:
+        ok, error = False, error or f"commit vote: {e}"
+    if not ok:
+        phases["downtime"] = time.perf_counter() - t_stop
+        agent.report(plan.generation, MemberResult(ok=False, error=error or "another member failed",
+                                                   phases=phases, step=switch_step))
+        agent.preparations.abort(plan.generation, error or "aborted")
+        return  # the old world (if any) keeps training on its untouched state
+    _commit(agent, prep, switch_step, result, phases, t_stop)
+
+
+def _transfer(agent: WorkerAgent, prep: Prepared) -> tuple[bool, str, TransitionResult | None]:
+    """This member's part of the transfer: (ok, error, what it received). Its old tensors
+    (``sources``) live on after it returns only where the new state aliases them."""
+    holds_state = agent.trainer is not None and agent.id in prep.old.members
+    sources = state_tensors(agent.built) if holds_state else {}
+    objects = _progress_objects(agent.trainer) if holds_state else None
+    try:
+        result = execute_transition(prep, agent.id, sources, objects, budget=agent.options.transfer_budget,
+                                    verify=agent.options.verify)
+    except Exception as e:
+        log.error("transfer for generation %d failed: %s", prep.plan.generation, traceback.format_exc())
+        return False, f"transfer: {type(e).__name__}: {e}", None
+    return True, "", result
+
+
+def _commit(agent: WorkerAgent, prep: Prepared, switch_step: int, result: TransitionResult,
+            phases: dict[str, float], t_stop: float) -> None:
+    """Tear down the old world, build the new one here, load what we received."""
+    plan = prep.plan
+    t_commit = time.perf_counter()
+    spare: list[torch.Tensor] = [prep.grad_buffer] if prep.grad_buffer is not None else []
+    if agent.trainer is not None:
+        from liveshard.runtime.megatron.build import gradient_buffers
+
+        spare += gradient_buffers(agent.built)  # the new model's gradients reuse this memory
+    agent.teardown()
+    stats = result.stats
+    if agent.id not in plan.members:
+        phases["commit"] = time.perf_counter() - t_commit
+        agent.report(plan.generation, MemberResult(ok=True, phases=phases, step=switch_step,
+                                                   bytes_sent=stats.bytes_sent))
+        agent.adopt(plan, None)
+        if agent.id not in plan.standbys:
+            agent.state.phase = "left"
+        return
+    cfg = ParallelConfig.parse(plan.config)
+    rank = plan.members.index(agent.id)
+    t0 = time.perf_counter()
+    worlds.init_training_world(agent.store.store, Keys.world_prefix(plan.generation), rank,
+                               cfg.world_size, agent.options.collective_timeout)
+    t1 = time.perf_counter()
+    agent.build(cfg, initialize=False, spare_buffers=spare)
+    spare = []
+    t2 = time.perf_counter()
+    objs = result.objects
+    load_state(agent.built, result.tensors, step=int(objs["step"]))
+    log.info("commit %d: teardown %.3fs, world %.3fs, build %.3fs, load %.3fs", plan.generation,
+             t0 - t_commit, t1 - t0, t2 - t1, time.perf_counter() - t2)
+    agent.trainer.restore_progress({"step": objs["step"], "consumed_samples": objs["data_cursor"],
+                                    "scheduler": objs["scheduler"]})
+    restore_rng(objs["rng"])
+    agent.adopt(plan, rank)
+    phases["commit"] = time.perf_counter() - t_commit
+    phases["downtime"] = time.perf_counter() - t_stop
+    agent.report(plan.generation, MemberResult(ok=True, phases=phases, step=switch_step,
+                                               bytes_received=stats.bytes_received, bytes_sent=stats.bytes_sent))
+    agent.state.events.append({"kind": "switch", "generation": plan.generation, "step": switch_step,
+                               "phases": phases, "time": time.time()})
+
+
+def _progress_objects(trainer: Any) -> dict:
+    """The small objects that travel with the tensors: progress, LR schedule, RNG."""
+    p = trainer.progress()
+    return {"step": p["step"], "data_cursor": p["consumed_samples"], "scheduler": p["scheduler"],
+            "rng": capture_rng()}
+
+
+# ---- through a checkpoint --------------------------------------------------------------------
+def through_checkpoint(agent: WorkerAgent, prep: Prepared, switch_step: int) -> None:
+    """Switch to a plan that carries no live state: a stop saves a checkpoint and leaves
+    every worker waiting; a restore builds the new world from the checkpoint it names."""
+    plan = prep.plan
+    phases: dict[str, float] = {"prepare": prep.seconds}
+    t0 = time.perf_counter()
+    if plan.is_stop and agent.trainer is not None and agent.state.phase != "broken":
+        if not _save_for_stop(agent, plan, switch_step):
+            return  # training goes on; the coordinator aborts the stop
+        phases["save"] = time.perf_counter() - t0
+    agent.teardown()
+    if plan.restore_from is not None and agent.id in plan.members:
+        start_world(agent, plan, load_dir=plan.restore_from, phases=phases)
+        agent.state.events.append({"kind": "restore", "generation": plan.generation, "from": plan.restore_from,
+                                   "phases": phases, "time": time.time()})
+        return
+    agent.report(plan.generation, MemberResult(ok=True, phases=phases, step=switch_step))
+    agent.adopt(plan, None)
+    if agent.id not in plan.members and agent.id not in plan.standbys:
+        agent.state.phase = "left"
+
+
+def _save_for_stop(agent: WorkerAgent, plan: WorldPlan, switch_step: int) -> bool:
+    """Every rank saves the checkpoint a stop leaves behind; False (reported, generation
+    dropped) unless all of them succeeded."""
+    ok, error = True, ""
+    try:
+        agent.checkpoints.save(agent.built, agent.trainer)
+    except Exception as e:
+        ok, error = False, f"checkpoint: {type(e).__name__}: {e}"
+        log.error("saving before the stop failed: %s", traceback.format_exc())
+    vote = torch.tensor([1 if ok else 0], dtype=torch.int64, device=worlds.device())
+    try:
+        dist.all_reduce(vote, op=dist.ReduceOp.MIN)
+        ok = ok and bool(int(vote))
+    except Exception as e:
+        ok, error = False, error or f"checkpoint vote: {e}"
+    if not ok:
+        agent.report(plan.generation, MemberResult(ok=False, error=error or "another member failed to save",
+                                                   step=switch_step))
+        agent.preparations.abort(plan.generation, error or "aborted")
+    return ok
