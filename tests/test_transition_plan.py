@@ -4,7 +4,9 @@ schedules behave as documented. (Real transfers: tests/test_reshard_exec.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import os
 import subprocess
@@ -280,7 +282,13 @@ def test_cli_names_the_flag_behind_a_planner_error():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "liveshard.runtime.cli", *args], capture_output=True, text=True)
+    """``liveshard ARGS`` in this process (the CLI prints and returns its exit code)."""
+    from liveshard.runtime.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def test_cli_plan_transition_json_fields():

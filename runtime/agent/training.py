@@ -129,8 +129,7 @@ class StepBoundary:
         step = trainer.step_count
         self.checkpoints.finalize(step)
         if self.step_gate is not None and self.step_gate(step):
-            # held: the plan due at this step may have been published meanwhile
-            self.control.latest_seen = max(self.control.latest_seen, self.clients.store.latest_generation())
+            self._refresh_latest()
         latest, all_prepared, save_due = self._agree(step)
         if save_due:  # some rank's safety checkpoint is due: all save, at the same step
             self._save(trainer, built)
@@ -140,6 +139,21 @@ class StepBoundary:
         if self.state.rank == 0:
             self.clients.store.set(Keys.switch(latest), str(step))
         self.switch(self.preparations.get(latest), step)
+
+    def _refresh_latest(self, timeout: float = 300.0) -> None:
+        """After a gate held this worker: read the newest plan generation again (the plan due
+        at this step may have been published meanwhile). The store may be coming back with a
+        restarted coordinator: the control thread connects this thread's client anew."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                latest = self.clients.store.latest_generation()
+                break
+            except Exception:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.2)
+        self.control.latest_seen = max(self.control.latest_seen, latest)
 
     def _agree(self, step: int) -> tuple[int, int, bool]:
         """The MAX all-reduce: (newest generation seen, lowest newest-prepared, checkpoint due)."""

@@ -124,7 +124,9 @@ class WorkerState:
 
 class WorkerAgent:
     """One training rank: its current world (``built``, ``trainer``, ``state``) and the
-    collaborators that move it between worlds."""
+    collaborators that move it between worlds. ``step_gate``: called at every step boundary
+    before the agreement (``training.StepGate``; None in production, dev tooling holds
+    workers there)."""
 
     def __init__(self, worker_id: str, host: str, port: int, spec: ModelSpec,
                  settings: TrainingSettings, options: WorkerOptions | None = None,
