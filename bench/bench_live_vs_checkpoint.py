@@ -180,7 +180,7 @@ def bench_rank(rank: int, world: int, params: dict) -> dict:
     from liveshard.runtime.parallel import ParallelConfig
     from liveshard.runtime.spec import load_model
     from liveshard.runtime.transfer.executor import allocate_destinations, execute
-    from liveshard.runtime.transfer.storage import DictStore, allocate
+    from liveshard.runtime.transfer.storage import LocalShards, allocate
     from liveshard.runtime.vps.devices import DeviceMap, parse_devices
     from liveshard.runtime.vps.schedule import schedule
     from liveshard.runtime.vps.transition import plan_transition
@@ -229,7 +229,7 @@ def bench_rank(rank: int, world: int, params: dict) -> dict:
     out["p2p_fresh_gbps"] = p2p_bandwidth(rank, world, P2P_BYTES, fresh=True)
 
     root = params["dir"]
-    target = allocate(new_layout, new_rank) if new_rank is not None else DictStore()
+    target = allocate(new_layout, new_rank) if new_rank is not None else LocalShards()
     for name, save, load, make in (
         ("megatron", lambda sd, d: dist_checkpointing.save(sd, d),
          lambda sd, d: dist_checkpointing.load(sd, d), megatron_state_dict),

@@ -38,7 +38,6 @@ from liveshard.dev.ports import free_port
 from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 CRD = ROOT / "crds" / "elastictrainingjob.yaml"
 RESULTS = ROOT / "bench" / "results" / "notice_to_plan.json"
@@ -48,7 +47,7 @@ SPOT_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "spot-itn-b
 
 
 def serve_emulator(conn) -> None:
-    from kube_emulator import KubeEmulator
+    from liveshard.dev.localcluster.emulator import KubeEmulator
 
     kube = KubeEmulator(crds=[CRD]).start()
     conn.send(kube.url)
@@ -143,7 +142,8 @@ def main() -> int:
         return 2
 
     import kubernetes.client as k8s
-    from kube_emulator import run_pod
+
+    from liveshard.dev.localcluster.emulator import run_pod
 
     parent, child = mp.Pipe()
     emu = mp.get_context("spawn").Process(target=serve_emulator, args=(child,), daemon=True)
@@ -266,7 +266,7 @@ def main() -> int:
         "benchmark": "notice_to_plan",
         "setup": {"jobs": args.jobs, "nodes": args.nodes, "workers_per_job": args.workers,
                   "gpus_per_worker": args.gpus_per_worker, "model": args.model,
-                  "api": "kmock emulator (tests/kube_emulator.py), separate process",
+                  "api": "kmock emulator (liveshard.dev.localcluster.emulator), separate process",
                   "operator": "liveshard operator, separate process"},
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
         "results": rows,

@@ -19,7 +19,7 @@ from liveshard.dev.reshard.reference import check_reference, fill_reference
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec, load_model
 from liveshard.runtime.transfer.executor import TransferError, allocate_destinations, execute
-from liveshard.runtime.transfer.storage import DictStore
+from liveshard.runtime.transfer.storage import LocalShards
 from liveshard.runtime.vps.devices import DeviceMap, parse_devices
 from liveshard.runtime.vps.schedule import DEFAULT_BUDGET, schedule
 from liveshard.runtime.vps.transition import GLOBAL_OBJECTS, PER_RANK_OBJECTS, plan_transition
@@ -73,7 +73,7 @@ def run_rank(rank: int, world: int, job: LocalJob) -> dict:
     old_layout, new_layout = plan.old_layout, plan.new_layout
     member = rank < plan.devices.num_devices
     is_old = member and rank < plan.devices.old_world
-    old = fill_reference(old_layout, rank) if is_old else DictStore()
+    old = fill_reference(old_layout, rank) if is_old else LocalShards()
     objects = reference_objects(rank) if is_old else {}
     result = None
     times: list[float] = []
@@ -86,7 +86,7 @@ def run_rank(rank: int, world: int, job: LocalJob) -> dict:
         if job.preallocate:  # what a live job does while it still trains; timed apart
             result = None  # the previous repeat's tensors go first, as they would in a job
             t0 = time.perf_counter()
-            destinations = allocate_destinations(plan, rank) if member else DictStore()
+            destinations = allocate_destinations(plan, rank) if member else LocalShards()
             prepare_times.append(time.perf_counter() - t0)
             dest_bytes = destinations.nbytes()
         dist.barrier()

@@ -14,7 +14,7 @@ import hashlib
 import torch
 
 from liveshard.runtime.dtypes import torch_dtype
-from liveshard.runtime.transfer.storage import DictStore, allocate, view_of
+from liveshard.runtime.transfer.storage import LocalShards, allocate, view_of
 from liveshard.runtime.vps.layout import Layout
 from liveshard.runtime.vps.region import Shape
 
@@ -44,7 +44,7 @@ def reference_box(key: str, state: str, global_shape: Shape, offset: Shape, box_
     return vals.to(torch_dtype(dtype))
 
 
-def fill_reference(layout: Layout, rank: int, device: torch.device | str = "cpu") -> DictStore:
+def fill_reference(layout: Layout, rank: int, device: torch.device | str = "cpu") -> LocalShards:
     """A store of ``rank``'s shards in ``layout``, every element set to its reference value."""
     store = allocate(layout, rank, device)
     for reg in layout.regions(rank):

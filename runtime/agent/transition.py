@@ -71,13 +71,13 @@ def execute_transition(prep: Any, worker: str, sources: dict, objects: dict | No
     """Move this worker's part of the transition ``prep`` over its transition group."""
     from liveshard.runtime.agent import world as worlds
     from liveshard.runtime.transfer import executor
-    from liveshard.runtime.transfer.storage import DictStore
+    from liveshard.runtime.transfer.storage import LocalShards
     from liveshard.runtime.vps.schedule import schedule
 
     plan, old, new = prep.transition, prep.old, prep.plan
     devices = transition_devices(old, new)
     device_id = devices.index(worker)
-    store = DictStore()
+    store = LocalShards()
     for (state, name), tensor in sources.items():
         store.tensors.setdefault(state, {})[name] = tensor
     sched = schedule(plan, budget)

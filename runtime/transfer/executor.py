@@ -19,9 +19,9 @@ Every process of the transition (old ranks, joiners, standbys, leavers; device `
 5. with ``verify``, every piece is checksummed at its source and its destination and the
    checksums compared; all ranks agree on the verdict (an all-reduce) before success.
 
-The old store is only read, never written: a failure at any point (exception, dead peer,
+The old shards are only read, never written: a failure at any point (exception, dead peer,
 checksum mismatch) leaves the old state intact, and the caller commits by swapping in the
-returned store. ``release_old`` drops each old tensor from the old store after its last read
+returned shards. ``release_old`` drops each old tensor from the old shards after its last read
 (less peak memory, no rollback).
 
 What each step moves on a device (the pieces, the chunks of each round and their messages, what
@@ -42,7 +42,7 @@ import torch.distributed as dist
 from liveshard.runtime.dtypes import torch_dtype
 from liveshard.runtime.transfer import packing, rounds, transport
 from liveshard.runtime.transfer.rounds import A2A, P2P, ByPeer, Direct, Kept, Message, NewTensor, Round
-from liveshard.runtime.transfer.storage import DictStore
+from liveshard.runtime.transfer.storage import LocalShards
 from liveshard.runtime.vps.schedule import Chunk, Schedule
 from liveshard.runtime.vps.transition import TransitionPlan
 
@@ -73,17 +73,17 @@ class TransferStats:
 
 @dataclass
 class TransferResult:
-    store: DictStore
+    store: LocalShards
     objects: dict[str, Any]
     stats: TransferStats
 
 
-def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStore,
+def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: LocalShards,
             old_objects: dict[str, Any] | None = None, *, mode: str = DEFAULT_MODE, verify: bool = False,
             group: dist.ProcessGroup | None = None, ranks: list[int] | None = None,
             release_old: bool = False, tensor_device: torch.device | str | None = None,
             direct_min_bytes: int = packing.DIRECT_MIN_BYTES,
-            destinations: DictStore | None = None) -> TransferResult:
+            destinations: LocalShards | None = None) -> TransferResult:
     """Run the transition as device ``device_id``; returns its new shards (empty for non-members).
 
     ``destinations``: new tensors allocated ahead of time (``allocate_destinations``), written
@@ -101,19 +101,19 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStor
     if verify:
         _verify_everywhere(run, per_round)
     run.stats.seconds = time.perf_counter() - t_start
-    return TransferResult(run.result_store(), new_objects, run.stats)
+    return TransferResult(run.result_shards(), new_objects, run.stats)
 
 
-def allocate_destinations(plan: TransitionPlan, device_id: int, device: torch.device | str = "cpu") -> DictStore:
+def allocate_destinations(plan: TransitionPlan, device_id: int, device: torch.device | str = "cpu") -> LocalShards:
     """Every new tensor of a device that is not an old tensor kept in place, allocated and
     written once. Done while the job still trains (the new tensors then live beside the old
     state a little earlier), it takes the first-touch cost of fresh memory (page faults on CPU,
     the allocator on GPU) out of the transfer. Pass it as ``destinations``."""
     new_rank = rounds.new_rank_of(plan, device_id)
     if new_rank is None:
-        return DictStore()
+        return LocalShards()
     kept = rounds.kept_in_place(plan, device_id, new_rank)
-    out = DictStore()
+    out = LocalShards()
     for nt in rounds.new_tensors(plan, new_rank):
         if (nt.state, nt.name) not in kept:
             # written, not only allocated: the pages must really be mapped now
@@ -127,14 +127,14 @@ def allocate_destinations(plan: TransitionPlan, device_id: int, device: torch.de
 
 @dataclass
 class _Transfer:
-    """One device's transfer under way: its stores, its stats and the memory accounting."""
+    """One device's transfer under way: its shards, its stats and the memory accounting."""
 
     plan: TransitionPlan
     sched: Schedule
     device_id: int
     member: bool  # a device of the plan (old, joining, standby or leaving), not a spare process
     new_rank: int | None
-    old: DictStore
+    old: LocalShards
     new: _NewStore
     kept: Kept  # new tensors that are old tensors kept in place (and held by ``old``)
     frees: dict[int, list[tuple[str, str]]]  # with release_old: round -> old tensors last read in it
@@ -151,17 +151,17 @@ class _Transfer:
     round_clock: float = 0.0  # when the previous round completed
 
     @classmethod
-    def begin(cls, plan: TransitionPlan, sched: Schedule, device_id: int, old: DictStore, *, verify: bool,
+    def begin(cls, plan: TransitionPlan, sched: Schedule, device_id: int, old: LocalShards, *, verify: bool,
               group: Any, ranks: list[int] | None, release_old: bool,
-              tensor_device: torch.device | str | None, destinations: DictStore | None) -> _Transfer:
+              tensor_device: torch.device | str | None, destinations: LocalShards | None) -> _Transfer:
         """Step 1: the new tensors. An old tensor kept whole and in place is reused; the others
         are allocated when first written, so that with release_old memory is handed over tensor
         by tensor (or taken from ``destinations``)."""
         stats = TransferStats()
         dev = torch.device(tensor_device) if tensor_device is not None else _device_of(old)
         new_rank = rounds.new_rank_of(plan, device_id)
-        kept = _kept_in_store(plan, device_id, new_rank, old)
-        new = _new_store(plan, new_rank, kept, old, destinations, dev, stats)
+        kept = _kept_in_shards(plan, device_id, new_rank, old)
+        new = _new_shards(plan, new_rank, kept, old, destinations, dev, stats)
         frees = rounds.release_schedule(plan, sched, device_id, kept) if release_old else {}
         return cls(plan, sched, device_id, device_id < plan.devices.num_devices, new_rank, old, new, kept,
                    frees, verify, release_old, (lambda d: d) if ranks is None else ranks.__getitem__,
@@ -192,11 +192,11 @@ class _Transfer:
         self.stats.round_seconds.append(now - self.round_clock)
         self.round_clock = now
 
-    def result_store(self) -> DictStore:
-        return DictStore(self.new.tensors) if self.new_rank is not None else DictStore()
+    def result_shards(self) -> LocalShards:
+        return LocalShards(self.new.tensors) if self.new_rank is not None else LocalShards()
 
 
-def _kept_in_store(plan: TransitionPlan, device_id: int, new_rank: int | None, old: DictStore) -> Kept:
+def _kept_in_shards(plan: TransitionPlan, device_id: int, new_rank: int | None, old: LocalShards) -> Kept:
     """The old tensors kept in place as new ones, among those ``old`` holds."""
     if new_rank is None:
         return {}
@@ -204,8 +204,8 @@ def _kept_in_store(plan: TransitionPlan, device_id: int, new_rank: int | None, o
     return {k: src for k, src in kept.items() if old.has(k[0], src)}
 
 
-def _new_store(plan: TransitionPlan, new_rank: int | None, kept: Kept, old: DictStore,
-               destinations: DictStore | None, dev: torch.device, stats: TransferStats) -> _NewStore:
+def _new_shards(plan: TransitionPlan, new_rank: int | None, kept: Kept, old: LocalShards,
+               destinations: LocalShards | None, dev: torch.device, stats: TransferStats) -> _NewStore:
     """The device's new tensors: kept old tensors, ``destinations``, the rest allocated on first write."""
     new = _NewStore(dev)
     if new_rank is None:
@@ -224,7 +224,7 @@ def _new_store(plan: TransitionPlan, new_rank: int | None, kept: Kept, old: Dict
     return new
 
 
-def _destination(destinations: DictStore, nt: NewTensor, dtype: torch.dtype) -> torch.Tensor:
+def _destination(destinations: LocalShards, nt: NewTensor, dtype: torch.dtype) -> torch.Tensor:
     """The tensor allocated ahead for ``nt``, checked against the plan."""
     t = destinations.get(nt.state, nt.name)
     if tuple(t.shape) != tuple(nt.shape) or t.dtype != dtype:
@@ -233,7 +233,7 @@ def _destination(destinations: DictStore, nt: NewTensor, dtype: torch.dtype) -> 
     return t
 
 
-class _NewStore(DictStore):
+class _NewStore(LocalShards):
     """The new shards: reused old tensors, plus tensors allocated on first access."""
 
     def __init__(self, device: torch.device) -> None:
@@ -262,8 +262,8 @@ class _NewStore(DictStore):
             self.get(state, name)
 
 
-def _device_of(store: DictStore) -> torch.device:
-    for _, _, t in store.items():
+def _device_of(shards: LocalShards) -> torch.device:
+    for _, _, t in shards.items():
         return t.device
     return torch.device("cpu")
 
@@ -305,8 +305,8 @@ def _copy_locally(run: _Transfer) -> None:
     run.note_peak()
 
 
-def _release(old: DictStore, tensors) -> int:
-    """Drop ``tensors`` (state, name) from the old store, those it holds; returns the bytes released."""
+def _release(old: LocalShards, tensors) -> int:
+    """Drop ``tensors`` (state, name) from the old shards, those they hold; returns the bytes released."""
     freed = 0
     for state, name in tensors:
         try:

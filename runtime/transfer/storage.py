@@ -1,6 +1,6 @@
 """Where a rank keeps its shards: a mapping (state, local tensor name) -> tensor.
 
-The executor reads old shards and writes new ones only through a ``DictStore`` (the runtime
+The executor reads old shards and writes new ones only through a ``LocalShards`` (the runtime
 fills one with views of megatron's parameters and optimizer shards; tests, ``reshard-local``
 and the benchmarks with reference values). ``view_of`` turns a region's
 ``(local_name, local_offset, local_shape)`` into a tensor view: a box of the local tensor, or,
@@ -19,8 +19,8 @@ from liveshard.runtime.vps.region import Shape, volume
 from liveshard.runtime.vps.shards import is_flat, local_tensor_shapes
 
 
-class DictStore:
-    """``tensors[state][local_name] -> tensor``."""
+class LocalShards:
+    """One rank's shards, ``tensors[state][local_name] -> tensor`` (not the job's c10d store)."""
 
     def __init__(self, tensors: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
         self.tensors: dict[str, dict[str, torch.Tensor]] = tensors if tensors is not None else {}
@@ -43,10 +43,10 @@ class DictStore:
         return sum(t.numel() * t.element_size() for _, _, t in self.items())
 
 
-def allocate(layout: Layout, rank: int, device: torch.device | str = "cpu") -> DictStore:
+def allocate(layout: Layout, rank: int, device: torch.device | str = "cpu") -> LocalShards:
     """Uninitialised tensors for everything ``rank`` holds in ``layout``."""
     shapes = local_tensor_shapes(layout, rank)
-    return DictStore({state: {name: torch.empty(shape, dtype=torch_dtype(layout.dtype(state)), device=device)
+    return LocalShards({state: {name: torch.empty(shape, dtype=torch_dtype(layout.dtype(state)), device=device)
                               for name, shape in per.items()}
                       for state, per in shapes.items()})
 

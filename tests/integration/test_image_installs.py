@@ -43,7 +43,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "elastictrainingjob.yaml"
 TORCH = "torch==2.13.0"  # the CPU wheel on local disk: never let pip pick a torch by itself
 GROUP, VERSION, PLURAL = "liveshard.io", "v1alpha1", "elastictrainingjobs"
 NS = "default"
@@ -275,14 +274,6 @@ def check_isolated_and_lean(venv: Path, cwd: Path, absent: tuple[str, ...]) -> N
 
 
 # ---- the API server (in this test's venv) ------------------------------------------------------------
-@pytest.fixture(scope="module")
-def kube():
-    from liveshard.dev.localcluster.emulator import KubeEmulator
-
-    with KubeEmulator(crds=[CRD]) as kube:
-        yield kube
-
-
 def create_job(kube, name: str, **spec) -> dict:
     import kubernetes.client as k8s
 

@@ -21,7 +21,7 @@ from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.presets import PRESETS
 from liveshard.runtime.spec import ModelSpec
 from liveshard.runtime.transfer import executor, packing, rounds
-from liveshard.runtime.transfer.storage import DictStore, view_of
+from liveshard.runtime.transfer.storage import LocalShards, view_of
 from liveshard.runtime.vps.devices import DeviceMap
 from liveshard.runtime.vps.schedule import schedule
 from liveshard.runtime.vps.shards import local_tensor_shapes
@@ -75,12 +75,12 @@ def kept_of(plan, d: int) -> rounds.Kept:
     return {} if new_rank is None else rounds.kept_in_place(plan, d, new_rank)
 
 
-def counters(shapes: dict) -> DictStore:
-    return DictStore({s: {n: torch.zeros(shape, dtype=torch.int32) for n, shape in per.items()}
+def counters(shapes: dict) -> LocalShards:
+    return LocalShards({s: {n: torch.zeros(shape, dtype=torch.int32) for n, shape in per.items()}
                       for s, per in shapes.items()})
 
 
-def mark(store: DictStore, plan, ch, src_side: bool) -> None:
+def mark(store: LocalShards, plan, ch, src_side: bool) -> None:
     for state, view, rel in rounds.piece_refs(plan, ch, src_side):
         packing.piece(store, state, view, rel, ch).add_(1)
 
@@ -372,7 +372,7 @@ def test_execute_alone_without_a_process_group_is_bit_exact(name, model, old, ne
     if release_old:  # every old tensor is gone but those named like one kept in place (any state)
         kept_names = set(kept.values())
         left = {(st, n) for st, n, _ in store.items()}
-        assert left == {(st, n) for st, n, _ in DictStore(before_tensors).items() if n in kept_names}
+        assert left == {(st, n) for st, n, _ in LocalShards(before_tensors).items() if n in kept_names}
         assert s.peak_extra_bytes <= new_bytes - s.aliased_bytes
     else:
         assert check_reference(plan.old_layout, 0, store) == []

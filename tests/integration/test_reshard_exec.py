@@ -11,10 +11,11 @@ is checked against the budget.
 from __future__ import annotations
 
 import pytest
-from gloo_pool import GlooPool, ensure_importable
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
-from transition_cases import CASES, Case, run_rank_with_corruption, transition_case
+
+from liveshard.dev.procpool import GlooPool
+from liveshard.dev.reshard.cases import CASES, Case, run_rank_with_corruption, transition_case
 
 pytestmark = pytest.mark.slow
 POOL_SIZE = 8
@@ -22,8 +23,7 @@ POOL_SIZE = 8
 
 @pytest.fixture(scope="module")
 def pool():
-    ensure_importable()
-    p = GlooPool(POOL_SIZE, preload=("liveshard.dev.reshard.harness", "transition_cases"), timeout_s=120)
+    p = GlooPool(POOL_SIZE, preload=("liveshard.dev.reshard.harness", "liveshard.dev.reshard.cases"), timeout_s=120)
     yield p
     p.close()
 

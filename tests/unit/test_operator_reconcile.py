@@ -314,15 +314,9 @@ def test_an_aborted_plan_is_retried_after_a_backoff():
     assert d.replan_reason == "retry" and job["status"]["plan"]["generation"] == gen + 1
 
 
-def test_every_status_the_decision_writes_fits_the_crd_schema():
+def test_every_status_the_decision_writes_fits_the_crd_schema(crd_validator):
     """A real API server prunes or rejects status fields the CRD does not declare."""
-    from pathlib import Path
-
-    import yaml
-    from crd_validation import CRDValidator
-
-    validator = CRDValidator(yaml.safe_load((Path(__file__).resolve().parents[1] / "crds" /
-                                             "elastictrainingjob.yaml").read_text()))
+    validator = crd_validator
     job, pods = running_job(min_workers=3)
     crashed = copy.deepcopy(pods)
     crashed[0]["status"] = {"phase": "Failed", "reason": "Error"}

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
-from transition_cases import CASES, transition_case
 
+from liveshard.dev.reshard.cases import CASES, transition_case
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.presets import PRESETS

@@ -10,12 +10,11 @@ import json
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import kubernetes.client as k8s
 import pytest
-from kube_emulator import KubeEmulator, run_pod
 
+from liveshard.dev.localcluster.emulator import KubeEmulator, run_pod
 from liveshard.dev.ports import free_port
 from liveshard.operator import metrics
 from liveshard.operator.command import run_operator
@@ -23,7 +22,6 @@ from liveshard.operator.options import Options
 from liveshard.operator.signals import parse_time
 from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 
-CRD_PATH = Path(__file__).resolve().parents[1] / "crds" / "elastictrainingjob.yaml"
 NS = "default"
 
 SPOT_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "spot-itn-0f1e2d3c", "effect": "NoSchedule"}
@@ -108,12 +106,6 @@ def wait_for(check, timeout: float = 15.0, what: str = "condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.03)
-
-
-@pytest.fixture(scope="module")
-def kube():
-    with KubeEmulator(crds=[CRD_PATH]) as emulator:
-        yield emulator
 
 
 @pytest.fixture(scope="module")
@@ -286,8 +278,8 @@ def test_a_spec_only_the_operator_can_reject_fails_the_job_with_the_reason(clust
 
 # ---- restart ----------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_an_operator_restarted_mid_reconfiguration_finishes_it_from_the_status(tmp_path):
-    with KubeEmulator(crds=[CRD_PATH]) as kube:
+def test_an_operator_restarted_mid_reconfiguration_finishes_it_from_the_status(tmp_path, crd_path):
+    with KubeEmulator(crds=[crd_path]) as kube:
         cluster = Cluster(kube)
         first = Operator(kube.url).start()
         try:

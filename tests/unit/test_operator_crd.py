@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from crd_validation import CRDValidator, InvalidObject
 
+from liveshard.dev.localcluster.crd_validation import CRDValidator, InvalidObject
 from liveshard.operator import signals
 from liveshard.runtime.contract.jobspec import read_spec, validate_spec
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.presets import PRESETS
 from liveshard.runtime.spec import ModelSpec
 
-CRD_PATH = Path(__file__).resolve().parents[1] / "crds" / "elastictrainingjob.yaml"
+CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "elastictrainingjob.yaml"
 CRD = yaml.safe_load(CRD_PATH.read_text())
 VERSION = CRD["spec"]["versions"][0]
 SCHEMA = VERSION["schema"]["openAPIV3Schema"]
@@ -39,8 +39,8 @@ GOOD = {
 
 
 @pytest.fixture(scope="module")
-def validator() -> CRDValidator:
-    return CRDValidator(CRD)
+def validator(crd_validator) -> CRDValidator:
+    return crd_validator
 
 
 def with_spec(**changes):

@@ -17,7 +17,6 @@ import atexit
 import contextlib
 import os
 import queue
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -150,10 +149,3 @@ class GlooPool:
                 p.join(timeout=5)
         self._procs = []
         self._world = 0
-
-
-def ensure_importable() -> None:
-    """Spawned children import this module (and test modules) by name from the tests folder."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    if here not in sys.path:
-        sys.path.insert(0, here)

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import kubernetes.client as k8s
 import pytest
-from kube_emulator import KubeEmulator
 
 from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 from liveshard.runtime.contract.keys import Keys
@@ -15,15 +13,7 @@ from liveshard.runtime.contract.status import worker_ids
 from liveshard.runtime.control.kube_source import KubePlanSource, pod_speeds
 from liveshard.runtime.control.store import JobStore, serve_store
 
-CRD = Path(__file__).resolve().parents[1] / "crds" / "elastictrainingjob.yaml"
-
 NS, JOB = "default", "j"
-
-
-@pytest.fixture(scope="module")
-def kube():
-    with KubeEmulator(crds=[CRD]) as kube:
-        yield kube
 
 
 @pytest.fixture

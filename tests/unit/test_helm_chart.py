@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "liveshard"
 KUBE_VERSION = "1.30.0"
 

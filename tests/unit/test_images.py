@@ -13,7 +13,7 @@ import pytest
 
 from liveshard.runtime.cli import COMMANDS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted((ROOT / "images").glob("*/Dockerfile"))
 
 

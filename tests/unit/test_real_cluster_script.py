@@ -13,7 +13,7 @@ import pytest
 
 from liveshard.operator import signals
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "e2e" / "real_cluster" / "run.py"
 
 

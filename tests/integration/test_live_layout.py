@@ -31,9 +31,8 @@ from liveshard.runtime.vps.region import EXP_AVG, PARAM
 
 if importlib.util.find_spec("megatron.core") is None:  # checked without importing it here
     pytest.skip("needs megatron-core (the runtime extra)", allow_module_level=True)
-from gloo_pool import GlooPool, ensure_importable
+from liveshard.dev.procpool import GlooPool
 
-ensure_importable()
 pytestmark = pytest.mark.slow
 
 POOL_SIZE = 8

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 import yaml
-from crd_validation import CRDValidator
 
+from liveshard.dev.localcluster.crd_validation import CRDValidator
 from liveshard.runtime.cli import COMMANDS
 from liveshard.runtime.contract.jobspec import read_spec, validate_spec
 from liveshard.runtime.planner.pods import Candidate, plan_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 JOB_FILES = ["tiny-cpu.yaml", "llama3-70b-spot-karpenter.yaml", "qwen3-235b-moe.yaml"]
 
@@ -26,8 +26,8 @@ def load(name: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def validator() -> CRDValidator:
-    return CRDValidator(yaml.safe_load((ROOT / "crds" / "elastictrainingjob.yaml").read_text()))
+def validator(crd_validator) -> CRDValidator:
+    return crd_validator
 
 
 def the_job(name: str) -> dict[str, Any]:
