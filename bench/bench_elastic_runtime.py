@@ -28,7 +28,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,16 +35,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from liveshard.dev.ports import free_port
+
 HERE = Path(__file__).resolve().parent
 PARTS = ("live", "checkpoint", "torchrun", "overhead", "reshape")
 RESHAPE = {"workers": 4, "parallel": "tp=4,pp=1,dp=1", "global_batch": 4, "events": "2:parallel=tp=1,pp=4,dp=1",
            "steps": 6}
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_liveshard(args, mode: str, events: str, steps: int, workdir: Path, *, workers: int = 2,
@@ -91,7 +86,7 @@ def _store_host(agents: list, port: int):
 def run_torchrun(args, workdir: Path, kill_after: int, steps: int) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "steps.jsonl"
-    port = _port()
+    port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=bench", "--max-restarts=3",

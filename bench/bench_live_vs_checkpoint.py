@@ -216,7 +216,7 @@ def bench_rank(rank: int, world: int, params: dict) -> dict:
                                                                          destinations=dest))
             times.append(t)
             stats = res.stats
-            bad = check_reference(new_layout, new_rank, res.store) if new_rank is not None else []
+            bad = check_reference(new_layout, new_rank, res.shards) if new_rank is not None else []
             del res, dest
         out[f"live_{variant}"] = {"seconds": times, "prepare_seconds": prepare, "bytes_sent": stats.bytes_sent,
                                "bytes_received": stats.bytes_received, "peak_staging_bytes": stats.peak_staging_bytes,

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from liveshard.dev.ports import free_port
-from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
+from liveshard.runtime.contract.crd import GROUP, LABEL_ROLE, PLURAL, ROLE_WORKER, VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -185,7 +185,7 @@ def main() -> int:
         print(f"{args.jobs} jobs, {len(pods)} pods created in {time.time() - t:.1f}s")
 
         t = time.time()
-        workers = sorted(p.metadata.name for p in pods if p.metadata.labels.get("liveshard.io/role") == "worker")
+        workers = sorted(p.metadata.name for p in pods if p.metadata.labels.get(LABEL_ROLE) == ROLE_WORKER)
         node_of = {name: f"gpu-{i:04d}" for i, name in enumerate(workers)}
         list(pool.map(lambda name: run_pod(core, NS, name, node_of[name]), workers))
         for j in range(args.jobs):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import time
 
 
@@ -55,10 +54,9 @@ def main() -> None:
     p.add_argument("--seq-length", type=int, default=32)
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(args.procs, port, args), nprocs=args.procs)
+    from liveshard.dev.ports import free_port
+
+    mp.spawn(_worker, args=(args.procs, free_port(), args), nprocs=args.procs)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from typing import Any
 
 from liveshard.operator import builders, signals
 from liveshard.operator.signals import Signal
-from liveshard.runtime.contract.causes import Cause
+from liveshard.runtime.contract.causes import LOSSES, Cause
 from liveshard.runtime.contract.crd import LABEL_INDEX, LABEL_ROLE, ROLE_COORDINATOR, ROLE_WORKER
 from liveshard.runtime.contract.jobspec import JobSpec, read_spec
 from liveshard.runtime.contract.status import InvalidStatus, PlanAbort, PlanAck, StatusPlan, Telemetry
@@ -124,6 +124,14 @@ def set_condition(conditions: list[dict[str, Any]], ctype: str, status: bool, re
 
 def condition(conditions: list[dict[str, Any]], ctype: str) -> dict[str, Any] | None:
     return next((c for c in conditions if c.get("type") == ctype), None)
+
+
+def _generation_of(plan: Any) -> int:
+    """The generation of a status plan however malformed the rest is (0 if it has none)."""
+    try:
+        return max(0, int(plan.get("generation") or 0))
+    except (AttributeError, TypeError, ValueError):
+        return 0
 
 
 # ---- the decision -----------------------------------------------------------------------------
@@ -231,6 +239,8 @@ class _Reconciler:
             return False
         self.d.spec = self.spec = spec
         self.plan = self._status_part(StatusPlan.from_status, None)
+        # A plan this operator cannot read is replaced, under a newer generation than it had.
+        self.last_generation = self.plan.generation if self.plan else _generation_of(self.status.get("plan"))
         self.ack = self._status_part(PlanAck.from_status, PlanAck(0))
         self.abort = self._status_part(PlanAbort.from_status, PlanAbort(0))
         self.speeds = self._status_part(Telemetry.from_status, Telemetry()).speeds
@@ -264,6 +274,12 @@ class _Reconciler:
             return Signal(Cause.SCALE_DOWN, f"scaled down to {desired} workers", None,
                           source="spec.workers.replicas")
         return None
+
+    def _lost(self, pod: str) -> bool:
+        """A member pod gone, or going for a reason that leaves nothing to copy from it."""
+        w = self.by_name.get(pod)
+        why = self._leaving(w) if w is not None else None
+        return w is None or w.dead or (why is not None and why.kind in LOSSES)
 
     # -- phase 3: a new plan? --
     def _next_plan(self, plan: StatusPlan | None, members: list[str], candidates: list[Candidate],
@@ -383,16 +399,17 @@ class _Reconciler:
             return None, (f"{len(candidates)} running worker pods, fewer than workers.min="
                           f"{spec.workers.min}")
         running = current if current is not None and not current.is_stop else None
+        lost = [m for m in running.members if self._lost(m)] if running else []
         try:
             return plan_for(spec, candidates, running.config if running else "",
-                            running.members if running else ()), None
+                            running.members if running else (), lost), None
         except NoFeasiblePlan as e:
             return None, f"no feasible plan: {e}"
 
     def _write_plan(self, old: StatusPlan | None, nxt: _NextPlan, old_members: list[str]) -> StatusPlan:
         new = nxt.assignment
         assert new is not None
-        gen = old.generation + 1 if old else 1
+        gen = (old.generation if old else self.last_generation) + 1
         plan = StatusPlan(
             generation=gen, config=new.config, members=new.members,
             gpus_per_worker=self.spec.workers.gpus_per_worker, cause=nxt.cause, reason=nxt.text,
@@ -412,7 +429,7 @@ class _Reconciler:
         """No plan fits the pods that remain: tell the runtime to checkpoint and stop."""
         why = nxt.stop_reason or ""
         plan = StatusPlan(
-            generation=old.generation + 1 if old else 1, config="", members=(),
+            generation=(old.generation if old else self.last_generation) + 1, config="", members=(),
             gpus_per_worker=self.spec.workers.gpus_per_worker, cause=nxt.cause or Cause.MEMBER_LOST,
             reason=f"{nxt.text}; suspended: {why}", deadline=nxt.deadline or self._default_deadline(),
             created_at=self.now, leaving=tuple(old_members), explanation=(why,))

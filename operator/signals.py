@@ -30,23 +30,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from liveshard.runtime.contract.causes import ALWAYS_ACT, NODE_KINDS, Cause
+from liveshard.runtime.contract.causes import ALWAYS_ACT, Cause
 from liveshard.runtime.contract.times import parse_time
 
-# ---- signal kinds (also the values of spec.elasticity.actOn): the contract's Cause -----------
-SPOT_INTERRUPTION = Cause.SPOT_INTERRUPTION
-REBALANCE_RECOMMENDATION = Cause.REBALANCE_RECOMMENDATION
-SCHEDULED_MAINTENANCE = Cause.SCHEDULED_MAINTENANCE
-SCALE_IN = Cause.SCALE_IN
-DISRUPTION = Cause.DISRUPTION
-CORDON = Cause.CORDON
-NOT_READY = Cause.NOT_READY
-UNREACHABLE = Cause.UNREACHABLE
-OUT_OF_SERVICE = Cause.OUT_OF_SERVICE
-NODE_GONE = Cause.NODE_GONE
-POD_DISRUPTION = Cause.POD_DISRUPTION
-POD_DELETION = Cause.POD_DELETION
-POD_FAILED = Cause.POD_FAILED
+# Signal kinds are ``contract.Cause`` members (also the values of spec.elasticity.actOn).
 
 # Notice windows the clouds document, used when the object carries no explicit time.
 AWS_SPOT_NOTICE = timedelta(minutes=2)
@@ -106,10 +93,10 @@ def classify_node(node: dict[str, Any], now: datetime) -> Signal | None:
     if meta.get("deletionTimestamp"):
         # The Node object itself is being deleted (Karpenter's termination finalizer drains it).
         deadline = parse_time(annotations.get("karpenter.sh/nodeclaim-termination-timestamp"))
-        found.append(Signal(DISRUPTION, "node is being deleted", deadline, source="metadata.deletionTimestamp"))
+        found.append(Signal(Cause.DISRUPTION, "node is being deleted", deadline, source="metadata.deletionTimestamp"))
 
-    if spec.get("unschedulable") and not any(s.kind == CORDON for s in found):
-        found.append(Signal(CORDON, "node cordoned (spec.unschedulable)", None, source="spec.unschedulable"))
+    if spec.get("unschedulable") and not any(s.kind == Cause.CORDON for s in found):
+        found.append(Signal(Cause.CORDON, "node cordoned (spec.unschedulable)", None, source="spec.unschedulable"))
 
     for cond in status.get("conditions") or []:
         sig = _classify_node_condition(cond, now)
@@ -118,7 +105,7 @@ def classify_node(node: dict[str, Any], now: datetime) -> Signal | None:
 
     # A cordon usually accompanies a stronger signal (NTH and drains cordon too): report the
     # stronger one, and the cordon only when it is all there is.
-    strong = [s for s in found if s.kind != CORDON]
+    strong = [s for s in found if s.kind != Cause.CORDON]
     return most_pressing(strong) or most_pressing(found)
 
 
@@ -131,37 +118,37 @@ def _classify_taint(taint: dict[str, Any], annotations: dict[str, str], now: dat
     if key.startswith(_NTH):
         event = key[len(_NTH):]
         if event == "spot-itn":
-            return Signal(SPOT_INTERRUPTION, "AWS spot interruption notice (node termination handler)",
+            return Signal(Cause.SPOT_INTERRUPTION, "AWS spot interruption notice (node termination handler)",
                           added + AWS_SPOT_NOTICE, source=src)
         if event == "rebalance-recommendation":
-            return Signal(REBALANCE_RECOMMENDATION, "AWS EC2 rebalance recommendation: elevated "
+            return Signal(Cause.REBALANCE_RECOMMENDATION, "AWS EC2 rebalance recommendation: elevated "
                           "interruption risk (node termination handler)", None, source=src)
         if event == "scheduled-maintenance":
-            return Signal(SCHEDULED_MAINTENANCE, "AWS scheduled maintenance event (node termination "
+            return Signal(Cause.SCHEDULED_MAINTENANCE, "AWS scheduled maintenance event (node termination "
                           "handler)", None, source=src)
         if event == "asg-lifecycle-termination":
-            return Signal(SCALE_IN, "AWS Auto Scaling group is terminating the instance (node "
+            return Signal(Cause.SCALE_IN, "AWS Auto Scaling group is terminating the instance (node "
                           "termination handler)", None, source=src)
         return None
     if key == "karpenter.sh/disrupted" or (key == "karpenter.sh/disruption" and value == "disrupting"):
         deadline = parse_time(annotations.get("karpenter.sh/nodeclaim-termination-timestamp"))
-        return Signal(DISRUPTION, "Karpenter is disrupting the node (consolidation, drift, expiry or "
+        return Signal(Cause.DISRUPTION, "Karpenter is disrupting the node (consolidation, drift, expiry or "
                       "spot interruption)", deadline, source=src)
     if key == "ToBeDeletedByClusterAutoscaler":
-        return Signal(SCALE_IN, "cluster autoscaler is removing the node", None, source=src)
+        return Signal(Cause.SCALE_IN, "cluster autoscaler is removing the node", None, source=src)
     if key == "cloud.google.com/impending-node-termination":
-        return Signal(SPOT_INTERRUPTION, "GKE node is being preempted (impending termination)",
+        return Signal(Cause.SPOT_INTERRUPTION, "GKE node is being preempted (impending termination)",
                       added + GCP_PREEMPT_NOTICE, source=src)
     if key == "remediator.kubernetes.azure.com/unschedulable":
-        return Signal(DISRUPTION, "AKS node auto-drain is draining the node for a scheduled event",
+        return Signal(Cause.DISRUPTION, "AKS node auto-drain is draining the node for a scheduled event",
                       None, source=src)
     if key == "node.kubernetes.io/unschedulable":
-        return Signal(CORDON, "node cordoned", None, source=src)
+        return Signal(Cause.CORDON, "node cordoned", None, source=src)
     if key == "node.kubernetes.io/out-of-service":
-        return Signal(OUT_OF_SERVICE, "node marked out-of-service: its pods are being force-deleted",
+        return Signal(Cause.OUT_OF_SERVICE, "node marked out-of-service: its pods are being force-deleted",
                       added, source=src)
     if key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
-        kind = NOT_READY if key.endswith("not-ready") else UNREACHABLE
+        kind = Cause.NOT_READY if key.endswith("not-ready") else Cause.UNREACHABLE
         # Only the NoExecute taint evicts, after the default toleration; NoSchedule alone is
         # the node lifecycle controller's first step and carries no eviction time.
         deadline = added + NOT_READY_TOLERATION if taint.get("effect") == "NoExecute" else None
@@ -183,19 +170,19 @@ def _classify_node_condition(cond: dict[str, Any], now: datetime) -> Signal | No
     if ctype == "Ready" and status in ("False", "Unknown"):
         if _SHUTDOWN.search(message) or _SHUTDOWN.search(cond.get("reason") or ""):
             # Graceful node shutdown (GKE spot/preemptible, any kubelet with shutdownGracePeriod).
-            return Signal(SPOT_INTERRUPTION, "node is shutting down (kubelet graceful node shutdown)",
+            return Signal(Cause.SPOT_INTERRUPTION, "node is shutting down (kubelet graceful node shutdown)",
                           since + GCP_PREEMPT_NOTICE, source="condition Ready")
-        kind = UNREACHABLE if status == "Unknown" else NOT_READY
+        kind = Cause.UNREACHABLE if status == "Unknown" else Cause.NOT_READY
         return Signal(kind, f"node is {kind.replace('-', ' ')} (condition Ready={status})",
                       since + NOT_READY_TOLERATION, failure=True, source="condition Ready")
     if ctype == "VMEventScheduled" and status == "True":
         match = _AZURE_EVENT.search(message) or _AZURE_EVENT.search(cond.get("reason") or "")
         event = _AZURE_NAMES[match.group(1).lower()] if match else ""
         if event == "Preempt":
-            return Signal(SPOT_INTERRUPTION, "Azure spot eviction scheduled (VMEventScheduled: Preempt)",
+            return Signal(Cause.SPOT_INTERRUPTION, "Azure spot eviction scheduled (VMEventScheduled: Preempt)",
                           since + AZURE_NOTICE["Preempt"], source="condition VMEventScheduled")
         if event in ("Terminate", "Redeploy"):
-            return Signal(SCHEDULED_MAINTENANCE, f"Azure scheduled event: {event}",
+            return Signal(Cause.SCHEDULED_MAINTENANCE, f"Azure scheduled event: {event}",
                           since + AZURE_NOTICE[event], source="condition VMEventScheduled")
         # Reboot and Freeze pause the VM briefly; the node comes back with its pods.
         return None
@@ -233,23 +220,23 @@ def classify_pod(pod: dict[str, Any], now: datetime) -> Signal | None:
         # A clean exit (a leaver after commit) or a removal the cluster made is not a crash.
         planned = phase == "Succeeded" or disruption is not None or reason in _PLANNED_FAILURE_REASONS
         text = status.get("message") or reason or "no reason given"
-        return Signal(POD_FAILED, f"worker pod {phase.lower()}: {text}", now,
+        return Signal(Cause.POD_FAILED, f"worker pod {phase.lower()}: {text}", now,
                       failure=not planned, source=f"status.phase={phase}")
     if disruption is not None:
         reason = disruption.get("reason") or ""
         since = parse_time(disruption.get("lastTransitionTime")) or now
         deadline = parse_time(meta.get("deletionTimestamp")) or since + timedelta(seconds=grace)
-        return Signal(POD_DISRUPTION, "worker pod " + _DISRUPTION_REASONS.get(reason, f"disrupted ({reason})"),
+        return Signal(Cause.POD_DISRUPTION, "worker pod " + _DISRUPTION_REASONS.get(reason, f"disrupted ({reason})"),
                       deadline, source=f"condition DisruptionTarget/{reason}")
     if meta.get("deletionTimestamp"):
         # The API sets deletionTimestamp to the moment the grace period ends.
         deadline = parse_time(meta["deletionTimestamp"]) or now
-        return Signal(POD_DELETION, "worker pod is being deleted", deadline, source="metadata.deletionTimestamp")
+        return Signal(Cause.POD_DELETION, "worker pod is being deleted", deadline, source="metadata.deletionTimestamp")
     return None
 
 
 def node_gone(node_name: str, now: datetime) -> Signal:
-    return Signal(NODE_GONE, f"node {node_name} no longer exists", now, source="node deleted")
+    return Signal(Cause.NODE_GONE, f"node {node_name} no longer exists", now, source="node deleted")
 
 
 def acts_on(signal: Signal, act_on: frozenset[str] | set[str] | tuple[str, ...]) -> bool:
@@ -258,21 +245,6 @@ def acts_on(signal: Signal, act_on: frozenset[str] | set[str] | tuple[str, ...])
 
 
 __all__ = [
-    "ALWAYS_ACT",
-    "CORDON",
-    "DISRUPTION",
-    "NODE_GONE",
-    "NODE_KINDS",
-    "NOT_READY",
-    "OUT_OF_SERVICE",
-    "POD_DELETION",
-    "POD_DISRUPTION",
-    "POD_FAILED",
-    "REBALANCE_RECOMMENDATION",
-    "SCALE_IN",
-    "SCHEDULED_MAINTENANCE",
-    "SPOT_INTERRUPTION",
-    "UNREACHABLE",
     "Signal",
     "acts_on",
     "classify_node",

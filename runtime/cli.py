@@ -19,13 +19,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan-transition": ("liveshard.runtime.commands.plan_transition", "plan moving training state between two layouts"),
     "reshard-local": ("liveshard.dev.commands.reshard_local", "run a transition on local gloo processes and check it"),
     "operator": ("liveshard.operator.command", "run the ElasticTrainingJob operator (kopf)"),
-    "plan": ("liveshard.operator.commands_plan", "pick the fastest parallel config for a model on N GPUs"),
+    "plan": ("liveshard.runtime.commands.plan", "pick the fastest parallel config for a model on N GPUs"),
     "worker": ("liveshard.runtime.commands.worker", "run one training rank of a job"),
     "coordinator": ("liveshard.runtime.commands.coordinator", "run a job's coordinator (store and reconfiguration driver)"),
     "run-local": ("liveshard.dev.commands.run_local", "train on local processes through a list of world changes"),
     "local-cluster": ("liveshard.dev.commands.local_cluster", "start or stop a Kubernetes cluster on this machine (emulated)"),
     "demo": ("liveshard.dev.commands.demo", "train on the local cluster through spot notices and node losses"),
 }
+
+
+# The extra that brings each optional top-level module (pyproject.toml).
+_EXTRA_OF = {"torch": "runtime", "megatron": "runtime", "numpy": "runtime", "psutil": "runtime",
+             "kopf": "operator", "kubernetes": "operator", "prometheus_client": "operator",
+             "kmock": "local", "aiohttp": "local", "matplotlib": "local", "celpy": "local", "jsonschema": "local",
+             "jsonpatch": "local"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,11 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"liveshard {args.command}: error: {e}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as e:
-        if not args._module.startswith("liveshard.dev."):
+        extra = _EXTRA_OF.get((e.name or "").partition(".")[0])
+        if extra is None:
             raise
-        # development tooling outside a development install (e.g. in a product image)
-        print(f"liveshard {args.command}: error: needs {e.name!r}, which the product images leave out "
-              "(fix: pip install 'liveshard[local]')", file=sys.stderr)
+        # a command run where its extra is not installed (e.g. the demo in a product image)
+        print(f"liveshard {args.command}: error: needs {e.name!r}, which this install leaves out "
+              f"(fix: pip install 'liveshard[{extra}]')", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `liveshard layout ... | head`
         return 0

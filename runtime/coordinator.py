@@ -1,6 +1,6 @@
 """The job's coordinator: hosts the c10d store, turns requests into world plans, watches health.
 
-It is a small state machine over store keys (``control.protocol``):
+It is a small state machine over store keys (``contract.keys``; messages in ``control.protocol``):
 
 * it takes plan requests from a ``PlanSource`` (the local driver through the store, or the
   operator through the job's status), gives each a generation and publishes it;
@@ -72,6 +72,17 @@ class PlanSource(Protocol):
     def planning(self) -> PlanningInputs | None:
         """The job's current planning inputs, or None to keep the coordinator's own."""
         ...
+
+
+def whole_pods(workers: tuple[str, ...], gpus_per_pod: int) -> tuple[str, ...]:
+    """The workers of pods all of whose ``gpus_per_pod`` processes are here, in the order given:
+    plans come in whole pods (a pod that lost one process keeps the others as standbys)."""
+    if gpus_per_pod <= 1:
+        return workers
+    have: dict[str, set[str]] = {}
+    for w in workers:
+        have.setdefault(pod_of(w), set()).add(w)
+    return tuple(w for w in workers if len(have[pod_of(w)]) == gpus_per_pod)
 
 
 class StorePlanSource:
@@ -196,9 +207,14 @@ class Coordinator:
             deadline=request.deadline,
             dead=tuple(sorted(self.dead & set(self.current.members))) if self.current else (),
             created=time.time(),
+            cause=request.cause,
         )
         if self.current is not None:
-            no_copy = self._no_live_copy(plan)
+            try:
+                no_copy = self._no_live_copy(plan)
+            except (ConfigError, ValueError) as e:  # e.g. a device order the transition cannot use
+                self._reject(request, str(e))
+                return
             if no_copy is not None:  # the last checkpoint is the way back
                 checkpoint = self.latest_checkpoint()
                 if checkpoint is None:
@@ -214,14 +230,16 @@ class Coordinator:
         same inputs the operator has (the job's constraints, memory, measured speeds)."""
         inputs = self.source.planning() or self.planning
         gpus = [GPU(id=m, node=self._node_of(m), memory_bytes=inputs.gpu_memory_bytes,
-                    speed=float(inputs.speeds.get(pod_of(m), 1.0))) for m in members]
+                    speed=float(inputs.speeds.get(pod_of(m), 1.0))) for m in whole_pods(members,
+                                                                                 inputs.constraints.granularity)]
         config = ParallelConfig.parse(request.config) if request.config is not None else None
         if config is not None and request.ordered:
             return plan_world(self.spec, gpus, inputs.constraints, config=config)
         running = self.current if self.current is not None and not self.current.is_stop else None
         return plan_world(self.spec, gpus, inputs.constraints, config=config,
                           current=ParallelConfig.parse(running.config) if running else None,
-                          current_members=running.members if running else ())
+                          current_members=running.members if running else (),
+                          lost=tuple(m for m in running.members if m in self.dead) if running else ())
 
     def _node_of(self, worker: str) -> str:
         info = self.store.get_json(Keys.member(worker)) or {}
@@ -323,6 +341,7 @@ class Coordinator:
             "config": plan.config,
             "world_size": len(plan.members),
             "reason": plan.reason,
+            "cause": plan.cause,
             "outcome": outcome,
             "phases": phases,
             "downtime": phases.get("downtime", 0.0),
@@ -379,7 +398,6 @@ class Coordinator:
     def _recover(self) -> None:
         assert self.current is not None
         survivors = tuple(m for m in (*self.current.members, *self.current.standbys) if m not in self.dead)
-        self.store.set_json(Keys.RECOVERY, {"dead": sorted(self.dead), "time": time.time()})
         self._start(PlanRequest(members=survivors, reason=f"lost {', '.join(sorted(self.dead))} without notice",
                                 cause=Cause.LOST_WITHOUT_NOTICE))
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from liveshard.dev.ports import free_port
+from liveshard.runtime.contract.crd import LABEL_JOB
 
 log = logging.getLogger("liveshard.localcluster")
 
@@ -275,7 +276,7 @@ class NodeAgent:
                 env[e["name"]] = expand(str(e["value"]), env)
             elif ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath") in fields:
                 env[e["name"]] = fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
-        job = env.get("LIVESHARD_JOB") or (meta.get("labels") or {}).get("liveshard.io/job")
+        job = env.get("LIVESHARD_JOB") or (meta.get("labels") or {}).get(LABEL_JOB)
         if job:
             # The coordinator Service resolves to this machine: one loopback port per job.
             port = self.coordinator_port(meta["namespace"], job)

@@ -89,14 +89,13 @@ def _held_worker_cli() -> list[str]:
     return [sys.executable, "-m", "liveshard.dev.localrun.held_worker"]
 
 
-def plan_local_world(run: RunSpec, current: ParallelConfig, workers: list[str],
-                     current_members: tuple[str, ...] = ()) -> ParallelPlan:
+def plan_local_world(run: RunSpec, current: ParallelConfig, workers: list[str]) -> ParallelPlan:
     """The world the coordinator would choose for ``workers`` (checkpoint mode uses it to make
     the same changes the restart way): the planner's ``fewest-changes`` objective."""
     gpus = [GPU(id=w, node="local", memory_bytes=80 << 30) for w in workers]
     constraints = Constraints(global_batch=run.global_batch, micro_batch=run.micro_batch, dist_opt=current.dist_opt,
                               objective=FEWEST_CHANGES)
-    return plan_world(run.spec, gpus, constraints, current=current, current_members=current_members)
+    return plan_world(run.spec, gpus, constraints, current=current)
 
 
 class LocalRun:
@@ -277,7 +276,7 @@ class LocalRun:
         store.set(Keys.release(step), "1")
 
     def _status(self, store) -> dict:
-        text = store.get("coordinator/status")
+        text = store.get(Keys.COORDINATOR_STATUS)
         st = json.loads(text) if text else {}
         for h in st.get("history", []):  # kept across coordinator restarts
             if h.get("generation") is not None:

@@ -101,17 +101,17 @@ def run_rank(rank: int, world: int, job: LocalJob) -> dict:
         dist.barrier()
         times.append(time.perf_counter() - t0)
         if destinations is not None:  # written in place, not replaced
-            dest_used = dest_used and all(result.store.get(s, n) is t for s, n, t in destinations.items())
+            dest_used = dest_used and all(result.shards.get(s, n) is t for s, n, t in destinations.items())
     out = {"rank": rank, "seconds": times, "prepare_seconds": prepare_times,
            "stats": asdict(result.stats) if result else None,
            "checksum": plan.checksum, "new_rank": plan.device_to_rank.get(rank), "error": error,
            "destination_bytes": dest_bytes, "destinations_used": dest_used,
-           "new_bytes": result.store.nbytes() if result else 0,
+           "new_bytes": result.shards.nbytes() if result else 0,
            "mismatches": [], "old_mismatches": [], "object_errors": []}
     if job.check and member:
         new_rank = plan.device_to_rank.get(rank)
         if new_rank is not None and result is not None:
-            out["mismatches"] = check_reference(new_layout, new_rank, result.store)
+            out["mismatches"] = check_reference(new_layout, new_rank, result.shards)
             out["object_errors"] = _check_objects(plan, new_rank, result.objects)
         if is_old and not job.release_old:
             out["old_mismatches"] = check_reference(old_layout, rank, old)

@@ -45,22 +45,22 @@ def reference_box(key: str, state: str, global_shape: Shape, offset: Shape, box_
 
 
 def fill_reference(layout: Layout, rank: int, device: torch.device | str = "cpu") -> LocalShards:
-    """A store of ``rank``'s shards in ``layout``, every element set to its reference value."""
-    store = allocate(layout, rank, device)
+    """``rank``'s shards in ``layout``, every element set to its reference value."""
+    shards = allocate(layout, rank, device)
     for reg in layout.regions(rank):
-        v = view_of(store.get(reg.state, reg.local_name), (reg.local_name, reg.local_offset, reg.local_shape))
+        v = view_of(shards.get(reg.state, reg.local_name), (reg.local_name, reg.local_offset, reg.local_shape))
         ref = reference_box(reg.key, reg.state, reg.global_shape, reg.global_offset, reg.box_shape,
                             layout.dtype(reg.state))
         v.copy_(ref.view(reg.local_shape))
-    return store
+    return shards
 
 
-def check_reference(layout: Layout, rank: int, store) -> list[str]:
+def check_reference(layout: Layout, rank: int, shards: LocalShards) -> list[str]:
     """Regions of ``rank`` whose values differ bit for bit from the reference (empty: all match)."""
     bad: list[str] = []
     for reg in layout.regions(rank):
         try:
-            t = store.get(reg.state, reg.local_name)
+            t = shards.get(reg.state, reg.local_name)
         except KeyError:
             bad.append(f"{reg.state} {reg.local_name}: missing")
             continue

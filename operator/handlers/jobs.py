@@ -17,7 +17,7 @@ from typing import Any
 import kopf
 
 from liveshard.operator import builders, metrics
-from liveshard.operator.context import Context, NodeLabels, NodeView
+from liveshard.operator.context import Context, NodeView
 from liveshard.operator.kube import Conflict
 from liveshard.operator.reconcile import Decision, reconcile
 from liveshard.runtime.contract.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
@@ -75,10 +75,14 @@ async def reconcile_job(ctx: Context, namespace: str, name: str, pods_by_job: ko
     if job is None or job["metadata"].get("deletionTimestamp"):
         return 60.0, not ensure_children
     pods = list(pods_by_job.get((namespace, name), ()))
-    nodes = NodeView(nodes_index)
+    view = NodeView(nodes_index)
+    nodes = {n: view[n] for n in view}  # a snapshot: the decision runs off the event loop
+    labels = {n: view.labels(n) for n in nodes}
     now = datetime.now(UTC)
-    decision = reconcile(job, pods, nodes, now, node_labels=NodeLabels(nodes),
-                         scale_up_checked=ctx.scale_up_checked.get((namespace, name)))
+    # Planning a large model (a cost-model search, a transition plan for the rank order) takes
+    # seconds of CPU: in a thread, so other jobs' loops and kopf's watches go on meanwhile.
+    decision = await asyncio.to_thread(reconcile, job, pods, nodes, now, node_labels=labels,
+                                       scale_up_checked=ctx.scale_up_checked.get((namespace, name)))
     if decision.scale_up_key is not None:
         ctx.scale_up_checked[(namespace, name)] = decision.scale_up_key
 

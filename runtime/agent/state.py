@@ -14,7 +14,6 @@ states, which follow the model-parallel position (tp, pp) they belong to.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import random
 from collections import defaultdict
 from typing import Any
@@ -172,15 +171,6 @@ def restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
     if "tracker" in state:
         tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
-
-
-def state_checksums(tensors: dict[StateKey, torch.Tensor]) -> dict[str, str]:
-    """A digest per ``state/local_name`` (used to compare two runs bit for bit)."""
-    out = {}
-    for (state, name), t in sorted(tensors.items()):
-        data = t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()
-        out[f"{state}/{name}"] = hashlib.sha256(data).hexdigest()[:16]
-    return out
 
 
 def region_view(tensors: dict[StateKey, torch.Tensor], region: Any) -> torch.Tensor:

@@ -77,14 +77,14 @@ def execute_transition(prep: Any, worker: str, sources: dict, objects: dict | No
     plan, old, new = prep.transition, prep.old, prep.plan
     devices = transition_devices(old, new)
     device_id = devices.index(worker)
-    store = LocalShards()
+    shards = LocalShards()
     for (state, name), tensor in sources.items():
-        store.tensors.setdefault(state, {})[name] = tensor
+        shards.tensors.setdefault(state, {})[name] = tensor
     sched = schedule(plan, budget)
-    result = executor.execute(plan, sched, device_id, store, objects or {},
+    result = executor.execute(plan, sched, device_id, shards, objects or {},
                               mode=mode or executor.DEFAULT_MODE,
                               verify=verify, group=prep.group, ranks=group_ranks(old, new),
                               tensor_device=worlds.device(),  # a joiner has no old tensor to take it from
                               destinations=prep.destinations)
-    tensors = {(state, name): t for state, name, t in result.store.items()}
+    tensors = {(state, name): t for state, name, t in result.shards.items()}
     return TransitionResult(tensors, result.objects, result.stats)

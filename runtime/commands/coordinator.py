@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from liveshard.runtime.planner.world import OBJECTIVES, THROUGHPUT
+from liveshard.runtime.planner.world import FEWEST_CHANGES, OBJECTIVES
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -20,7 +20,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="sequences per step, for the store source (default 8; the kubernetes source reads the job)")
     p.add_argument("--micro-batch", type=int, default=None)
     p.add_argument("--heartbeat-timeout", type=float, default=3.0)
-    p.add_argument("--objective", choices=OBJECTIVES, default=THROUGHPUT,
+    p.add_argument("--objective", choices=OBJECTIVES, default=FEWEST_CHANGES,
                    help="what the planner optimises when the coordinator plans alone with the store source "
                         "(the kubernetes source plans as the operator does, from the job's spec)")
     # In a pod the operator built (LIVESHARD_ROLE=coordinator) plans come from the job's status.
@@ -45,11 +45,12 @@ def run(args: argparse.Namespace) -> int:
         from liveshard.runtime.control.kube_source import KubePlanSource, api_client
 
         source = KubePlanSource(None, args.job, args.namespace, api=api_client(args.kubeconfig))
-        planning = source.planning(refresh=True)
-    else:
-        constraints = Constraints(global_batch=args.global_batch or 8, micro_batch=args.micro_batch or 1,
-                                  objective=args.objective)
-        planning = PlanningInputs(constraints)
+    # The kubernetes source plans from the job's spec (refreshed at every poll); these are the
+    # inputs until it has read a valid one, and the store source's for good.
+    planning = PlanningInputs(Constraints(global_batch=args.global_batch or 8, micro_batch=args.micro_batch or 1,
+                                          objective=args.objective))
+    if args.source == "kubernetes":
+        planning = source.planning(refresh=True) or planning
     store = JobStore(serve_store(args.host, args.port), args.job)
     if args.source == "kubernetes":
         source.store = store

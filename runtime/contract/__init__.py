@@ -18,8 +18,8 @@ from liveshard.runtime.contract.status import (
     pod_of,
     worker_ids,
 )
-from liveshard.runtime.contract.times import iso, parse_time, unix
+from liveshard.runtime.contract.times import iso, parse_time
 
 __all__ = ["ALWAYS_ACT", "GROUP", "KIND", "LOSSES", "NODE_KINDS", "PLURAL", "VERSION", "Cause", "InvalidStatus",
            "Keys", "PlanAbort", "PlanAck", "StatusPlan", "Straggler", "Telemetry", "cause_of", "iso",
-           "parse_time", "pod_of", "unix", "worker_ids"]
+           "parse_time", "pod_of", "worker_ids"]

@@ -18,7 +18,6 @@ prefix (``liveshard/<job>/``, see ``control.store.JobStore``).
     xfer/<N>/...                 c10d keys of the transition group (old members + new members)
     request/count, request/<k>   plan requests posted by a local driver (StorePlanSource)
     coordinator/status           the coordinator's last status report (JSON)
-    recovery/requested           the dead members the coordinator last recovered from
     control/stop                 ask every worker to finish (local driver)
     checkpoint/latest            the newest complete checkpoint: path, step, config (rank 0)
     dev/release/<step>           dev tooling: a held worker may pass step <step>
@@ -35,7 +34,6 @@ class Keys:
     MEMBER_COUNT = "members/count"
     REQUEST_COUNT = "request/count"
     COORDINATOR_STATUS = "coordinator/status"
-    RECOVERY = "recovery/requested"
 
     @staticmethod
     def member(worker: str) -> str:

@@ -31,8 +31,3 @@ def iso(t: datetime | float) -> str:
         t = datetime.fromtimestamp(t, tz=UTC)
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
-
-def unix(value: Any) -> float | None:
-    """A timestamp as unix seconds (None if absent or garbled)."""
-    t = parse_time(value)
-    return None if t is None else t.timestamp()

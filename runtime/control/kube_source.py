@@ -54,9 +54,11 @@ from liveshard.runtime.contract.status import (
     PlanAbort,
     PlanAck,
     StatusPlan,
+    Straggler,
     Telemetry,
     pod_of,
 )
+from liveshard.runtime.contract.times import parse_time
 from liveshard.runtime.control.store import JobStore
 from liveshard.runtime.coordinator import PlanningInputs, PlanRequest
 from liveshard.runtime.errors import ConfigError
@@ -124,6 +126,8 @@ class KubePlanSource:
         self._next_speeds = 0.0
         self._waiting_since: dict[int, float] = {}  # operator generation -> first seen (members not up)
         self._planning: PlanningInputs | None = None
+        self._unwritten: dict[int, dict[str, Any]] = {}  # operator generation -> ack/abort to write again
+        self._slow_since: dict[str, float] = {}  # device -> first seen a straggler
         self._bad_status: str | None = None  # the last malformed status field reported
 
     # ---- the job -----------------------------------------------------------------------------
@@ -135,9 +139,13 @@ class KubePlanSource:
                                                           {"status": status})
 
     def planning(self, refresh: bool = False) -> PlanningInputs | None:
-        """The job's constraints, GPU memory and measured speeds: the operator's planning inputs."""
+        """The job's constraints, GPU memory and measured speeds: the operator's planning inputs
+        (None until the job has been read once with a valid spec)."""
         if refresh or self._planning is None:
-            self._update_planning(self.read_job())
+            try:
+                self._update_planning(self.read_job())
+            except Exception as e:  # the API server may be restarting: plan with what we had
+                log.warning("reading job %s/%s: %s", self.namespace, self.job, e)
         return self._planning
 
     def _update_planning(self, job: dict[str, Any]) -> None:
@@ -252,27 +260,55 @@ class KubePlanSource:
         by_runtime = {h["generation"]: h for h in history if h.get("generation") is not None}
         for op_gen, rt_gen in sorted(self.runtime_of.items()):
             entry = by_runtime.get(rt_gen)
-            if op_gen in self.answered or entry is None:
+            if op_gen in self.answered or op_gen in self._unwritten or entry is None:
                 continue
             if entry["outcome"] == "committed":
                 self._ack(op_gen, time.time())
             else:
                 self._abort(op_gen, entry["outcome"])
+        for op_gen, patch in sorted(self._unwritten.items()):  # answers the API refused before
+            if self._write(patch):
+                self.answered.add(op_gen)
+                del self._unwritten[op_gen]
         now = time.monotonic()
         if now >= self._next_speeds:
             speeds = pod_speeds(status.get("telemetry") or {})
             if speeds:
                 self._next_speeds = now + SPEEDS_INTERVAL
-                self._write(Telemetry(speeds).to_status())
+                self._write(Telemetry(speeds, self._stragglers(status)).to_status())
+
+    def _stragglers(self, status: dict) -> tuple[Straggler, ...]:
+        """The coordinator's straggler summary (``telemetry.summarize``), with the first time
+        each device was seen slow."""
+        health = status.get("health") or {}
+        members = health.get("members") or {}
+        slow = set(health.get("stragglers") or ())
+        now = time.time()
+        self._slow_since = {d: self._slow_since.get(d, now) for d in slow}
+        out = []
+        for device in sorted(slow):
+            m = members.get(device) or {}
+            evidence = f"median step {m.get('step_seconds')} s vs job {health.get('job_step_seconds')} s"
+            if m.get("throttled"):
+                evidence += "; GPU reports throttling"
+            out.append(Straggler(pod_of(device), device, float(m.get("speed") or 1.0),
+                                 parse_time(self._slow_since[device]), evidence))
+        return tuple(out)
 
     def _ack(self, op_gen: int, at: float) -> None:
-        if self._write(PlanAck(op_gen, _utc(at)).to_status()):
-            self.answered.add(op_gen)
+        self._answer(op_gen, PlanAck(op_gen, parse_time(at)).to_status())
 
     def _abort(self, op_gen: int, reason: str) -> None:
         log.warning("operator plan %d aborted: %s", op_gen, reason)
-        if self._write(PlanAbort(op_gen, reason).to_status()):
+        self._answer(op_gen, PlanAbort(op_gen, reason).to_status())
+
+    def _answer(self, op_gen: int, patch: dict[str, Any]) -> None:
+        """Write an ack or abort; one the API refuses is written again at the next report."""
+        if self._write(patch):
             self.answered.add(op_gen)
+            self._unwritten.pop(op_gen, None)
+        else:
+            self._unwritten[op_gen] = patch
 
     def _write(self, status: dict[str, Any]) -> bool:
         """Merge ``status`` into the job's status; False if the API refused it five times
@@ -286,8 +322,3 @@ class KubePlanSource:
                 time.sleep(0.2 * (attempt + 1))
         return False
 
-
-def _utc(t: float):
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(t, tz=UTC)

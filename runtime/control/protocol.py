@@ -29,6 +29,7 @@ class WorldPlan:
     # The new world is built from this megatron checkpoint instead of a live transfer: after a
     # stop, or when some state has no surviving copy (a loss without notice).
     restore_from: str | None = None
+    cause: str | None = None  # why (a contract.Cause value), as the request said
 
     @property
     def is_stop(self) -> bool:

@@ -13,9 +13,9 @@ from liveshard.runtime.planner.placement import Arrangement
 from liveshard.runtime.planner.search import (
     GPU,
     NoFeasiblePlan,
-    _config,
-    _expert_grids,
-    _layer_caps,
+    config_of,
+    expert_grids,
+    layer_caps,
 )
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def _too_few_gpus(search: _Search) -> str:
     best: tuple[int, int, int, int] | None = None
     for tp in tps:
         for dp in dps:
-            if not _expert_grids(spec, eps, tp, tp * dp):
+            if not expert_grids(spec, eps, tp, tp * dp):
                 continue
             for pp in sorted(pps):
                 world = tp * dp * pp
@@ -75,13 +75,13 @@ def _min_gpus_for_memory(search: _Search, memory: int) -> int | None:
     best: int | None = None
     for tp in tps:
         for dp in dps:
-            for ep, etp in _expert_grids(spec, eps, tp, tp * dp):
+            for ep, etp in expert_grids(spec, eps, tp, tp * dp):
                 f = search._family(arr, False, tp, dp, ep, etp, tuple(pps))
                 for pp in pps:
                     world = -(-tp * dp * pp // c.granularity) * c.granularity
                     if best is not None and world >= best:
                         break
-                    caps = _layer_caps(*search.memory_terms(f, pp, memory))
+                    caps = layer_caps(*search.memory_terms(f, pp, memory))
                     if min(caps) >= 1 and sum(caps) >= spec.num_layers:
                         best = world
                         break
@@ -147,7 +147,7 @@ def explain(search: _Search, p: _Priced, runner: _Priced | None, cfg: ParallelCo
     lines.append(_memory_line(search, p, worst))
     if runner is not None:
         rf = runner.family
-        rcfg = _config(rf, runner, c.dist_opt)
+        rcfg = config_of(rf, runner, c.dist_opt)
         rterms = dict(runner.terms)
         worse = max(terms, key=lambda name: rterms[name] - terms[name])
         lines.append(

@@ -67,16 +67,17 @@ def gpus_for(spec: JobSpec, candidates: Sequence[Candidate]) -> list[GPU]:
 
 
 def plan_for(spec: JobSpec, candidates: Sequence[Candidate], current_config: str = "",
-             current_members: Sequence[str] = ()) -> PodAssignment:
+             current_members: Sequence[str] = (), lost: Sequence[str] = ()) -> PodAssignment:
     """The planner's world over these pods (``world.plan_world``); raises ``NoFeasiblePlan``.
 
     ``current_*``: the running world (its config and member pods in rank order), so survivors
-    keep their places where the planner is indifferent."""
+    keep their places where the planner is indifferent; ``lost``: its pods that are gone."""
     if not candidates:
         raise NoFeasiblePlan("no running worker pods to plan on", "gpus")
     current = ParallelConfig.parse(current_config) if current_config else None
     plan = plan_world(spec.model, gpus_for(spec, candidates), constraints_for(spec), current=current,
-                      current_members=worker_ids(current_members, spec.workers.gpus_per_worker))
+                      current_members=worker_ids(current_members, spec.workers.gpus_per_worker),
+                      lost=worker_ids(lost, spec.workers.gpus_per_worker))
     members = members_in_rank_order(plan, spec.workers.gpus_per_worker)
     used = set(members)
     return PodAssignment(plan, members, tuple(c.pod for c in candidates if c.pod not in used))

@@ -174,7 +174,7 @@ class _Search:
                         allowed = tuple(p for p in pps if stage * p <= self.max_world and (stage * p) % g == 0)
                         if not allowed:
                             continue
-                        for ep, etp in _expert_grids(self.spec, eps, tp, stage):
+                        for ep, etp in expert_grids(self.spec, eps, tp, stage):
                             out.append(self._family(arr, reverse, tp, dp, ep, etp, allowed))
         return out
 
@@ -266,7 +266,7 @@ class _Search:
         self.evaluated += 1
         L = self.spec.num_layers
         usable, fixed, per_layer = self.memory_terms(f, pp)
-        caps = _layer_caps(usable, fixed, per_layer)
+        caps = layer_caps(usable, fixed, per_layer)
         if min(caps) < 1 or sum(caps) < L:
             self.memory_short.append((f, pp))
             return None
@@ -370,7 +370,7 @@ class _Search:
         return best, runner, considered
 
 
-def _layer_caps(usable: list[float], fixed: list[float], per_layer: list[float]) -> list[int]:
+def layer_caps(usable: list[float], fixed: list[float], per_layer: list[float]) -> list[int]:
     """How many layers each stage's memory holds."""
     return [int((u - x) // p) if u > x else 0 for u, x, p in zip(usable, fixed, per_layer)]
 
@@ -485,7 +485,7 @@ def _allowed_ep(spec: ModelSpec, allowed: tuple[int, ...] | None) -> list[int]:
     return eps
 
 
-def _expert_grids(spec: ModelSpec, eps: list[int], tp: int, stage: int) -> list[tuple[int, int]]:
+def expert_grids(spec: ModelSpec, eps: list[int], tp: int, stage: int) -> list[tuple[int, int]]:
     """(ep, expert-TP) pairs for one TP degree: expert-TP 1 or tp (megatron's two usual choices)."""
     if not spec.is_moe:
         return [(1, tp)]
@@ -493,7 +493,7 @@ def _expert_grids(spec: ModelSpec, eps: list[int], tp: int, stage: int) -> list[
     return [(e, t) for e in eps for t in etps if stage % (e * t) == 0]
 
 
-def _config(f: _Family, p: _Priced, dist_opt: bool) -> ParallelConfig:
+def config_of(f: _Family, p: _Priced, dist_opt: bool) -> ParallelConfig:
     even = len(set(p.layers)) == 1
     return ParallelConfig(tp=f.tp, pp=p.pp, dp=f.dp, ep=f.ep, etp=None if f.etp == f.tp else f.etp,
                           layers=None if even else p.layers, dist_opt=dist_opt)
@@ -501,7 +501,7 @@ def _config(f: _Family, p: _Priced, dist_opt: bool) -> ParallelConfig:
 
 def _build_plan(search: _Search, best: _Priced, runner: _Priced | None, considered: int) -> ParallelPlan:
     f, c = best.family, search.c
-    cfg = _config(f, best, c.dist_opt)
+    cfg = config_of(f, best, c.dist_opt)
     cfg.validate(search.spec)
     stage = f.tp * f.dp
     order = f.arrangement.gpus

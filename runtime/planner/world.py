@@ -46,11 +46,13 @@ def continuity_order(gpus: Sequence[GPU], current: Sequence[str]) -> list[GPU]:
 
 def plan_world(spec: ModelSpec, gpus: Sequence[GPU], constraints: Constraints, *,
                current: ParallelConfig | None = None, current_members: Sequence[str] = (),
-               config: ParallelConfig | None = None, hardware: Hardware | None = None) -> ParallelPlan:
+               lost: Sequence[str] = (), config: ParallelConfig | None = None,
+               hardware: Hardware | None = None) -> ParallelPlan:
     """The config and rank order for a world on (a subset of) ``gpus``.
 
     ``current``/``current_members``: the running world (config and GPU ids in rank order), or
-    none. ``config``: a config fixed by the caller (only placed, not chosen). Raises
+    none; ``lost``: its members that are gone without notice (they hold nothing to copy from).
+    ``config``: a config fixed by the caller (only placed, not chosen). Raises
     ``NoFeasiblePlan`` when nothing fits, ``ConfigError`` for a config that cannot run here.
     """
     if constraints.objective not in OBJECTIVES:
@@ -65,7 +67,7 @@ def plan_world(spec: ModelSpec, gpus: Sequence[GPU], constraints: Constraints, *
     else:
         plan = place(spec, config, ordered, constraints)
     if current is not None and current_members:
-        plan = least_movement(spec, plan, current, tuple(current_members), constraints.granularity)
+        plan = least_movement(spec, plan, current, tuple(current_members), constraints.granularity, tuple(lost))
     return plan
 
 
@@ -74,7 +76,7 @@ def _layout_key(cfg: ParallelConfig) -> tuple:
 
 
 def least_movement(spec: ModelSpec, plan: ParallelPlan, current: ParallelConfig, current_members: tuple[str, ...],
-                   granularity: int = 1) -> ParallelPlan:
+                   granularity: int = 1, lost: tuple[str, ...] = ()) -> ParallelPlan:
     """``plan`` with its ranks on the GPUs that already hold most of their state, when the
     layout changes and the new order prices exactly as the planner's; else ``plan`` as it is."""
     from liveshard.runtime.vps.devices import DeviceMap
@@ -89,9 +91,10 @@ def least_movement(spec: ModelSpec, plan: ParallelPlan, current: ParallelConfig,
     pool = {g.id: g for g in world}  # the planner chose these GPUs: only their order may change
     joiners = [g.id for g in world if g.id not in set(current_members)]
     by_device = (*current_members, *joiners)
-    leaving = frozenset(i for i, m in enumerate(current_members) if m not in pool)
+    dead = frozenset(i for i, m in enumerate(current_members) if m in set(lost))
+    leaving = frozenset(i for i, m in enumerate(current_members) if m not in pool) - dead
     try:
-        devices = DeviceMap(len(current_members), leaving=leaving, joining=len(joiners))
+        devices = DeviceMap(len(current_members), leaving=leaving, joining=len(joiners), dead=dead)
         moved = plan_transition(spec, current, cfg, devices)
     except (NoSurvivingCopy, ConfigError):
         return plan

@@ -73,7 +73,7 @@ class TransferStats:
 
 @dataclass
 class TransferResult:
-    store: LocalShards
+    shards: LocalShards
     objects: dict[str, Any]
     stats: TransferStats
 
@@ -135,7 +135,7 @@ class _Transfer:
     member: bool  # a device of the plan (old, joining, standby or leaving), not a spare process
     new_rank: int | None
     old: LocalShards
-    new: _NewStore
+    new: _NewShards
     kept: Kept  # new tensors that are old tensors kept in place (and held by ``old``)
     frees: dict[int, list[tuple[str, str]]]  # with release_old: round -> old tensors last read in it
     verify: bool
@@ -205,9 +205,9 @@ def _kept_in_shards(plan: TransitionPlan, device_id: int, new_rank: int | None, 
 
 
 def _new_shards(plan: TransitionPlan, new_rank: int | None, kept: Kept, old: LocalShards,
-               destinations: LocalShards | None, dev: torch.device, stats: TransferStats) -> _NewStore:
+               destinations: LocalShards | None, dev: torch.device, stats: TransferStats) -> _NewShards:
     """The device's new tensors: kept old tensors, ``destinations``, the rest allocated on first write."""
-    new = _NewStore(dev)
+    new = _NewShards(dev)
     if new_rank is None:
         return new
     for nt in rounds.new_tensors(plan, new_rank):
@@ -233,7 +233,7 @@ def _destination(destinations: LocalShards, nt: NewTensor, dtype: torch.dtype) -
     return t
 
 
-class _NewStore(LocalShards):
+class _NewShards(LocalShards):
     """The new shards: reused old tensors, plus tensors allocated on first access."""
 
     def __init__(self, device: torch.device) -> None:
@@ -423,15 +423,15 @@ class _P2PRound:
         self.sends, self.recvs, self.works, self.finish, self.buffers = [], [], [], [], []
 
 
-def _resolve(messages: list[Message], store) -> tuple[list[tuple[int, list[Chunk] | torch.Tensor]], int]:
-    """A message layout on ``store``'s tensors: packed chunk lists as they are (packed when
+def _resolve(messages: list[Message], shards: LocalShards) -> tuple[list[tuple[int, list[Chunk] | torch.Tensor]], int]:
+    """A message layout on ``shards``' tensors: packed chunk lists as they are (packed when
     posted), direct messages as views of the state tensors; and the staging posting them
     allocates (packed buffers, copies of strided views)."""
     msgs: list[tuple[int, list[Chunk] | torch.Tensor]] = []
     staging = 0
     for m in messages:
         if isinstance(m, Direct):
-            v = packing.piece(store, m.state, m.view, m.rel, m.chunk)
+            v = packing.piece(shards, m.state, m.view, m.rel, m.chunk)
             if not v.is_contiguous():
                 staging += v.numel() * v.element_size()
             msgs.append((m.peer, v))
@@ -554,6 +554,6 @@ def _verify(plan, per_round, new, sent_sums, rank_of, group, dev) -> bool:
     return ok
 
 
-def _chunk_sums(chs: list[Chunk], plan, store, src_side: bool) -> list[int]:
-    return [packing.checksum(packing.piece(store, state, view, rel, ch))
+def _chunk_sums(chs: list[Chunk], plan, shards: LocalShards, src_side: bool) -> list[int]:
+    return [packing.checksum(packing.piece(shards, state, view, rel, ch))
             for ch in chs for state, view, rel in rounds.piece_refs(plan, ch, src_side)]

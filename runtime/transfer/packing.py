@@ -33,9 +33,9 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def piece(store, state: str, view, rel, ch: Chunk) -> torch.Tensor:
-    """The view of chunk ``ch`` inside ``store``'s local tensor, for one state."""
-    t = store.get(state, view[0])
+def piece(shards, state: str, view, rel, ch: Chunk) -> torch.Tensor:
+    """The view of chunk ``ch`` inside ``shards``' local tensor, for one state."""
+    t = shards.get(state, view[0])
     return sub_box(view_of(t, view), tuple(a + b for a, b in zip(rel, ch.offset)), ch.shape)
 
 
@@ -65,20 +65,20 @@ def typed(buf: torch.Tensor, offset: int, nbytes: int, dtype: str, shape) -> tor
     return buf[offset:offset + nbytes].view(torch_dtype(dtype)).view(shape)
 
 
-def pack(buf: torch.Tensor, chunks: list[Chunk], plan, store) -> None:
+def pack(buf: torch.Tensor, chunks: list[Chunk], plan, shards) -> None:
     for ch, row in zip(chunks, slots(chunks, plan)):
         c = plan.copies[ch.copy]
         g = plan.groups[c.group]
         for (off, n), state, dtype in zip(row, g.states, g.dtypes):
-            typed(buf, off, n, dtype, ch.shape).copy_(piece(store, state, c.src_view, c.src_rel, ch))
+            typed(buf, off, n, dtype, ch.shape).copy_(piece(shards, state, c.src_view, c.src_rel, ch))
 
 
-def unpack(buf: torch.Tensor, chunks: list[Chunk], plan, store) -> None:
+def unpack(buf: torch.Tensor, chunks: list[Chunk], plan, shards) -> None:
     for ch, row in zip(chunks, slots(chunks, plan)):
         c = plan.copies[ch.copy]
         g = plan.groups[c.group]
         for (off, n), state, dtype in zip(row, g.states, g.dtypes):
-            piece(store, state, c.dst_view, c.dst_rel, ch).copy_(typed(buf, off, n, dtype, ch.shape))
+            piece(shards, state, c.dst_view, c.dst_rel, ch).copy_(typed(buf, off, n, dtype, ch.shape))
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -170,7 +170,7 @@ def received_by_peer(per_round: list[Round]) -> ByPeer:
 def release_schedule(plan: TransitionPlan, sched: Schedule, device_id: int,
                      kept: Kept) -> dict[int, list[tuple[str, str]]]:
     """Round -> the old tensors (state, name) device ``device_id`` last reads in it (-1: the local
-    copies). Lists every state of the group; the executor frees those its old store holds. An
+    copies). Lists every state of the group; the executor frees those its old shards hold. An
     old tensor whose name is kept in place is never listed, for any state (the test is on the
     local name alone)."""
     kept_names = set(kept.values())

@@ -20,7 +20,6 @@ MAIN_PARAM = "main_param"
 EXP_AVG = "exp_avg"
 EXP_AVG_SQ = "exp_avg_sq"
 OPTIMIZER_STATES = (MAIN_PARAM, EXP_AVG, EXP_AVG_SQ)
-ALL_STATES = (PARAM, *OPTIMIZER_STATES)
 
 
 class Region(NamedTuple):

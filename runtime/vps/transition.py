@@ -44,9 +44,6 @@ class NoSurvivingCopy(Exception):
 
     Not a ``ConfigError``: nothing a person wrote is wrong, the state is gone."""
 
-    def __init__(self, problem: str) -> None:
-        super().__init__(problem)
-
 
 @dataclass(frozen=True)
 class StateGroup:

@@ -14,8 +14,8 @@ No Docker daemon here, so the Dockerfiles cannot be built. Instead each test mod
   publishes the plan the job's status carries; the operator image imports the operator and runs
   the planner, without torch.
 
-A last, static check: what each Dockerfile COPYs into its build holds every package folder the
-wheel is built from (the venvs above are built from the repository's sources, not from that copy).
+(``tests/unit/test_images.py`` checks statically that each Dockerfile COPYs every package folder
+the wheel is built from: the venvs here are built from the repository's sources.)
 
 The venv tests are marked ``slow`` (about two to three minutes on a 2-core machine, mostly pip).
 The venvs are built with ``pip --python`` (the test venv's pip installing into the new venv, which
@@ -42,9 +42,10 @@ from pathlib import Path
 
 import pytest
 
+from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
+
 ROOT = Path(__file__).resolve().parents[2]
 TORCH = "torch==2.13.0"  # the CPU wheel on local disk: never let pip pick a torch by itself
-GROUP, VERSION, PLURAL = "liveshard.io", "v1alpha1", "elastictrainingjobs"
 NS = "default"
 # Dev tooling (the `local` / `test` extras): never in an image.
 DEV_ONLY = ("kmock", "matplotlib")
@@ -445,36 +446,3 @@ def test_worker_image_coordinator_reads_the_job_and_publishes_its_plan(venvs, ku
             proc.kill()
             proc.wait(10)
         log.close()
-
-
-# ---- the build context -----------------------------------------------------------------------------
-def dockerignore_allows(rel: str) -> bool:
-    """Docker's rule: the last matching pattern wins; ``!`` re-includes."""
-    import fnmatch
-
-    allowed = True
-    for raw in (ROOT / ".dockerignore").read_text().splitlines():
-        pattern = raw.strip()
-        if not pattern or pattern.startswith("#"):
-            continue
-        negate = pattern.startswith("!")
-        pattern = pattern.lstrip("!").rstrip("/")
-        if fnmatch.fnmatch(rel, pattern) or rel.startswith(pattern + "/"):
-            allowed = negate
-    return allowed
-
-
-@pytest.mark.parametrize("image", ["operator", "worker"])
-def test_the_build_context_holds_every_package_the_wheel_needs(image):
-    """The Dockerfile builds the project from what it COPYs: every package folder of pyproject's
-    package-dir must be copied (and not .dockerignored), or the image's wheel build fails."""
-    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    needed = {"pyproject.toml", meta["project"]["readme"], *meta["tool"]["setuptools"]["package-dir"].values()}
-    copied = set()
-    for kind, rest in instructions(ROOT / "images" / image / "Dockerfile"):
-        if kind == "COPY" and not rest.startswith("--from"):
-            copied |= {s.rstrip("/").removeprefix("./") for s in shlex.split(rest)[:-1]}
-    missing = sorted(n for n in needed if n not in copied)
-    assert not missing, f"images/{image}/Dockerfile does not COPY {missing} (pyproject's package-dir needs them)"
-    ignored = sorted(n for n in needed if not dockerignore_allows(n))
-    assert not ignored, f".dockerignore leaves {ignored} out of the build context"

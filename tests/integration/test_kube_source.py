@@ -18,12 +18,7 @@ NS, JOB = "default", "j"
 
 @pytest.fixture
 def env(kube):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    store = JobStore(serve_store("127.0.0.1", port), JOB)
+    store = JobStore(serve_store("127.0.0.1", 0), JOB)
     custom = k8s.CustomObjectsApi(kube.api_client())
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ElasticTrainingJob", "metadata": {"name": JOB},
             "spec": {"model": {"preset": "tiny-gpt"}, "image": "x", "workers": {"max": 4, "gpusPerWorker": 2}}}

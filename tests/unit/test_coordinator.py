@@ -174,3 +174,20 @@ def test_recovery_plans_carry_their_cause():
     _beat(c, "b", at=time.time() - 10)
     c.tick()
     assert seen and seen[0].cause == Cause.LOST_WITHOUT_NOTICE
+
+
+def test_a_pod_that_lost_one_of_its_processes_sits_out_the_recovery():
+    """Plans come in whole pods: with 2 GPUs per pod, a pod with one live process is a standby."""
+    inputs = PlanningInputs(Constraints(global_batch=4, micro_batch=1, granularity=2, objective=FEWEST_CHANGES))
+    source = Requests(inputs)
+    c = _coordinator(source, inputs)
+    workers = ("a/0", "a/1", "b/0", "b/1")
+    _beat(c, *workers)
+    source.queue.append(PlanRequest(members=workers, config="tp=1,pp=1,dp=4"))
+    c.tick()
+    _commit(c)
+    _beat(c, "a/0", "a/1", "b/0")
+    _beat(c, "b/1", at=time.time() - 10)
+    c.tick()
+    plan = c.pending.plan
+    assert plan.members == ("a/0", "a/1") and plan.standbys == ("b/0",) and plan.dead == ("b/1",)

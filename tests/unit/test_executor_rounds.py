@@ -9,17 +9,15 @@ the last ones run ``execute`` itself in one process, on transitions a single dev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from liveshard.dev.reshard.cases import SPECS, Case
 from liveshard.dev.reshard.reference import check_reference, fill_reference
 from liveshard.runtime.parallel import ParallelConfig
-from liveshard.runtime.presets import PRESETS
-from liveshard.runtime.spec import ModelSpec
 from liveshard.runtime.transfer import executor, packing, rounds
 from liveshard.runtime.transfer.storage import LocalShards, view_of
 from liveshard.runtime.vps.devices import DeviceMap
@@ -27,37 +25,15 @@ from liveshard.runtime.vps.schedule import schedule
 from liveshard.runtime.vps.shards import local_tensor_shapes
 from liveshard.runtime.vps.transition import plan_transition
 
-TINY_LLAMA_BF16 = ModelSpec(**{**PRESETS["tiny-llama"].to_dict(), "params_dtype": "bf16",
-                               "name": "tiny-llama-bf16"})
-SPECS = {"tiny-gpt": PRESETS["tiny-gpt"], "tiny-llama": PRESETS["tiny-llama"], "tiny-llama-bf16": TINY_LLAMA_BF16}
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    model: str
-    old: str
-    new: str
-    leave: frozenset[int] = frozenset()
-    join: int = 0
-    gpus_per_node: int = 2
-    budget: int = 1 << 16
-
-    def plan(self):
-        old = ParallelConfig.parse(self.old)
-        devices = DeviceMap(old.world_size, self.gpus_per_node, self.leave, self.join)
-        return plan_transition(SPECS[self.model], old, ParallelConfig.parse(self.new), devices)
-
-
 CASES = [
-    Case("dp-shrink-leaver", "tiny-gpt", "tp=2,pp=1,dp=4", "tp=2,pp=1,dp=3", leave=frozenset({4, 5})),
-    Case("tp-change", "tiny-llama", "tp=2,pp=2,dp=1", "tp=1,pp=2,dp=2", budget=3000),
+    Case("dp-shrink-leaver", "tiny-gpt", "tp=2,pp=1,dp=4", "tp=2,pp=1,dp=3", leave="4,5", gpus_per_node=2),
+    Case("tp-change", "tiny-llama", "tp=2,pp=2,dp=1", "tp=1,pp=2,dp=2", gpus_per_node=2, budget=3000),
     Case("pp-change-joiner", "tiny-gpt", "tp=1,pp=2,dp=2,layers=1+3", "tp=1,pp=3,dp=2,layers=2+1+1",
-         join=2, budget=8192),
+         join=2, gpus_per_node=2, budget=8192),
     Case("dist-opt-shrink", "tiny-llama", "tp=1,pp=2,dp=3,dist_opt", "tp=1,pp=2,dp=2,dist_opt",
-         leave=frozenset({5}), budget=4096),
+         leave="5", gpus_per_node=2, budget=4096),
     Case("dist-opt-mixed-dtypes-grow", "tiny-llama-bf16", "tp=2,pp=1,dp=2,dist_opt", "tp=2,pp=1,dp=4,dist_opt",
-         join=4, budget=6000),
+         join=4, gpus_per_node=2, budget=6000),
 ]
 DIRECT_MIN_BYTES = (256, packing.DIRECT_MIN_BYTES)  # both message kinds, and packed only
 
@@ -357,17 +333,17 @@ def test_execute_alone_without_a_process_group_is_bit_exact(name, model, old, ne
     destinations = executor.allocate_destinations(plan, 0) if preallocate else None
     result = executor.execute(plan, sched, 0, store, objects, group=None, release_old=release_old,
                               destinations=destinations)
-    assert check_reference(plan.new_layout, 0, result.store) == []
+    assert check_reference(plan.new_layout, 0, result.shards) == []
     assert result.objects["step"] == 7 and result.objects["rng"] == {"owner": 0}
     s = result.stats
     assert s.bytes_sent == s.bytes_received == 0 and s.round_seconds == [] and s.max_rounds_in_flight == 0
     kept = rounds.kept_in_place(plan, 0, 0)
-    assert s.aliased_bytes == sum(result.store.get(st, n).nbytes for st, n in kept)
+    assert s.aliased_bytes == sum(result.shards.get(st, n).nbytes for st, n in kept)
     for (st, n), src in kept.items():
-        assert result.store.get(st, n) is before[st, src]
-    new_bytes = result.store.nbytes()
+        assert result.shards.get(st, n) is before[st, src]
+    new_bytes = result.shards.nbytes()
     if destinations is not None:  # written in place: every new tensor is kept or was allocated ahead
-        assert all(result.store.get(st, n) is t for st, n, t in destinations.items())
+        assert all(result.shards.get(st, n) is t for st, n, t in destinations.items())
         assert new_bytes == s.aliased_bytes + destinations.nbytes()
     if release_old:  # every old tensor is gone but those named like one kept in place (any state)
         kept_names = set(kept.values())
@@ -396,7 +372,7 @@ def test_execute_alone_verifies_over_a_standalone_group(solo_group, mode):
     store = fill_reference(plan.old_layout, 0)
     result = executor.execute(plan, sched, 0, store, {}, mode=mode, verify=True, group=solo_group, ranks=[0])
     assert result.stats.verified
-    assert check_reference(plan.new_layout, 0, result.store) == []
+    assert check_reference(plan.new_layout, 0, result.shards) == []
     assert check_reference(plan.old_layout, 0, store) == []
 
 

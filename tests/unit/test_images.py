@@ -7,6 +7,7 @@ import fnmatch
 import json
 import re
 import shlex
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -65,9 +66,12 @@ def test_copied_files_exist_and_are_in_the_build_context(dockerfile):
             path = ROOT / src
             assert path.exists(), f"{dockerfile.parent.name}: COPY {src}: no such file in the repository"
             assert dockerignore_allows(src.rstrip("/")), f"{src} is excluded by .dockerignore"
-    # The package needs both source folders and the files pyproject names.
-    copied = {s.rstrip("/") for a in copies for s in shlex.split(a)[:-1]}
-    assert {"pyproject.toml", "README.md", "runtime", "operator"} <= copied
+    # The wheel is built from what is copied: every folder of pyproject's package-dir and the
+    # files pyproject names.
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    needed = {"pyproject.toml", meta["project"]["readme"], *meta["tool"]["setuptools"]["package-dir"].values()}
+    copied = {s.rstrip("/").removeprefix("./") for a in copies for s in shlex.split(a)[:-1]}
+    assert needed <= copied, f"{dockerfile.parent.name}: does not COPY {sorted(needed - copied)}"
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from liveshard.dev.localcluster.crd_validation import CRDValidator, InvalidObject
-from liveshard.operator import signals
+from liveshard.runtime.contract.causes import NODE_KINDS
 from liveshard.runtime.contract.jobspec import read_spec, validate_spec
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.presets import PRESETS
@@ -96,8 +96,8 @@ def test_model_fields_follow_modelspec_and_presets():
 
 def test_act_on_enum_matches_the_signal_kinds():
     act_on = SCHEMA["properties"]["spec"]["properties"]["elasticity"]["properties"]["actOn"]
-    assert act_on["items"]["enum"] == list(signals.NODE_KINDS)
-    assert act_on["default"] == list(signals.NODE_KINDS)
+    assert act_on["items"]["enum"] == list(NODE_KINDS)
+    assert act_on["default"] == list(NODE_KINDS)
 
 
 def test_status_has_the_runtime_contract_fields():

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from liveshard.operator import signals
 from liveshard.operator.reconcile import reconcile
+from liveshard.runtime.contract.causes import Cause
 from liveshard.runtime.contract.crd import LABEL_INDEX, LABEL_JOB, LABEL_ROLE
 from liveshard.runtime.contract.jobspec import read_spec
 from liveshard.runtime.planner.pods import Candidate, plan_for
@@ -144,7 +145,7 @@ def test_spot_notice_replans_without_the_pod_then_deletes_it_only_after_the_ack(
     assert "train-worker-2" not in plan["members"] and plan["leaving"] == ["train-worker-2"]
     assert plan["deadline"] == "2026-03-01T12:02:30.000000Z"  # the two-minute notice
     assert plan["reason"].startswith("spot-interruption") and "node-2" in plan["reason"]
-    assert d.replan_reason == signals.SPOT_INTERRUPTION and d.triggers == ["node-2"]
+    assert d.replan_reason == Cause.SPOT_INTERRUPTION and d.triggers == ["node-2"]
     assert d.delete_pods == [] and d.create_workers == []
     assert job["status"]["phase"] == "Reconfiguring"
 
@@ -175,7 +176,7 @@ def test_a_crashed_member_is_replaced_and_counted_as_a_failure_but_a_preempted_o
     crashed = copy.deepcopy(pods)
     crashed[1]["status"] = {"phase": "Failed", "reason": "Error"}
     d, job2 = step(job, crashed, healthy(4), T0 + timedelta(seconds=20))
-    assert d.replan_reason == signals.POD_FAILED
+    assert d.replan_reason == Cause.POD_FAILED
     assert "train-worker-1" not in d.status["plan"]["members"]
     assert d.delete_pods == ["train-worker-1"]  # dead: nothing to copy from it
     assert d.new_failures == 1 and job2["status"]["failures"] == 1
@@ -193,7 +194,7 @@ def test_a_vanished_node_counts_its_pod_as_leaving():
     nodes = healthy(4)
     del nodes["node-3"]
     d, _ = step(job, pods, nodes, T0 + timedelta(seconds=20))
-    assert d.replan_reason == signals.NODE_GONE
+    assert d.replan_reason == Cause.NODE_GONE
     assert "train-worker-3" not in d.status["plan"]["members"]
 
 
@@ -348,3 +349,12 @@ def test_an_edit_that_changes_the_planners_answer_replans_and_one_that_does_not_
     same["metadata"]["generation"] = 2
     d, same = step(same, pods, healthy(4), T0 + timedelta(seconds=20))
     assert d.replan_reason is None and same["status"]["observedGeneration"] == 2
+
+
+def test_a_status_plan_it_cannot_read_is_reported_and_replaced_under_a_newer_generation():
+    job, pods = running_job()
+    generation = job["status"]["plan"]["generation"]
+    job["status"]["plan"]["config"] = "tp=banana"
+    d = reconcile(job, pods, healthy(4), T0 + timedelta(seconds=600))
+    assert any(e[1] == "InvalidStatus" and "status.plan.config" in e[2] for e in d.events)
+    assert d.status["plan"]["generation"] == generation + 1 and d.status["plan"]["config"].startswith("tp=")

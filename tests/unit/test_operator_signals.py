@@ -9,6 +9,7 @@ import pytest
 
 from liveshard.operator import signals
 from liveshard.operator.signals import acts_on, classify_node, classify_pod
+from liveshard.runtime.contract.causes import Cause
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 T0 = "2026-03-01T11:59:30Z"
@@ -85,16 +86,16 @@ def test_nth_spot_interruption_beats_the_cordon_it_comes_with_and_has_a_two_minu
          "effect": "NoSchedule"},
     ])
     sig = classify_node(n, NOW)
-    assert sig.kind == signals.SPOT_INTERRUPTION
+    assert sig.kind == Cause.SPOT_INTERRUPTION
     assert sig.deadline == NOW + timedelta(minutes=2)
     assert not sig.failure and sig.preemption
     assert "aws-node-termination-handler/spot-itn" in sig.source
 
 
 @pytest.mark.parametrize("event,kind", [
-    ("rebalance-recommendation", signals.REBALANCE_RECOMMENDATION),
-    ("scheduled-maintenance", signals.SCHEDULED_MAINTENANCE),
-    ("asg-lifecycle-termination", signals.SCALE_IN),
+    ("rebalance-recommendation", Cause.REBALANCE_RECOMMENDATION),
+    ("scheduled-maintenance", Cause.SCHEDULED_MAINTENANCE),
+    ("asg-lifecycle-termination", Cause.SCALE_IN),
 ])
 def test_nth_other_events(event, kind):
     sig = classify_node(node(taints=[{"key": f"aws-node-termination-handler/{event}",
@@ -105,7 +106,7 @@ def test_nth_other_events(event, kind):
 def test_cluster_autoscaler_scale_in():
     sig = classify_node(node(taints=[{"key": "ToBeDeletedByClusterAutoscaler", "value": "1772366370",
                                       "effect": "NoSchedule"}]), NOW)
-    assert sig.kind == signals.SCALE_IN and not sig.failure
+    assert sig.kind == Cause.SCALE_IN and not sig.failure
 
 
 # ---- Karpenter --------------------------------------------------------------------------------
@@ -114,7 +115,7 @@ def test_karpenter_v1_disrupted_takes_its_deadline_from_the_nodeclaim_annotation
              annotations={"karpenter.sh/nodeclaim-termination-timestamp": "2026-03-01T12:10:00Z"},
              labels={"karpenter.sh/capacity-type": "spot", "karpenter.sh/nodepool": "gpu"})
     sig = classify_node(n, NOW)
-    assert sig.kind == signals.DISRUPTION
+    assert sig.kind == Cause.DISRUPTION
     assert sig.deadline == datetime(2026, 3, 1, 12, 10, tzinfo=UTC)
     assert not sig.failure
 
@@ -122,7 +123,7 @@ def test_karpenter_v1_disrupted_takes_its_deadline_from_the_nodeclaim_annotation
 def test_karpenter_v0_disruption_taint():
     sig = classify_node(node(taints=[{"key": "karpenter.sh/disruption", "value": "disrupting",
                                       "effect": "NoSchedule"}]), NOW)
-    assert sig.kind == signals.DISRUPTION and sig.deadline is None
+    assert sig.kind == Cause.DISRUPTION and sig.deadline is None
     # the same key with another value is not a disruption
     assert classify_node(node(taints=[{"key": "karpenter.sh/disruption", "value": "candidate",
                                        "effect": "NoSchedule"}]), NOW) is None
@@ -134,7 +135,7 @@ def test_gke_impending_termination_has_thirty_seconds():
              taints=[{"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule",
                       "timeAdded": "2026-03-01T11:59:50Z"}])
     sig = classify_node(n, NOW)
-    assert sig.kind == signals.SPOT_INTERRUPTION
+    assert sig.kind == Cause.SPOT_INTERRUPTION
     assert sig.deadline == datetime(2026, 3, 1, 12, 0, 20, tzinfo=UTC)
 
 
@@ -142,14 +143,14 @@ def test_graceful_node_shutdown_is_a_preemption_not_a_failure():
     n = node(conditions=[{"type": "Ready", "status": "False", "reason": "KubeletNotReady",
                           "message": "node is shutting down", "lastTransitionTime": "2026-03-01T11:59:55Z"}])
     sig = classify_node(n, NOW)
-    assert sig.kind == signals.SPOT_INTERRUPTION and not sig.failure
+    assert sig.kind == Cause.SPOT_INTERRUPTION and not sig.failure
 
 
 # ---- AKS --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("message,kind", [
-    ("VM event Preempt scheduled at Sun, 01 Mar 2026 12:00:30 GMT", signals.SPOT_INTERRUPTION),
-    ("VM event Terminate scheduled", signals.SCHEDULED_MAINTENANCE),
-    ("VM event Redeploy scheduled", signals.SCHEDULED_MAINTENANCE),
+    ("VM event Preempt scheduled at Sun, 01 Mar 2026 12:00:30 GMT", Cause.SPOT_INTERRUPTION),
+    ("VM event Terminate scheduled", Cause.SCHEDULED_MAINTENANCE),
+    ("VM event Redeploy scheduled", Cause.SCHEDULED_MAINTENANCE),
     ("VM event Freeze scheduled", None),
     ("VM event Reboot scheduled", None),
 ])
@@ -167,7 +168,7 @@ def test_aks_message_wording_variants():
     for message in ("Preemption scheduled for VM aks-gpuspot-31415926-vmss000002", "PREEMPT event scheduled"):
         conditions = [{"type": "VMEventScheduled", "status": "True", "message": message,
                        "lastTransitionTime": "2026-03-01T11:59:58Z"}]
-        assert classify_node(node(conditions=conditions), NOW).kind == signals.SPOT_INTERRUPTION
+        assert classify_node(node(conditions=conditions), NOW).kind == Cause.SPOT_INTERRUPTION
     conditions = [{"type": "VMEventScheduled", "status": "False", "message": "no VM event scheduled"}]
     assert classify_node(node(conditions=conditions), NOW) is None
 
@@ -177,20 +178,20 @@ def test_a_node_being_deleted_is_going_away():
     n["metadata"]["deletionTimestamp"] = "2026-03-01T11:59:59Z"
     n["metadata"]["finalizers"] = ["karpenter.sh/termination"]
     sig = classify_node(n, NOW)
-    assert sig.kind == signals.DISRUPTION and sig.deadline == datetime(2026, 3, 1, 12, 5, tzinfo=UTC)
+    assert sig.kind == Cause.DISRUPTION and sig.deadline == datetime(2026, 3, 1, 12, 5, tzinfo=UTC)
 
 
 def test_aks_node_auto_drain_taint():
     sig = classify_node(node(taints=[{"key": "remediator.kubernetes.azure.com/unschedulable",
                                       "effect": "NoSchedule"}]), NOW)
-    assert sig.kind == signals.DISRUPTION
+    assert sig.kind == Cause.DISRUPTION
 
 
 # ---- Kubernetes itself ------------------------------------------------------------------------
 def test_cordon_alone():
     sig = classify_node(node(unschedulable=True, taints=[CORDON_TAINT]), NOW)
-    assert sig.kind == signals.CORDON and sig.deadline is None and not sig.failure
-    assert classify_node(node(unschedulable=True), NOW).kind == signals.CORDON
+    assert sig.kind == Cause.CORDON and sig.deadline is None and not sig.failure
+    assert classify_node(node(unschedulable=True), NOW).kind == Cause.CORDON
 
 
 def test_not_ready_and_unreachable_are_failures_with_the_eviction_deadline():
@@ -200,17 +201,17 @@ def test_not_ready_and_unreachable_are_failures_with_the_eviction_deadline():
              taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule", "timeAdded": "2026-03-01T11:59:00Z"},
                      {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": "2026-03-01T11:59:05Z"}])
     sig = classify_node(n, NOW)
-    assert sig.kind == signals.UNREACHABLE and sig.failure
+    assert sig.kind == Cause.UNREACHABLE and sig.failure
     assert sig.deadline == datetime(2026, 3, 1, 12, 4, tzinfo=UTC)  # Ready condition: 11:59:00 + 300 s
     n2 = node(conditions=[{"type": "Ready", "status": "False", "reason": "KubeletNotReady",
                            "message": "container runtime network not ready", "lastTransitionTime": T0}])
-    assert classify_node(n2, NOW).kind == signals.NOT_READY
+    assert classify_node(n2, NOW).kind == Cause.NOT_READY
 
 
 def test_out_of_service_is_immediate():
     sig = classify_node(node(taints=[{"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown",
                                       "effect": "NoExecute", "timeAdded": T0}]), NOW)
-    assert sig.kind == signals.OUT_OF_SERVICE
+    assert sig.kind == Cause.OUT_OF_SERVICE
     assert sig.deadline == datetime(2026, 3, 1, 11, 59, 30, tzinfo=UTC)
 
 
@@ -220,7 +221,7 @@ def test_the_earliest_deadline_wins_when_several_signals_stack():
                      {"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule", "timeAdded": T0}],
              annotations={"karpenter.sh/nodeclaim-termination-timestamp": "2026-03-01T12:30:00Z"})
     sig = classify_node(n, NOW)
-    assert sig.kind == signals.SPOT_INTERRUPTION
+    assert sig.kind == Cause.SPOT_INTERRUPTION
     assert sig.deadline == datetime(2026, 3, 1, 12, 1, 30, tzinfo=UTC)
 
 
@@ -241,7 +242,7 @@ def test_eviction_disruption_target_uses_the_deletion_timestamp():
                          "message": "Eviction API: evicting", "lastTransitionTime": T0}],
             deletion="2026-03-01T12:01:30Z")
     sig = classify_pod(p, NOW)
-    assert sig.kind == signals.POD_DISRUPTION and not sig.failure
+    assert sig.kind == Cause.POD_DISRUPTION and not sig.failure
     assert sig.deadline == datetime(2026, 3, 1, 12, 1, 30, tzinfo=UTC)
     assert "Eviction API" in sig.reason
 
@@ -250,13 +251,13 @@ def test_scheduler_preemption_without_deletion_timestamp_uses_the_grace_period()
     p = pod(conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
                          "lastTransitionTime": T0}], grace=60)
     sig = classify_pod(p, NOW)
-    assert sig.kind == signals.POD_DISRUPTION
+    assert sig.kind == Cause.POD_DISRUPTION
     assert sig.deadline == datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC)
 
 
 def test_plain_deletion():
     sig = classify_pod(pod(deletion="2026-03-01T12:02:00Z"), NOW)
-    assert sig.kind == signals.POD_DELETION and not sig.failure
+    assert sig.kind == Cause.POD_DELETION and not sig.failure
 
 
 @pytest.mark.parametrize("reason,message,failure", [
@@ -267,7 +268,7 @@ def test_plain_deletion():
 ])
 def test_failed_pods_count_as_failures_only_when_not_taken_away(reason, message, failure):
     sig = classify_pod(pod(phase="Failed", reason=reason, message=message), NOW)
-    assert sig.kind == signals.POD_FAILED
+    assert sig.kind == Cause.POD_FAILED
     assert sig.failure is failure
 
 
@@ -284,8 +285,8 @@ def test_a_worker_that_exited_cleanly_is_not_a_failure():
 # ---- policy -----------------------------------------------------------------------------------
 def test_policy_filters_node_signals_but_never_pod_loss():
     cordon = classify_node(node(unschedulable=True), NOW)
-    assert not acts_on(cordon, {signals.SPOT_INTERRUPTION})
-    assert acts_on(cordon, {signals.CORDON})
+    assert not acts_on(cordon, {Cause.SPOT_INTERRUPTION})
+    assert acts_on(cordon, {Cause.CORDON})
     gone = classify_pod(pod(phase="Failed"), NOW)
     assert acts_on(gone, set())
     assert acts_on(signals.node_gone("n1", NOW), set())

@@ -513,7 +513,7 @@ def test_cli_human_output(capsys):
 
 
 def test_plan_command_imports_neither_torch_nor_kopf():
-    code = ("import sys; import liveshard.operator.commands_plan; "
+    code = ("import sys; import liveshard.runtime.commands.plan; "
             "bad = [m for m in ('torch', 'kopf', 'kubernetes') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from liveshard.operator import signals
+from liveshard.runtime.contract.causes import NODE_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "e2e" / "real_cluster" / "run.py"
@@ -62,7 +63,7 @@ def test_the_taint_is_one_the_operator_acts_on_by_default(e2e, signal):
             "status": {}}
     sig = signals.classify_node(node, datetime.now(UTC))
     assert sig is not None and not sig.failure
-    assert signals.acts_on(sig, frozenset(signals.NODE_KINDS))
+    assert signals.acts_on(sig, frozenset(NODE_KINDS))
     key, _, effect = e2e.TAINTS[signal]
     assert e2e.taint_args(signal, "abc").startswith(key) and e2e.taint_args(signal, "abc").endswith(":" + effect)
 

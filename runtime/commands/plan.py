@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from liveshard.runtime.errors import ConfigError
-from liveshard.runtime.planner.search import GPU, Constraints, NoFeasiblePlan, ParallelPlan, plan_parallelism
+from liveshard.runtime.planner import GPU, Constraints, NoFeasiblePlan, ParallelPlan, plan_world
 from liveshard.runtime.spec import ModelSpec, load_model
 from liveshard.runtime.units import parse_bytes
 
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     )
     started = time.perf_counter()
     try:
-        plan = plan_parallelism(spec, gpus, constraints)
+        plan = plan_world(spec, gpus, constraints)
     except NoFeasiblePlan as e:
         raise ConfigError(f"--{e.field}" if e.field else "--gpus", str(e)) from None
     except ConfigError as e:

@@ -1,0 +1,65 @@
+"""The coordinator's Kubernetes plan source without a server: what it writes, and when again."""
+
+from __future__ import annotations
+
+import pytest
+
+from liveshard.runtime.control import kube_source
+from liveshard.runtime.control.kube_source import KubePlanSource
+
+
+class FlakyStatus:
+    """Stands in for the CustomObjectsApi: refuses the first ``failures`` status patches."""
+
+    def __init__(self, failures: int, status: dict | None = None) -> None:
+        self.failures = failures
+        self.patches: list[dict] = []
+        self.status = status or {}
+
+    def patch_namespaced_custom_object_status(self, *args) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("503 the server is restarting")
+        self.patches.append(args[-1]["status"])
+
+    def get_namespaced_custom_object(self, *args) -> dict:
+        return {"spec": {"model": {"preset": "tiny-gpt"}, "image": "x", "workers": {"max": 2}},
+                "status": self.status}
+
+
+@pytest.fixture
+def source(monkeypatch):
+    import kubernetes.client
+
+    monkeypatch.setattr(kube_source.time, "sleep", lambda s: None)
+    src = KubePlanSource(None, "j", "default", api=kubernetes.client.ApiClient())
+    return src
+
+
+def test_an_ack_the_api_refuses_is_written_at_the_next_report(source):
+    source.custom = FlakyStatus(failures=5)
+    source._ack(3, 1700000000.0)
+    assert 3 not in source.answered and source.custom.patches == []
+    source.report({"history": [], "telemetry": {}})
+    assert 3 in source.answered
+    assert source.custom.patches[0]["appliedGeneration"] == 3
+    assert source.custom.patches[0]["appliedAt"].startswith("2023-11-14T22:13:20")
+
+
+def test_a_malformed_status_is_reported_not_raised(source):
+    source.custom = FlakyStatus(0, {"plan": {"generation": "seven", "members": ["a"], "config": "tp=1"}})
+    assert source.poll() is None  # and the coordinator's loop goes on
+
+
+def test_stragglers_come_from_the_coordinators_health_summary(source):
+    source.custom = FlakyStatus(0)
+    health = {"members": {"p-0/0": {"step_seconds": 1.0, "speed": 1.0}, "p-1/0": {"step_seconds": 2.0,
+                                                                                  "speed": 0.5}},
+              "stragglers": ["p-1/0"], "job_step_seconds": 1.0}
+    telemetry = {"p-0/0": {"step_seconds": 1.0}, "p-1/0": {"step_seconds": 2.0}}
+    source.report({"history": [], "telemetry": telemetry, "health": health})
+    written = source.custom.patches[-1]
+    assert written["speeds"] == {"p-0": 1.0, "p-1": 0.75}  # relative to the median step (1.5 s)
+    [slow] = written["stragglers"]
+    assert slow["pod"] == "p-1" and slow["device"] == "p-1/0" and slow["relativeSpeed"] == 0.5
+    assert slow["since"] and "median step 2.0 s" in slow["evidence"]
