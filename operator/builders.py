@@ -114,6 +114,26 @@ def _checkpoint_volume(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[s
             [{"name": "checkpoint", "mountPath": ckpt.get("path", "/checkpoints")}])
 
 
+# PodSecurity "restricted": the image's non-root user (images/*/Dockerfile), no privilege, no
+# capabilities, the runtime's default seccomp profile, a read-only root filesystem with scratch
+# space on /tmp. ``spec.template.securityContext`` replaces the pod-level part (e.g. a GPU stack
+# that needs another user or group); the container-level part always applies.
+RUN_AS = 10001
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+                "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                      "capabilities": {"drop": ["ALL"]}}
+
+
+def _hardened(pod_spec: dict[str, Any], container: dict[str, Any], pod_security: dict[str, Any] | None) -> None:
+    """Apply the security settings above; writable scratch on /tmp (HOME and caches go there)."""
+    pod_spec["securityContext"] = json.loads(json.dumps(pod_security or POD_SECURITY))
+    container["securityContext"] = json.loads(json.dumps(CONTAINER_SECURITY))
+    pod_spec["volumes"].append({"name": "tmp", "emptyDir": {}})
+    container["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
+    container["env"] = [{"name": "HOME", "value": "/tmp"}, *container["env"]]
+
+
 def worker_pod(job: dict[str, Any], spec: JobSpec, index: int) -> dict[str, Any]:
     name = job["metadata"]["name"]
     tpl = spec.raw.get("template") or {}
@@ -140,10 +160,13 @@ def worker_pod(job: dict[str, Any], spec: JobSpec, index: int) -> dict[str, Any]
         "hostname": worker_name(name, index),
         "subdomain": service_name(name),
         "serviceAccountName": account_name(name),
+        # Workers never call the API: no token in their pods (the coordinator's pod has one).
+        "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": tpl.get("terminationGracePeriodSeconds", 120),
         "containers": [container],
         "volumes": volumes,
     }
+    _hardened(pod_spec, container, tpl.get("securityContext"))
     for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "schedulerName"):
         if tpl.get(key):
             pod_spec[key] = tpl[key]
@@ -178,6 +201,7 @@ def coordinator_pod(job: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
         "volumes": volumes,
         "affinity": affinity,
     }
+    _hardened(pod_spec, container, None)
     for key in ("nodeSelector", "tolerations"):
         if coord.get(key):
             pod_spec[key] = coord[key]
@@ -207,6 +231,18 @@ def network_policy(job: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
                 "policyTypes": ["Ingress"],
                 "ingress": [{"from": [{"podSelector": {"matchLabels": {LABEL_JOB: name}}}],
                              "ports": [{"protocol": "TCP", "port": port}]}],
+            }}
+
+
+def worker_network_policy(job: dict[str, Any]) -> dict[str, Any]:
+    """Only the job's own pods may reach its workers (gloo and NCCL listen on ephemeral ports,
+    so the rule names pods, not ports)."""
+    name = job["metadata"]["name"]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(job, f"{name}-workers"), "spec": {
+                "podSelector": {"matchLabels": {LABEL_JOB: name, LABEL_ROLE: ROLE_WORKER}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"podSelector": {"matchLabels": {LABEL_JOB: name}}}]}],
             }}
 
 
@@ -240,4 +276,4 @@ def role_binding(job: dict[str, Any]) -> dict[str, Any]:
 def job_children(job: dict[str, Any], spec: JobSpec) -> list[dict[str, Any]]:
     """Everything but the pods, in creation order (the account before what uses it)."""
     return [service_account(job), role(job), role_binding(job), headless_service(job, spec),
-            network_policy(job, spec)]
+            network_policy(job, spec), worker_network_policy(job)]

@@ -227,7 +227,7 @@ class Coordinator:
     def _choose_world(self, request: PlanRequest, members: tuple[str, ...]) -> ParallelPlan:
         """The planner's world for ``members``: a request's explicit config keeps the rank order
         it gives (the operator's planner chose it); otherwise the planner chooses both, from the
-        same inputs the operator has (the job's constraints, memory, measured speeds)."""
+        inputs the operator has: the job's constraints, its GPU memory and measured speeds."""
         inputs = self.source.planning() or self.planning
         gpus = [GPU(id=m, node=self._node_of(m), memory_bytes=inputs.gpu_memory_bytes,
                     speed=float(inputs.speeds.get(pod_of(m), 1.0))) for m in whole_pods(members,

@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+from kubernetes.client.rest import ApiException
 
 from liveshard.operator import builders, metrics
 from liveshard.operator.context import Context, NodeView
 from liveshard.operator.kube import Conflict
-from liveshard.operator.reconcile import Decision, reconcile
+from liveshard.operator.reconcile import Decision, reconcile, set_condition
 from liveshard.runtime.contract.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 ERROR_BACKOFF = 5.0
+REFUSED_RETRY_SECONDS = 30.0  # a refused child (invalid, forbidden) is tried again this often
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -87,13 +90,18 @@ async def reconcile_job(ctx: Context, namespace: str, name: str, pods_by_job: ko
         ctx.scale_up_checked[(namespace, name)] = decision.scale_up_key
 
     ensured = not ensure_children
+    refused: list[str] = []  # children the API server refused (invalid, forbidden): in the status
     if decision.spec is not None:
         if ensure_children:
             for child in builders.job_children(job, decision.spec):
-                await ctx.kube.create(child)
-            ensured = True
+                await _create(ctx, child, refused)
+            ensured = not refused
         if decision.create_coordinator:
-            await ctx.kube.create(builders.coordinator_pod(job, decision.spec))
+            await _create(ctx, builders.coordinator_pod(job, decision.spec), refused)
+        for index in decision.create_workers:
+            if await _create(ctx, builders.worker_pod(job, decision.spec, index), refused):
+                logger.info(f"created worker pod {builders.worker_name(name, index)}")
+    _report_refused(decision, refused, now)
 
     if differs(job.get("status") or {}, decision.status):
         await ctx.kube.patch_job_status(namespace, name, decision.status, job["metadata"].get("resourceVersion"))
@@ -102,13 +110,36 @@ async def reconcile_job(ctx: Context, namespace: str, name: str, pods_by_job: ko
                "metadata": {k: job["metadata"][k] for k in ("name", "namespace", "uid")}}
         for kind, reason, message in decision.events:
             kopf.event(ref, type=kind, reason=reason, message=message[:1000])
-    if decision.spec is not None:
-        for index in decision.create_workers:
-            if await ctx.kube.create(builders.worker_pod(job, decision.spec, index)):
-                logger.info(f"created worker pod {builders.worker_name(name, index)}")
     for pod in decision.delete_pods:
         await ctx.kube.delete_pod(namespace, pod)
     return decision.requeue_after, ensured
+
+
+async def _create(ctx: Context, obj: dict[str, Any], refused: list[str]) -> bool:
+    """Create ``obj``; a refusal the job's owner must act on (4xx) is noted in ``refused``, not
+    raised (kopf would retry it every few seconds, and the job's status would never say why)."""
+    try:
+        return await ctx.kube.create(obj)
+    except ApiException as e:
+        if e.status is None or not 400 <= e.status < 500:
+            raise
+        try:
+            why = json.loads(e.body or "{}").get("message") or e.reason
+        except ValueError:
+            why = e.reason
+        refused.append(f"{obj['kind']} {obj['metadata']['name']}: {e.status} {why}")
+        return False
+
+
+def _report_refused(decision: Decision, refused: list[str], now: datetime) -> None:
+    st = decision.status
+    message = "; ".join(refused)[:1000]
+    st["conditions"] = set_condition(list(st.get("conditions") or []), "ChildrenCreated", not refused,
+                                     "Refused" if refused else "Created", message, now)
+    if refused:
+        st["message"] = f"the API server refused the job's objects: {message}"
+        decision.events.append(("Warning", "CreateRefused", message))
+        decision.requeue_after = min(decision.requeue_after, REFUSED_RETRY_SECONDS)
 
 
 def _record(ctx: Context, namespace: str, name: str, decision: Decision) -> None:

@@ -22,6 +22,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.watching.connect_timeout = 10
     settings.watching.reconnect_backoff = 0.5
     settings.networking.request_timeout = 60
+    # No start-up scan of CRDs and namespaces: the resources are known, and the scan needs
+    # cluster-wide list rights (403 for ~55 s on a real server without them, no watch meanwhile).
+    settings.scanning.disabled = True
     # Keep kopf's own bookkeeping out of the job's status (the runtime reads that).
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)

@@ -49,6 +49,8 @@ EXPECTED_JOB_RULES = {
     ("rbac.authorization.k8s.io", "rolebindings"): {"create"},
     ("liveshard.io", "elastictrainingjobs"): {"get", "list", "watch", "patch"},
     ("liveshard.io", "elastictrainingjobs/status"): {"get", "patch", "update"},
+    # ownerReferences with blockOwnerDeletion (OwnerReferencesPermissionEnforcement)
+    ("liveshard.io", "elastictrainingjobs/finalizers"): {"update"},
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from liveshard.operator import builders
+from liveshard.runtime.contract.crd import LABEL_JOB, LABEL_ROLE
 from liveshard.runtime.contract.jobspec import read_spec
 
 JOB = {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob",
@@ -48,7 +49,7 @@ def test_worker_pod():
     assert json.loads(e["LIVESHARD_MODEL"])["num_layers"] == 32
     assert e["NCCL_DEBUG"] == "WARN" and e["LIVESHARD_CHECKPOINT_DIR"] == "/ckpt"
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
-    assert mounts == {"checkpoint": "/ckpt", "dshm": "/dev/shm"}
+    assert mounts == {"checkpoint": "/ckpt", "dshm": "/dev/shm", "tmp": "/tmp"}
     assert {"name": "checkpoint", "persistentVolumeClaim": {"claimName": "ckpt"}} in spec["volumes"]
 
 
@@ -82,5 +83,70 @@ def test_service_policy_and_rbac_are_scoped_to_the_job():
     binding = builders.role_binding(JOB)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-liveshard", "namespace": "ml"}]
     kinds = [o["kind"] for o in builders.job_children(JOB, SPEC)]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Service", "NetworkPolicy"]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Service", "NetworkPolicy", "NetworkPolicy"]
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == "u-1" for o in builders.job_children(JOB, SPEC))
+
+
+# The Pod Security Standards' "restricted" profile, as the PodSecurity admission plugin checks it.
+ALLOWED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                   "projected", "secret"}
+
+
+def restricted_violations(pod: dict) -> list[str]:
+    spec, out = pod["spec"], []
+    psc = spec.get("securityContext") or {}
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            out.append(key)
+    for v in spec.get("volumes") or []:
+        kinds = set(v) - {"name"}
+        if not kinds <= ALLOWED_VOLUMES:
+            out.append(f"volume {v['name']}: {sorted(kinds)}")
+    for c in spec["containers"]:
+        sc = c.get("securityContext") or {}
+        if sc.get("privileged"):
+            out.append(f"{c['name']}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{c['name']}: allowPrivilegeEscalation not false")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []) or set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+            out.append(f"{c['name']}: capabilities")
+        if not (sc.get("runAsNonRoot") or psc.get("runAsNonRoot")):
+            out.append(f"{c['name']}: runAsNonRoot")
+        if 0 in (sc.get("runAsUser"), psc.get("runAsUser")):
+            out.append(f"{c['name']}: runAsUser 0")
+        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{c['name']}: seccompProfile")
+        if any(p.get("hostPort") for p in c.get("ports") or []):
+            out.append(f"{c['name']}: hostPort")
+    return out
+
+
+def test_pods_pass_pod_security_restricted():
+    for pod in (builders.worker_pod(JOB, SPEC, 0), builders.coordinator_pod(JOB, SPEC)):
+        assert restricted_violations(pod) == [], pod["metadata"]["name"]
+        c = pod["spec"]["containers"][0]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert {"name": "HOME", "value": "/tmp"} in c["env"]  # caches go to the writable scratch space
+    # the check can fail: a root container with a hostPath volume is refused
+    bad = builders.worker_pod(JOB, SPEC, 0)
+    bad["spec"]["securityContext"]["runAsUser"] = 0
+    bad["spec"]["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    assert len(restricted_violations(bad)) == 2
+
+
+def test_workers_carry_no_api_token_and_only_the_job_reaches_its_pods():
+    assert builders.worker_pod(JOB, SPEC, 0)["spec"]["automountServiceAccountToken"] is False
+    assert "automountServiceAccountToken" not in builders.coordinator_pod(JOB, SPEC)["spec"]
+    policy = builders.worker_network_policy(JOB)
+    assert policy["spec"]["podSelector"]["matchLabels"] == {LABEL_JOB: "llm", LABEL_ROLE: "worker"}
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": {LABEL_JOB: "llm"}}}]}]
+
+
+def test_a_gpu_stack_may_replace_the_pod_security_context():
+    spec = read_spec({**JOB["spec"], "template": {"securityContext": {"runAsUser": 1000, "runAsNonRoot": True,
+                                                                      "seccompProfile": {"type": "RuntimeDefault"}}}})
+    pod = builders.worker_pod(JOB, spec, 0)
+    assert pod["spec"]["securityContext"]["runAsUser"] == 1000
+    assert pod["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}

@@ -209,3 +209,19 @@ def test_gpu_memory_quantities():
     spec = with_spec(workers__gpuMemory="40960Mi")["spec"]
     assert read_spec(spec).workers.gpu_memory_bytes == 40 * 2**30
     assert read_spec(with_spec(workers__gpuMemory="141G")["spec"]).workers.gpu_memory_bytes == 141 * 10**9
+
+
+@pytest.mark.parametrize("name,ok", [("llama-pretrain", True), ("a" * 48, True), ("9lives", False),
+                                     ("dotted.name", False), ("Upper", False), ("a" * 49, False),
+                                     ("trailing-", False)])
+def test_job_names_must_make_valid_child_names(validator, name, ok):
+    """The Service is named after the job (a DNS-1035 label) and the pods' host names append
+    ``-coordinator`` or ``-worker-<i>`` to it (at most 63 characters): a real API server would
+    refuse those children, so the job itself is refused."""
+    job = copy.deepcopy(GOOD)
+    job["metadata"]["name"] = name
+    if ok:
+        validator.validate(job)
+    else:
+        with pytest.raises(InvalidObject, match="DNS-1035 label of at most 48 characters"):
+            validator.validate(job)
