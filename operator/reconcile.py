@@ -32,6 +32,7 @@ from liveshard.runtime.planner.search import NoFeasiblePlan
 
 HISTORY_LIMIT = 20
 ABORT_RETRY_SECONDS = 30.0
+ACK_GRACE_SECONDS = 60.0  # after a plan's deadline, before the operator plans again without an ack
 IDLE_REQUEUE_SECONDS = 30.0
 UNACKED_REQUEUE_SECONDS = 5.0
 
@@ -294,10 +295,30 @@ class _Reconciler:
         if aborted and self._abort_backoff_over(plan.generation):
             return self._attempt(plan, candidates, Cause.RETRY,
                                  f"retry: generation {plan.generation} was aborted by the runtime")
+        if not acked and not aborted and self._ack_overdue(plan):
+            return self._plan_overdue(plan, members, candidates)
         if self.status.get("observedGeneration") not in (None, self.meta.get("generation")):
             return self._plan_spec_change(plan, members, candidates)
         if acked and any(c.pod not in members for c in candidates):
             return self._plan_scale_up(plan, members, candidates)
+        return _NextPlan()
+
+    def _ack_overdue(self, plan: StatusPlan) -> bool:
+        """Whether ``plan`` is past its deadline plus ``ACK_GRACE_SECONDS`` without an answer."""
+        if plan.deadline is None:
+            return False
+        left = (plan.deadline - self.now).total_seconds() + ACK_GRACE_SECONDS
+        if left > 0:
+            self.d.requeue_after = min(self.d.requeue_after, left + 0.1)
+        return left <= 0
+
+    def _plan_overdue(self, plan: StatusPlan, members: list[str], candidates: list[Candidate]) -> _NextPlan:
+        """A plan nobody answered: plan again for the pods running now, if that gives another
+        world (the same one again would only restart the wait; the job stays Degraded)."""
+        proposal, _ = self._try_plan(candidates, plan)
+        if proposal is not None and (proposal.config != plan.config or list(proposal.members) != members):
+            return _NextPlan(proposal, None, Cause.RETRY,
+                             f"retry: generation {plan.generation} was not applied by its deadline")
         return _NextPlan()
 
     def _attempt(self, plan: StatusPlan | None, candidates: list[Candidate], cause: Cause, text: str,
