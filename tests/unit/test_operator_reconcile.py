@@ -363,21 +363,21 @@ def test_a_status_plan_it_cannot_read_is_reported_and_replaced_under_a_newer_gen
 def test_a_plan_never_answered_is_replaced_once_another_world_is_possible():
     job = make_job()
     pods = [make_pod(i) for i in range(3)] + [coordinator()]
-    d, job = step(job, pods, healthy(4))
+    _, job = step(job, pods, healthy(4))
     first = job["status"]["plan"]
     assert first["generation"] == 1 and len(first["members"]) == 3
     overdue = T0 + timedelta(seconds=300 + 61)  # reconfigurationTimeoutSeconds + the grace
     # the same pods: planning again would give the same world; the job says it is stuck
-    d, job = step(job, pods, healthy(4), overdue)
+    _, job = step(job, pods, healthy(4), overdue)
     assert job["status"]["plan"]["generation"] == 1
     degraded = next(c for c in job["status"]["conditions"] if c["type"] == "Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "AckDeadlineExceeded"
     # a fourth pod runs now: a different world, planned anew
-    d, job = step(job, [*pods, make_pod(3)], healthy(4), overdue + timedelta(seconds=1))
+    _, job = step(job, [*pods, make_pod(3)], healthy(4), overdue + timedelta(seconds=1))
     plan = job["status"]["plan"]
     assert plan["generation"] == 2 and plan["cause"] == "retry" and len(plan["members"]) == 4
     assert "not applied by its deadline" in plan["reason"]
     # before the grace is over nothing is replanned
-    d, job2 = step(make_job(), pods, healthy(4))
-    d, job2 = step(job2, [*pods, make_pod(3)], healthy(4), T0 + timedelta(seconds=300 + 30))
+    _, job2 = step(make_job(), pods, healthy(4))
+    _, job2 = step(job2, [*pods, make_pod(3)], healthy(4), T0 + timedelta(seconds=300 + 30))
     assert job2["status"]["plan"]["generation"] == 1
