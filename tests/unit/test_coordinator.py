@@ -58,6 +58,21 @@ def _commit(c: Coordinator) -> WorldPlan:
     return plan
 
 
+def _running(c: Coordinator, source: Requests, workers: tuple[str, ...], config: str) -> WorldPlan:
+    """A committed first world of ``workers`` under ``config``."""
+    _beat(c, *workers)
+    source.queue.append(PlanRequest(members=workers, config=config))
+    c.tick()
+    return _commit(c)
+
+
+def _lose(c: Coordinator, worker: str, survivors: tuple[str, ...]) -> None:
+    """``worker`` falls silent past the heartbeat timeout; the survivors keep beating; one tick."""
+    _beat(c, *survivors)
+    _beat(c, worker, at=time.time() - 10)
+    c.tick()
+
+
 LOCAL = PlanningInputs(Constraints(global_batch=4, micro_batch=1, objective=FEWEST_CHANGES))
 
 
@@ -88,13 +103,8 @@ def test_a_config_the_global_batch_cannot_split_is_rejected_before_anything_move
 def test_a_member_lost_without_notice_is_replanned_from_the_survivors_in_their_rank_order():
     source = Requests()
     c = _coordinator(source, LOCAL)
-    _beat(c, "w0", "w1", "w2", "w3")
-    source.queue.append(PlanRequest(members=("w0", "w1", "w2", "w3"), config="tp=1,pp=1,dp=4"))
-    c.tick()
-    _commit(c)
-    _beat(c, "w0", "w1", "w3")
-    _beat(c, "w2", at=time.time() - 10)  # silent past the heartbeat timeout
-    c.tick()
+    _running(c, source, ("w0", "w1", "w2", "w3"), "tp=1,pp=1,dp=4")
+    _lose(c, "w2", ("w0", "w1", "w3"))
     plan = c.pending.plan
     assert c.dead == {"w2"} and plan.dead == ("w2",)
     # fewest changes: dp over as many survivors as the batch of 4 splits over (2), survivors in order
@@ -116,14 +126,9 @@ def test_the_coordinator_plans_a_loss_exactly_as_the_operator_would():
     source = Requests(inputs)
     c = _coordinator(source, LOCAL)
     workers = tuple(f"{p}/0" for p in first.members)
-    _beat(c, *workers)
-    source.queue.append(PlanRequest(members=workers, config=first.config))
-    c.tick()
-    _commit(c)
+    _running(c, source, workers, first.config)
     lost = workers[1]
-    _beat(c, *(w for w in workers if w != lost))
-    _beat(c, lost, at=time.time() - 10)
-    c.tick()
+    _lose(c, lost, tuple(w for w in workers if w != lost))
     recovery = c.pending.plan
     survivors = [p for p in first.members if p != pod_of(lost)]
     operator = plan_for(job_spec, [Candidate(p, f"node-{p}/0", speed=speeds.get(p, 1.0)) for p in survivors],
@@ -135,13 +140,8 @@ def test_the_coordinator_plans_a_loss_exactly_as_the_operator_would():
 def test_state_with_no_surviving_copy_is_restored_from_the_latest_checkpoint_or_rejected():
     source = Requests()
     c = _coordinator(source, LOCAL)
-    _beat(c, "a", "b")
-    source.queue.append(PlanRequest(members=("a", "b"), config="tp=2,pp=1,dp=1"))
-    c.tick()
-    _commit(c)
-    _beat(c, "a")
-    _beat(c, "b", at=time.time() - 10)
-    c.tick()  # b held the only copy of half of every tensor, and there is no checkpoint
+    _running(c, source, ("a", "b"), "tp=2,pp=1,dp=1")
+    _lose(c, "b", ("a",))  # b held the only copy of half of every tensor, and there is no checkpoint
     assert c.pending is None and "no checkpoint to restore from" in c.history[-1]["outcome"]
     c.store.set_json(Keys.CHECKPOINT, {"path": "/ckpt/step00000004", "step": 4, "config": "tp=2,pp=1,dp=1"})
     c.dead.clear()
@@ -163,16 +163,11 @@ def test_an_unknown_objective_is_a_config_error():
 def test_recovery_plans_carry_their_cause():
     source = Requests()
     c = _coordinator(source, LOCAL)
-    _beat(c, "a", "b")
-    source.queue.append(PlanRequest(members=("a", "b"), config="tp=1,pp=1,dp=2"))
-    c.tick()
-    _commit(c)
+    _running(c, source, ("a", "b"), "tp=1,pp=1,dp=2")
     seen: list[PlanRequest] = []
     start = c._start
     c._start = lambda r: (seen.append(r), start(r))[1]
-    _beat(c, "a")
-    _beat(c, "b", at=time.time() - 10)
-    c.tick()
+    _lose(c, "b", ("a",))
     assert seen and seen[0].cause == Cause.LOST_WITHOUT_NOTICE
 
 
@@ -181,13 +176,7 @@ def test_a_pod_that_lost_one_of_its_processes_sits_out_the_recovery():
     inputs = PlanningInputs(Constraints(global_batch=4, micro_batch=1, granularity=2, objective=FEWEST_CHANGES))
     source = Requests(inputs)
     c = _coordinator(source, inputs)
-    workers = ("a/0", "a/1", "b/0", "b/1")
-    _beat(c, *workers)
-    source.queue.append(PlanRequest(members=workers, config="tp=1,pp=1,dp=4"))
-    c.tick()
-    _commit(c)
-    _beat(c, "a/0", "a/1", "b/0")
-    _beat(c, "b/1", at=time.time() - 10)
-    c.tick()
+    _running(c, source, ("a/0", "a/1", "b/0", "b/1"), "tp=1,pp=1,dp=4")
+    _lose(c, "b/1", ("a/0", "a/1", "b/0"))
     plan = c.pending.plan
     assert plan.members == ("a/0", "a/1") and plan.standbys == ("b/0",) and plan.dead == ("b/1",)
