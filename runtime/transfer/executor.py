@@ -15,7 +15,8 @@ Every process of the transition (old ranks, joiners, standbys, leavers; device `
    does not hold its peers up between rounds; the local copies of step 2 run while the posted
    rounds are on the wire. Messages between two devices pair up in posting order, which is the
    schedule's order on both sides whatever each posts ahead;
-4. small objects (step, scheduler, data position, RNG states) travel as pickled bytes;
+4. small objects (step, scheduler, data position, RNG states) travel encoded by ``objects``
+   (JSON with tagged tensors: nothing received is unpickled);
 5. with ``verify``, every piece is checksummed at its source and its destination and the
    checksums compared; all ranks agree on the verdict (an all-reduce) before success.
 
@@ -30,7 +31,6 @@ is freed when) is worked out by the pure functions of ``rounds``; this module ru
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from liveshard.runtime.dtypes import torch_dtype
-from liveshard.runtime.transfer import packing, rounds, transport
+from liveshard.runtime.transfer import objects, packing, rounds, transport
 from liveshard.runtime.transfer.rounds import A2A, P2P, ByPeer, Direct, Kept, Message, NewTensor, Round
 from liveshard.runtime.transfer.storage import LocalShards
 from liveshard.runtime.vps.schedule import Chunk, Schedule
@@ -491,15 +491,15 @@ def _exchange_a2a(send_bufs, recv_bufs, rank_of, group, group_size: int, dev) ->
 
 def _move_objects(plan: TransitionPlan, device_id: int, old_objects: dict[str, Any], rank_of,
                   group, dev) -> dict[str, Any]:
-    """Pickled small objects: a round of sizes, then a round of payloads (P2P)."""
+    """Small objects (``objects.encode``): a round of sizes, then a round of payloads (P2P)."""
     out: dict[str, Any] = {}
     outgoing: dict[int, list[bytes]] = {}
     incoming: dict[int, list[str]] = {}
     for m in plan.objects:
         if m.src == device_id and m.dst == device_id:
-            out[m.name] = pickle.loads(pickle.dumps(old_objects.get(m.name)))
+            out[m.name] = objects.decode(objects.encode(old_objects.get(m.name)))
         elif m.src == device_id:
-            outgoing.setdefault(m.dst, []).append(pickle.dumps(old_objects.get(m.name)))
+            outgoing.setdefault(m.dst, []).append(objects.encode(old_objects.get(m.name)))
         elif m.dst == device_id:
             incoming.setdefault(m.src, []).append(m.name)
     size_send = {p: torch.tensor([len(b) for b in bs], dtype=torch.int64, device=dev) for p, bs in outgoing.items()}
@@ -514,7 +514,7 @@ def _move_objects(plan: TransitionPlan, device_id: int, old_objects: dict[str, A
         raw = data_recv[p].cpu().numpy().tobytes() if p in data_recv else b""
         pos = 0
         for name, n in zip(names, size_recv[p].tolist()):
-            out[name] = pickle.loads(raw[pos:pos + n])
+            out[name] = objects.decode(raw[pos:pos + n])
             pos += n
     return out
 
