@@ -20,6 +20,7 @@ the coordinator, which aborts the generation.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import traceback
@@ -119,6 +120,17 @@ class Preparations:
                 del self._ready[g]
 
 
+def confined(path: str, root: str | None) -> str:
+    """``path``, if it lies inside the job's checkpoint directory ``root``: a plan read from the
+    store never makes a worker open anything else (ValueError, and the plan is refused)."""
+    if not root:
+        raise ValueError(f"a restore from {path!r} but this worker has no checkpoint directory")
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    if os.path.commonpath([real, base]) != base:
+        raise ValueError(f"a restore from {path!r}, outside the job's checkpoint directory {root!r}")
+    return real
+
+
 class Preparer:
     """Prepares plans for one worker (called from the control thread)."""
 
@@ -136,6 +148,8 @@ class Preparer:
         """Background: transition plan, checksum agreement, transition group."""
         start = time.perf_counter()
         try:
+            if plan.restore_from is not None:
+                confined(plan.restore_from, self.options.checkpoint_dir)
             old = self.clients.store.plan(plan.previous) if plan.previous is not None else None
             if old is None or not plan.is_live_transition:
                 # a first world, or one built through a checkpoint: nothing to plan or connect

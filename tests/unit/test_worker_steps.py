@@ -65,3 +65,18 @@ def test_a_step_boundary_that_loses_a_peer_does_not_record_the_step_twice():
     train_one(state, _Trainer(None), world_size=2, after_step=boundary)
     assert [(r.step, r.loss) for r in state.records] == [(5, 2.5)]
     assert state.phase == "broken"
+
+
+def test_a_plan_restores_only_from_inside_the_jobs_checkpoint_directory(tmp_path):
+    from liveshard.runtime.agent.prepare import confined
+
+    root = tmp_path / "ckpt"
+    (root / "step00000004").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (root / "escape").symlink_to(tmp_path / "elsewhere")
+    assert confined(str(root / "step00000004"), str(root)) == str((root / "step00000004").resolve())
+    for bad in (str(tmp_path / "elsewhere"), str(root / ".." / "elsewhere"), str(root / "escape"), "/etc"):
+        with pytest.raises(ValueError, match="outside the job's checkpoint directory"):
+            confined(bad, str(root))
+    with pytest.raises(ValueError, match="no checkpoint directory"):
+        confined(str(root / "step00000004"), None)
