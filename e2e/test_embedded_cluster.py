@@ -30,6 +30,11 @@ def worker(i: int) -> str:
     return f"{JOB}-worker-{i}"
 
 
+def replaced(pods: dict, name: str, uid: str) -> bool:
+    """The pod ``uid`` is gone: no pod of that name, or a new one (one listing, no race)."""
+    return name not in pods or pods[name]["metadata"]["uid"] != uid
+
+
 def assert_rank_order_runs(demo: Demo, status: dict) -> None:
     """``status.plan.members`` is exactly the rank order the runtime's world runs."""
     plan = status["plan"]
@@ -63,8 +68,7 @@ def test_multi_gpu_pods_run_one_rank_per_gpu_and_survive_a_spot_notice(tmp_path)
         assert_rank_order_runs(d, st)
         assert st["plan"]["worldSize"] == 2 and st["plan"]["leaving"] == [pod(1)]
         assert sorted(d.coordinator()["members"]) == [f"{pod(0)}/0", f"{pod(0)}/1"]
-        d.wait("the leaving pod deleted", lambda s, c: pod(1) not in d.pods()
-               or d.pods()[pod(1)]["metadata"]["uid"] != ev.detail["uid"])
+        d.wait("the leaving pod deleted", lambda s, c: replaced(d.pods(), pod(1), ev.detail["uid"]))
         start = d.step()
         d.wait("3 more steps", lambda s, c: d.step() >= start + 3)
         d.finish()
@@ -131,8 +135,8 @@ def test_spot_notice_plans_without_the_node_and_deletes_the_pod_after_the_ack(st
     assert st["plan"]["cause"] == "spot-interruption" and st["plan"]["reason"].startswith("spot-interruption")
     assert_rank_order_runs(story, st)
     # the leaving pod goes only after the ack; it is recreated but cannot run on the tainted node
-    _step(story, lambda: story.wait("the leaving pod deleted", lambda s, c: worker(1) not in story.pods()
-                                    or story.pods()[worker(1)]["metadata"]["uid"] != ev.detail["uid"]))
+    _step(story, lambda: story.wait("the leaving pod deleted",
+                                    lambda s, c: replaced(story.pods(), worker(1), ev.detail["uid"])))
     replacement = story.pods().get(worker(1))
     assert replacement is None or replacement["spec"].get("nodeName") != ev.node
     start = story.step()

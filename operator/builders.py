@@ -23,6 +23,7 @@ from liveshard.runtime.contract.crd import (
     ROLE_WORKER,
 )
 from liveshard.runtime.contract.jobspec import JobSpec
+from liveshard.runtime.contract.keys import SECRET_ENV
 
 # The coordinator must outlive spot capacity: keep it off nodes any major provider labels spot.
 SPOT_LABELS = (
@@ -48,6 +49,13 @@ def service_name(job: str) -> str:
 
 def account_name(job: str) -> str:
     return f"{job}-liveshard"
+
+
+def secret_name(job: str) -> str:
+    return f"{job}-liveshard"
+
+
+SECRET_KEY = "store-token"  # the key of the job's Secret that holds its store's HMAC secret
 
 
 def worker_selector(job: str) -> str:
@@ -102,6 +110,8 @@ def _env(job: dict[str, Any], spec: JobSpec, role: str) -> list[dict[str, Any]]:
         {"name": "LIVESHARD_MODEL", "value": json.dumps(spec.model.to_dict(), sort_keys=True)},
         {"name": "LIVESHARD_CHECKPOINT_DIR", "value": ckpt.get("path", "/checkpoints")},
         {"name": "LIVESHARD_CHECKPOINT_INTERVAL_MINUTES", "value": str(ckpt.get("intervalMinutes", 30))},
+        # the job's store authenticates every value with this (runtime/control/store.py)
+        {"name": SECRET_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name(name), "key": SECRET_KEY}}},
     ]
     return env + list(raw.get("env") or [])
 
@@ -246,6 +256,13 @@ def worker_network_policy(job: dict[str, Any]) -> dict[str, Any]:
             }}
 
 
+def job_secret(job: dict[str, Any], token: str) -> dict[str, Any]:
+    """The job's store secret (``token``: random, made by the caller; an existing Secret is
+    kept, so a restarted operator does not change it under running pods)."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _meta(job, secret_name(job["metadata"]["name"])), "stringData": {SECRET_KEY: token}}
+
+
 def service_account(job: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": _meta(job, account_name(job["metadata"]["name"]))}
@@ -273,7 +290,8 @@ def role_binding(job: dict[str, Any]) -> dict[str, Any]:
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account_name(name)}}
 
 
-def job_children(job: dict[str, Any], spec: JobSpec) -> list[dict[str, Any]]:
-    """Everything but the pods, in creation order (the account before what uses it)."""
-    return [service_account(job), role(job), role_binding(job), headless_service(job, spec),
-            network_policy(job, spec), worker_network_policy(job)]
+def job_children(job: dict[str, Any], spec: JobSpec, token: str) -> list[dict[str, Any]]:
+    """Everything but the pods, in creation order (the account and the secret before what
+    uses them); ``token``: the store secret, if the job has none yet."""
+    return [job_secret(job, token), service_account(job), role(job), role_binding(job),
+            headless_service(job, spec), network_policy(job, spec), worker_network_policy(job)]

@@ -66,6 +66,7 @@ class Kube:
         ns = obj["metadata"]["namespace"]
         create = {
             "Pod": self.core.create_namespaced_pod,
+            "Secret": self.core.create_namespaced_secret,
             "Service": self.core.create_namespaced_service,
             "ServiceAccount": self.core.create_namespaced_service_account,
             "Role": self.rbac.create_namespaced_role,

@@ -101,9 +101,12 @@ class StorePlanSource:
         count = self.store.store.add(Keys.REQUEST_COUNT, 0)
         if self.seen >= count:
             return None
-        data = self.store.get_json(Keys.request(self.seen))
-        if data is None:  # counter bumped, value not written yet
-            return None
+        key = Keys.request(self.seen)
+        data = self.store.get_json(key)
+        if data is None:
+            if self.store.store.check([key]):  # written, but not with the job's secret: skip it
+                self.seen += 1
+            return None  # else: counter bumped, value not written yet
         self.seen += 1
         data["members"] = tuple(data["members"])
         return PlanRequest(**data)

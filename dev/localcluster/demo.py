@@ -98,13 +98,19 @@ class Demo:
         items = api.sanitize_for_serialization(self.core.list_namespaced_pod(self.ns)).get("items", [])
         return {p["metadata"]["name"]: p for p in items}
 
+    def secret(self) -> bytes:
+        """The job's store secret (the Secret the operator made), as its pods get it."""
+        from liveshard.operator.builders import SECRET_KEY, secret_name
+
+        return self.cluster.agent.secret_value(self.ns, secret_name(self.job), SECRET_KEY).encode()
+
     def coordinator(self) -> dict:
         if self.store is None:
             from liveshard.runtime.control.store import JobStore, connect_store
 
             port = self.cluster.agent.coordinator_port(self.ns, self.job)
             try:
-                self.store = JobStore(connect_store("127.0.0.1", port, timeout=5.0), self.job)
+                self.store = JobStore(connect_store("127.0.0.1", port, timeout=5.0), self.job, self.secret())
             except Exception:
                 return {}
         try:

@@ -32,6 +32,7 @@ pods are removed at once on delete (no graceful termination).
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import datetime
 import itertools
@@ -189,6 +190,11 @@ class Emulator(kmock.KubernetesEmulator):
             obj.pop("status", None)  # status is written through /status only
         if request.resource.plural == "pods" and request.resource.group == "":
             obj.setdefault("status", {"phase": "Pending"})
+        if request.resource.plural == "secrets" and request.resource.group == "" and obj.get("stringData"):
+            # as a real server: stringData is write-only, merged into data (base64)
+            data = obj.setdefault("data", {})
+            for k, v in obj.pop("stringData").items():
+                data[k] = base64.b64encode(str(v).encode()).decode()
         validator = self.validators.get(request.resource)
         if validator is not None:
             obj = self._validated(validator, obj, None)

@@ -22,6 +22,7 @@ localcluster.liveshard.io/lose=now`` asks the agent to lose node N. Nodes create
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import os
@@ -265,6 +266,17 @@ class NodeAgent:
                 self.ports[key] = free_port()
             return self.ports[key]
 
+    def secret_value(self, namespace: str, name: str, key: str) -> str:
+        """A key of a Secret, as the kubelet hands it to a container (raises if it is missing,
+        as a kubelet refuses to start the container)."""
+        secret = self.core.read_namespaced_secret(name, namespace)
+        data = secret.data or {}
+        if key in data:
+            return base64.b64decode(data[key]).decode()
+        if key in (secret.string_data or {}):
+            return secret.string_data[key]
+        raise KeyError(f"secret {namespace}/{name} has no key {key!r}")
+
     def _env(self, pod: dict[str, Any], container: dict[str, Any], node: str) -> dict[str, str]:
         meta = pod["metadata"]
         fields = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
@@ -276,6 +288,9 @@ class NodeAgent:
                 env[e["name"]] = expand(str(e["value"]), env)
             elif ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath") in fields:
                 env[e["name"]] = fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+            elif (e.get("valueFrom") or {}).get("secretKeyRef"):
+                ref = e["valueFrom"]["secretKeyRef"]
+                env[e["name"]] = self.secret_value(meta["namespace"], ref["name"], ref["key"])
         job = env.get("LIVESHARD_JOB") or (meta.get("labels") or {}).get(LABEL_JOB)
         if job:
             # The coordinator Service resolves to this machine: one loopback port per job.

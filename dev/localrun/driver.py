@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from typing import Any
 
 from liveshard.dev.localrun.events import Event
 from liveshard.dev.ports import free_port
-from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.contract.keys import SECRET_ENV, Keys
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner import FEWEST_CHANGES, GPU, Constraints, ParallelPlan, plan_world
@@ -100,6 +101,7 @@ def plan_local_world(run: RunSpec, current: ParallelConfig, workers: list[str]) 
 
 class LocalRun:
     def __init__(self, run: RunSpec) -> None:
+        self.secret = secrets.token_hex(32).encode()
         self.run = run
         self.cfg = ParallelConfig.parse(run.parallel)
         self.cfg.validate(run.spec)
@@ -116,6 +118,7 @@ class LocalRun:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PYTHONUNBUFFERED"] = "1"
+        env[SECRET_ENV] = self.secret.decode()  # this run's store is authenticated like a job's
         return env
 
     def _logfile(self, name: str):
@@ -157,7 +160,7 @@ class LocalRun:
         end = time.monotonic() + timeout
         while True:
             try:
-                return JobStore(connect_store("127.0.0.1", port, timeout=30.0))
+                return JobStore(connect_store("127.0.0.1", port, timeout=30.0), secret=self.secret)
             except Exception:
                 if time.monotonic() > end:
                     raise

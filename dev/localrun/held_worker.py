@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from liveshard.runtime.commands import worker as worker_command
 from liveshard.runtime.contract.keys import Keys
-from liveshard.runtime.control.store import JobStore, connect_store
+from liveshard.runtime.control.store import JobStore, connect_store, job_secret
 
 log = logging.getLogger("liveshard.held_worker")
 
@@ -82,7 +82,7 @@ class HeldSteps:
 
     def _client(self) -> JobStore:
         if self._store is None:
-            self._store = JobStore(connect_store(self.host, self.port, timeout=5.0), self.job)
+            self._store = JobStore(connect_store(self.host, self.port, timeout=5.0), self.job, job_secret())
         return self._store
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -93,7 +94,7 @@ async def reconcile_job(ctx: Context, namespace: str, name: str, pods_by_job: ko
     refused: list[str] = []  # children the API server refused (invalid, forbidden): in the status
     if decision.spec is not None:
         if ensure_children:
-            for child in builders.job_children(job, decision.spec):
+            for child in builders.job_children(job, decision.spec, secrets.token_hex(32)):
                 await _create(ctx, child, refused)
             ensured = not refused
         if decision.create_coordinator:

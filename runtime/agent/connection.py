@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from liveshard.runtime import telemetry
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.control.protocol import MemberResult
-from liveshard.runtime.control.store import JobStore, connect_store
+from liveshard.runtime.control.store import JobStore, connect_store, job_secret
 
 if TYPE_CHECKING:
     from liveshard.runtime.agent.worker import WorkerState
@@ -39,12 +39,13 @@ class StoreClients:
 
     def __init__(self, host: str, port: int, job: str, timeout: float = 300.0) -> None:
         self.host, self.port, self.job = host, port, job
+        self.secret = job_secret()
         self.control_thread: threading.Thread | None = None  # whose calls get the "control" client
         self._stores = self.connect(timeout)
 
     def connect(self, timeout: float) -> dict[str, JobStore]:
         """New clients (not yet in use: see ``replace``)."""
-        return {name: JobStore(connect_store(self.host, self.port, timeout=timeout), self.job)
+        return {name: JobStore(connect_store(self.host, self.port, timeout=timeout), self.job, self.secret)
                 for name in ("main", "control")}
 
     def replace(self, stores: dict[str, JobStore]) -> None:

@@ -35,7 +35,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
-    from liveshard.runtime.control.store import JobStore, serve_store
+    from liveshard.runtime.control.store import JobStore, job_secret, serve_store
     from liveshard.runtime.coordinator import Coordinator, PlanningInputs, StorePlanSource
     from liveshard.runtime.planner import Constraints
     from liveshard.runtime.spec import model_from_ref_or_env
@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
                                           objective=args.objective))
     if args.source == "kubernetes":
         planning = source.planning(refresh=True) or planning
-    store = JobStore(serve_store(args.host, args.port), args.job)
+    secret = job_secret()  # before serving: a pod without its job's secret does not start
+    store = JobStore(serve_store(args.host, args.port), args.job, secret)
     if args.source == "kubernetes":
         source.store = store
     else:

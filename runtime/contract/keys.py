@@ -26,6 +26,10 @@ prefix (``liveshard/<job>/``, see ``control.store.JobStore``).
 
 from __future__ import annotations
 
+# The environment variable that carries the job's store secret: every value above is written
+# with an HMAC made with it (control.store.JobStore); the operator keeps it in a per-job Secret.
+SECRET_ENV = "LIVESHARD_JOB_SECRET"
+
 
 class Keys:
     LATEST = "plan/latest"

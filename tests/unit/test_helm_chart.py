@@ -44,6 +44,7 @@ EXPECTED_JOB_RULES = {
     ("", "events"): {"create"},
     ("", "services"): {"create"},
     ("", "serviceaccounts"): {"create"},
+    ("", "secrets"): {"create"},  # the job's store secret
     ("networking.k8s.io", "networkpolicies"): {"create"},
     ("rbac.authorization.k8s.io", "roles"): {"create"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"create"},
@@ -230,8 +231,8 @@ def test_operator_holds_every_permission_it_uses_and_grants(default_objs):
            "spec": {"model": {"preset": "tiny-gpt"}, "image": "img", "workers": {"max": 2, "gpusPerWorker": 1}}}
     spec = read_spec(job["spec"])
     plural = {"Pod": "pods", "Service": "services", "ServiceAccount": "serviceaccounts", "Role": "roles",
-              "RoleBinding": "rolebindings", "NetworkPolicy": "networkpolicies"}
-    for child in [*builders.job_children(job, spec), builders.worker_pod(job, spec, 0),
+              "RoleBinding": "rolebindings", "NetworkPolicy": "networkpolicies", "Secret": "secrets"}
+    for child in [*builders.job_children(job, spec, "t0ken"), builders.worker_pod(job, spec, 0),
                   builders.coordinator_pod(job, spec)]:
         group = child["apiVersion"].rpartition("/")[0]
         assert "create" in held[(group, plural[child["kind"]])], child["kind"]

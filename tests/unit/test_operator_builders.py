@@ -82,9 +82,9 @@ def test_service_policy_and_rbac_are_scoped_to_the_job():
                        "resourceNames": ["llm"], "verbs": ["get", "patch", "update"]}]
     binding = builders.role_binding(JOB)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-liveshard", "namespace": "ml"}]
-    kinds = [o["kind"] for o in builders.job_children(JOB, SPEC)]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Service", "NetworkPolicy", "NetworkPolicy"]
-    assert all(o["metadata"]["ownerReferences"][0]["uid"] == "u-1" for o in builders.job_children(JOB, SPEC))
+    kinds = [o["kind"] for o in builders.job_children(JOB, SPEC, "t0ken")]
+    assert kinds == ["Secret", "ServiceAccount", "Role", "RoleBinding", "Service", "NetworkPolicy", "NetworkPolicy"]
+    assert all(o["metadata"]["ownerReferences"][0]["uid"] == "u-1" for o in builders.job_children(JOB, SPEC, "t0ken"))
 
 
 # The Pod Security Standards' "restricted" profile, as the PodSecurity admission plugin checks it.
