@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Hashable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -61,7 +61,7 @@ class Context:
                 del self._node_signals[key]
             self.signal_seen.pop(name, None)
             return None
-        first = self._node_signals.setdefault((name, sig.kind, sig.source), sig)
+        first = self._node_signals.setdefault((name, sig.kind, sig.source), replace(sig, seen=now))
         self.signal_seen.setdefault(name, time.monotonic())
         return first
 

@@ -79,8 +79,9 @@ class Decision:
 # ---- observing --------------------------------------------------------------------------------
 def observe_workers(pods: list[dict[str, Any]], nodes: Mapping[str, Signal | None],
                     node_labels: Mapping[str, Mapping[str, str]], act_on: frozenset[str],
-                    now: datetime) -> list[Worker]:
-    """Worker pods with their signals. ``nodes`` has every node that exists (missing: gone)."""
+                    now: datetime, debounce_seconds: float = 0.0) -> list[Worker]:
+    """Worker pods with their signals. ``nodes`` has every node that exists (missing: gone).
+    A withdrawable node signal younger than ``debounce_seconds`` does not count yet."""
     out = []
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -98,7 +99,8 @@ def observe_workers(pods: list[dict[str, Any]], nodes: Mapping[str, Signal | Non
                 sig = signals.node_gone(node, now)
             else:
                 node_sig = nodes[node]
-                if node_sig is not None and signals.acts_on(node_sig, act_on):
+                if node_sig is not None and signals.acts_on(node_sig, act_on) \
+                        and not node_sig.settling(now, debounce_seconds):
                     sig = node_sig
         out.append(Worker(
             name=meta["name"], index=index, uid=meta.get("uid", ""), node=node,
@@ -190,7 +192,13 @@ class _Reconciler:
             st["conditions"] = self.conditions
             return d
         self._coordinator_pod()
-        workers = observe_workers(self.pods, self.nodes, self.node_labels, self.spec.elasticity.act_on, self.now)
+        debounce = self.spec.elasticity.debounce_seconds
+        workers = observe_workers(self.pods, self.nodes, self.node_labels, self.spec.elasticity.act_on, self.now,
+                                  debounce)
+        settling = [s.settling(self.now, debounce) for s in (self.nodes.get(w.node) for w in workers if w.node)
+                    if s is not None]
+        if any(settling):  # look again when the youngest withdrawable signal has held long enough
+            self.d.requeue_after = min(self.d.requeue_after, min(x for x in settling if x) + 0.1)
         self.by_name = {w.name: w for w in workers}
         plan = self.plan
         acked = plan is None or self.ack.generation >= plan.generation

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from liveshard.runtime.contract.causes import ALWAYS_ACT, Cause
+from liveshard.runtime.contract.causes import ALWAYS_ACT, WITHDRAWABLE, Cause
 from liveshard.runtime.contract.times import parse_time
 
 # Signal kinds are ``contract.Cause`` members (also the values of spec.elasticity.actOn).
@@ -56,6 +56,7 @@ class Signal:
     deadline: datetime | None  # when it is expected gone; None: not announced
     failure: bool = False  # counts against the job (never for planned removals)
     source: str = ""  # the taint key / condition / field that said so
+    seen: datetime | None = None  # when the operator first saw it (None: act on it at once)
 
     @property
     def preemption(self) -> bool:
@@ -63,6 +64,12 @@ class Signal:
 
     def seconds_left(self, now: datetime) -> float | None:
         return None if self.deadline is None else (self.deadline - now).total_seconds()
+
+    def settling(self, now: datetime, debounce_seconds: float) -> float:
+        """Seconds before a withdrawable signal counts (0: it counts now)."""
+        if self.kind not in WITHDRAWABLE or self.seen is None or debounce_seconds <= 0:
+            return 0.0
+        return max(0.0, debounce_seconds - (now - self.seen).total_seconds())
 
 
 def most_pressing(signals: list[Signal]) -> Signal | None:

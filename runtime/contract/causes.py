@@ -43,6 +43,12 @@ NODE_KINDS: tuple[Cause, ...] = (
     Cause.DISRUPTION, Cause.CORDON, Cause.NOT_READY, Cause.UNREACHABLE, Cause.OUT_OF_SERVICE)
 ALWAYS_ACT: tuple[Cause, ...] = (Cause.NODE_GONE, Cause.POD_DISRUPTION, Cause.POD_DELETION, Cause.POD_FAILED)
 
+# Node signals that are often withdrawn within seconds (a taint blip, a flapping Ready
+# condition, a rebalance hint): acted on only once they have held for the job's debounce time.
+# Hard deadlines (spot-interruption, Karpenter's disruption) act at once.
+WITHDRAWABLE: frozenset[Cause] = frozenset({
+    Cause.REBALANCE_RECOMMENDATION, Cause.CORDON, Cause.NOT_READY, Cause.UNREACHABLE, Cause.SCALE_IN})
+
 # Causes after which the leaving members may already be dead: the coordinator's heartbeat
 # watch may see the loss first, and a plan for it waits a moment for that recovery.
 LOSSES: frozenset[Cause] = frozenset({

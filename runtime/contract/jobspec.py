@@ -44,6 +44,7 @@ class Elasticity:
     act_on: frozenset[str]
     scale_up_cooldown_seconds: float
     reconfiguration_timeout_seconds: float
+    debounce_seconds: float = 5.0  # withdrawable signals count only after holding this long
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,7 @@ def read_spec(spec: dict[str, Any]) -> JobSpec:
         scale_up_cooldown_seconds=float(_int(e, "scaleUpCooldownSeconds", "spec.elasticity", 300, 0)),
         reconfiguration_timeout_seconds=float(_int(e, "reconfigurationTimeoutSeconds",
                                                    "spec.elasticity", 300)),
+        debounce_seconds=float(_int(e, "debounceSeconds", "spec.elasticity", 5, 0)),
     )
     return JobSpec(model=model, image=image, workers=workers, parallelism=par, elasticity=elastic, raw=spec)
 

@@ -381,3 +381,24 @@ def test_a_plan_never_answered_is_replaced_once_another_world_is_possible():
     _, job2 = step(make_job(), pods, healthy(4))
     _, job2 = step(job2, [*pods, make_pod(3)], healthy(4), T0 + timedelta(seconds=300 + 30))
     assert job2["status"]["plan"]["generation"] == 1
+
+
+def test_a_withdrawable_signal_counts_only_once_it_has_held_for_the_debounce_time():
+    from dataclasses import replace
+
+    job, pods = running_job()
+    now = T0 + timedelta(seconds=30)
+    cordon = replace(signals.classify_node({"metadata": {"name": "node-2"}, "spec": {"unschedulable": True}}, now),
+                     seen=now)
+    assert cordon.kind == Cause.CORDON
+    nodes = {**healthy(4), "node-2": cordon}
+    d, held = step(job, pods, nodes, now + timedelta(seconds=2))  # a blip so far: nothing moves
+    assert held["status"]["plan"]["generation"] == 1 and not d.delete_pods
+    assert 2.9 < d.requeue_after <= 3.2  # looked at again when the 5 s have passed
+    d, moved = step(job, pods, nodes, now + timedelta(seconds=6))
+    assert moved["status"]["plan"]["generation"] == 2 and moved["status"]["plan"]["cause"] == "cordon"
+    # a spot interruption is a hard deadline: it acts at once
+    spot = replace(signals.classify_node({"metadata": {"name": "node-2"}, "spec": {"taints": [SPOT]}}, now),
+                   seen=now)
+    _, at_once = step(job, pods, {**healthy(4), "node-2": spot}, now)
+    assert at_once["status"]["plan"]["generation"] == 2
