@@ -20,14 +20,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from liveshard.operator import builders, signals
+from liveshard.operator.conditions import condition, set_condition
+from liveshard.operator.observed import Worker, observe_workers
 from liveshard.operator.signals import Signal
 from liveshard.runtime.contract.causes import LOSSES, Cause
-from liveshard.runtime.contract.crd import LABEL_INDEX, LABEL_ROLE, ROLE_COORDINATOR, ROLE_WORKER
+from liveshard.runtime.contract.crd import LABEL_ROLE, ROLE_COORDINATOR
 from liveshard.runtime.contract.jobspec import JobSpec, read_spec
 from liveshard.runtime.contract.status import InvalidStatus, PlanAbort, PlanAck, StatusPlan, Telemetry
 from liveshard.runtime.contract.times import iso, parse_time
 from liveshard.runtime.errors import ConfigError
-from liveshard.runtime.planner.pods import Candidate, PodAssignment, micro_batches, node_gpu_memory, plan_for
+from liveshard.runtime.planner.pods import Candidate, PodAssignment, micro_batches, plan_for
 from liveshard.runtime.planner.search import NoFeasiblePlan
 
 HISTORY_LIMIT = 20
@@ -36,28 +38,6 @@ ACK_GRACE_SECONDS = 60.0  # after a plan's deadline, before the operator plans a
 IDLE_REQUEUE_SECONDS = 30.0
 UNACKED_REQUEUE_SECONDS = 5.0
 
-
-
-@dataclass(frozen=True)
-class Worker:
-    """A worker pod as the decision sees it."""
-
-    name: str
-    index: int
-    uid: str
-    node: str | None
-    phase: str
-    deleting: bool
-    signal: Signal | None  # why it is going away (already filtered by the job's policy)
-    gpu_memory_bytes: int | None
-
-    @property
-    def dead(self) -> bool:
-        return self.phase in ("Failed", "Succeeded")
-
-    @property
-    def running(self) -> bool:
-        return self.phase == "Running" and bool(self.node) and not self.deleting
 
 
 @dataclass
@@ -74,59 +54,6 @@ class Decision:
     requeue_after: float = IDLE_REQUEUE_SECONDS
     scale_up_key: Hashable | None = None  # candidates already tried for scale-up
     spec: JobSpec | None = None
-
-
-# ---- observing --------------------------------------------------------------------------------
-def observe_workers(pods: list[dict[str, Any]], nodes: Mapping[str, Signal | None],
-                    node_labels: Mapping[str, Mapping[str, str]], act_on: frozenset[str],
-                    now: datetime, debounce_seconds: float = 0.0) -> list[Worker]:
-    """Worker pods with their signals. ``nodes`` has every node that exists (missing: gone).
-    A withdrawable node signal younger than ``debounce_seconds`` does not count yet."""
-    out = []
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        if labels.get(LABEL_ROLE) != ROLE_WORKER:
-            continue
-        try:
-            index = int(labels.get(LABEL_INDEX, ""))
-        except ValueError:
-            continue
-        node = (pod.get("spec") or {}).get("nodeName")
-        sig = signals.classify_pod(pod, now)
-        if sig is None and node:
-            if node not in nodes:
-                sig = signals.node_gone(node, now)
-            else:
-                node_sig = nodes[node]
-                if node_sig is not None and signals.acts_on(node_sig, act_on) \
-                        and not node_sig.settling(now, debounce_seconds):
-                    sig = node_sig
-        out.append(Worker(
-            name=meta["name"], index=index, uid=meta.get("uid", ""), node=node,
-            phase=(pod.get("status") or {}).get("phase") or "Pending",
-            deleting=bool(meta.get("deletionTimestamp")), signal=sig,
-            gpu_memory_bytes=node_gpu_memory(node_labels.get(node)) if node else None,
-        ))
-    return sorted(out, key=lambda w: w.index)
-
-
-# ---- conditions -------------------------------------------------------------------------------
-def set_condition(conditions: list[dict[str, Any]], ctype: str, status: bool, reason: str, message: str,
-                  now: datetime) -> list[dict[str, Any]]:
-    value = "True" if status else "False"
-    out = [c for c in conditions if c.get("type") != ctype]
-    old = next((c for c in conditions if c.get("type") == ctype), None)
-    since = old["lastTransitionTime"] if old and old.get("status") == value and old.get(
-        "lastTransitionTime") else iso(now)
-    out.append({"type": ctype, "status": value, "reason": reason, "message": message,
-                "lastTransitionTime": since})
-    order = {"Ready": 0, "Reconfiguring": 1, "Degraded": 2, "Suspended": 3}
-    return sorted(out, key=lambda c: (order.get(c["type"], 9), c["type"]))
-
-
-def condition(conditions: list[dict[str, Any]], ctype: str) -> dict[str, Any] | None:
-    return next((c for c in conditions if c.get("type") == ctype), None)
 
 
 def _generation_of(plan: Any) -> int:
@@ -562,4 +489,4 @@ class _Reconciler:
         self.cond("Degraded", degraded, reason, message)
 
 
-__all__ = ["Decision", "Worker", "iso", "observe_workers", "reconcile", "set_condition"]
+__all__ = ["Decision", "reconcile"]

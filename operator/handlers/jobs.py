@@ -20,9 +20,10 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from liveshard.operator import builders, metrics
+from liveshard.operator.conditions import set_condition
 from liveshard.operator.context import Context, NodeView
 from liveshard.operator.kube import Conflict
-from liveshard.operator.reconcile import Decision, reconcile, set_condition
+from liveshard.operator.reconcile import Decision, reconcile
 from liveshard.runtime.contract.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 ERROR_BACKOFF = 5.0

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import pytest
 
+from liveshard.dev.dockerfile import instructions
 from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,18 +56,6 @@ AIOHTTP_REQUIRERS = {"kopf", "kubernetes", "aiohttp-retry"}
 
 
 # ---- what the Dockerfiles install ------------------------------------------------------------------
-def instructions(path: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    lines = [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
-    text = re.sub(r"\\\n", " ", "\n".join(lines))
-    out = []
-    for line in text.splitlines():
-        if line.strip():
-            word, _, rest = line.strip().partition(" ")
-            out.append((word.upper(), rest.strip()))
-    return out
-
-
 def resolve(value: str, args: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), m.group(0)), value)
 

@@ -12,22 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from liveshard.dev.dockerfile import instructions
 from liveshard.runtime.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted((ROOT / "images").glob("*/Dockerfile"))
-
-
-def instructions(path: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(
-        line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")))
-    out = []
-    for line in text.splitlines():
-        if line.strip():
-            word, _, rest = line.strip().partition(" ")
-            out.append((word.upper(), rest.strip()))
-    return out
 
 
 def arg_defaults(instrs: list[tuple[str, str]]) -> dict[str, str]:
