@@ -48,12 +48,11 @@ def run_liveshard(args, mode: str, events: str, steps: int, workdir: Path, *, wo
                   preallocate: str = "auto") -> dict:
     from liveshard.dev.localrun.driver import RunSpec, run_local
     from liveshard.dev.localrun.events import parse_events
-    from liveshard.runtime.spec import load_model
 
-    return run_local(RunSpec(model=args.model, spec=load_model(args.model), workers=workers, parallel=parallel,
-                             steps=steps, global_batch=global_batch or args.global_batch,
-                             seq_length=args.seq_length, events=parse_events(events), mode=mode,
-                             preallocate=preallocate, workdir=str(workdir)))
+    return run_local(RunSpec.mock(args.model, workers=workers, parallel=parallel, steps=steps,
+                                  global_batch=global_batch or args.global_batch, seq_length=args.seq_length,
+                                  events=parse_events(events), mode=mode, preallocate=preallocate,
+                                  workdir=str(workdir)))
 
 
 def _kill_tree(pid: int) -> None:

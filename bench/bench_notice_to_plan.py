@@ -175,7 +175,7 @@ def main() -> int:
                 "metadata": {"name": f"job-{j:03d}", "namespace": NS},
                 "spec": {"model": {"preset": args.model}, "image": "ghcr.io/example/train:1",
                          "workers": {"min": 1, "max": args.workers, "gpusPerWorker": args.gpus_per_worker},
-                         "parallelism": {"globalBatch": 512}}})
+                         "training": {"data": {"mock": True}, "trainIters": 1000, "globalBatch": 512}}})
         expected = args.jobs * (args.workers + 1)
         while True:
             pods = core.list_namespaced_pod(NS).items

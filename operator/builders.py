@@ -13,6 +13,7 @@ from typing import Any
 from liveshard.runtime.contract.crd import (
     API_VERSION,
     DEFAULT_COORDINATOR_PORT,
+    DEFAULT_METRICS_PORT,
     GROUP,
     KIND,
     LABEL_INDEX,
@@ -24,6 +25,7 @@ from liveshard.runtime.contract.crd import (
 )
 from liveshard.runtime.contract.jobspec import JobSpec
 from liveshard.runtime.contract.keys import SECRET_ENV
+from liveshard.runtime.contract.training import TRAINING_ENV
 
 # The coordinator must outlive spot capacity: keep it off nodes any major provider labels spot.
 SPOT_LABELS = (
@@ -108,6 +110,8 @@ def _env(job: dict[str, Any], spec: JobSpec, role: str) -> list[dict[str, Any]]:
         {"name": "LIVESHARD_COORDINATOR", "value": coordinator_address(name, ns, port)},
         {"name": "LIVESHARD_GPUS_PER_WORKER", "value": str(spec.workers.gpus_per_worker)},
         {"name": "LIVESHARD_MODEL", "value": json.dumps(spec.model.to_dict(), sort_keys=True)},
+        # spec.training, every default spelled out: the workers' one source of what to train
+        {"name": TRAINING_ENV, "value": spec.training.to_json()},
         {"name": "LIVESHARD_CHECKPOINT_DIR", "value": ckpt.get("path", "/checkpoints")},
         {"name": "LIVESHARD_CHECKPOINT_INTERVAL_MINUTES", "value": str(ckpt.get("intervalMinutes", 30))},
         # the job's store authenticates every value with this (runtime/control/store.py)
@@ -197,7 +201,8 @@ def coordinator_pod(job: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
         "name": "coordinator", "image": coord.get("image") or spec.image,
         "command": ["liveshard", "coordinator"],
         "env": _env(job, spec, ROLE_COORDINATOR),
-        "ports": [{"name": "c10d", "containerPort": port, "protocol": "TCP"}],
+        "ports": [{"name": "c10d", "containerPort": port, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": DEFAULT_METRICS_PORT, "protocol": "TCP"}],
         "resources": coord.get("resources") or {"requests": {"cpu": "250m", "memory": "256Mi"},
                                                   "limits": {"memory": "1Gi"}},
         "volumeMounts": mounts,
@@ -240,7 +245,9 @@ def network_policy(job: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
                 "podSelector": {"matchLabels": {LABEL_JOB: name, LABEL_ROLE: ROLE_COORDINATOR}},
                 "policyTypes": ["Ingress"],
                 "ingress": [{"from": [{"podSelector": {"matchLabels": {LABEL_JOB: name}}}],
-                             "ports": [{"protocol": "TCP", "port": port}]}],
+                             "ports": [{"protocol": "TCP", "port": port}]},
+                            # Prometheus, wherever it runs: the metrics endpoint serves read-only gauges.
+                            {"ports": [{"protocol": "TCP", "port": DEFAULT_METRICS_PORT}]}],
             }}
 
 

@@ -26,7 +26,14 @@ from liveshard.operator.signals import Signal
 from liveshard.runtime.contract.causes import LOSSES, Cause
 from liveshard.runtime.contract.crd import LABEL_ROLE, ROLE_COORDINATOR
 from liveshard.runtime.contract.jobspec import JobSpec, read_spec
-from liveshard.runtime.contract.status import InvalidStatus, PlanAbort, PlanAck, StatusPlan, Telemetry
+from liveshard.runtime.contract.status import (
+    Finished,
+    InvalidStatus,
+    PlanAbort,
+    PlanAck,
+    StatusPlan,
+    Telemetry,
+)
 from liveshard.runtime.contract.times import iso, parse_time
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.planner.pods import Candidate, PodAssignment, micro_batches, plan_for
@@ -118,6 +125,10 @@ class _Reconciler:
         if not self._read_inputs():
             st["conditions"] = self.conditions
             return d
+        finished = self._status_part(Finished.from_status, None)
+        if finished is not None:
+            self._succeeded(finished)
+            return d
         self._coordinator_pod()
         debounce = self.spec.elasticity.debounce_seconds
         workers = observe_workers(self.pods, self.nodes, self.node_labels, self.spec.elasticity.act_on, self.now,
@@ -158,6 +169,31 @@ class _Reconciler:
         if plan and not acked:
             d.requeue_after = min(d.requeue_after, UNACKED_REQUEUE_SECONDS)
         return d
+
+    # -- the end --
+    def _succeeded(self, finished: Finished) -> None:
+        """Training reached trainIters and its final checkpoint is complete: the job is done.
+        Nothing is planned or created any more (an operator restart reads the same status); the
+        coordinator pod, which restarts on exit, is deleted; worker pods have exited 0 and stay
+        for their logs."""
+        st, d = self.d.status, self.d
+        where = f"; final checkpoint {finished.checkpoint}" if finished.checkpoint else ""
+        message = f"trained {finished.step} steps{where}"
+        if self.status.get("phase") != "Succeeded":
+            self.event("Normal", "Succeeded", message)
+        st["phase"] = "Succeeded"
+        st["message"] = message
+        d.create_coordinator = False
+        for p in self.pods:
+            meta = p.get("metadata") or {}
+            if (meta.get("labels") or {}).get(LABEL_ROLE) == ROLE_COORDINATOR and not meta.get("deletionTimestamp"):
+                d.delete_pods.append(meta["name"])
+        self.cond("Succeeded", True, "TrainItersReached", message)
+        self.cond("Ready", False, "Succeeded", message)
+        self.cond("Reconfiguring", False, "Idle", "")
+        st["conditions"] = self.conditions
+        st["history"] = self.history[-HISTORY_LIMIT:]
+        d.requeue_after = max(d.requeue_after, 300.0)
 
     # -- phase 0: inputs --
     def _read_inputs(self) -> bool:

@@ -27,6 +27,9 @@ from typing import Protocol
 from liveshard.runtime.contract.causes import Cause
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.contract.status import pod_of
+from liveshard.runtime.contract.times import iso
+from liveshard.runtime.contract.training import TrainingSpec
+from liveshard.runtime.control.metrics import JobMetrics
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan, transition_members
 from liveshard.runtime.control.store import JobStore
 from liveshard.runtime.errors import ConfigError
@@ -128,8 +131,11 @@ class Generation:
 
 class Coordinator:
     def __init__(self, store: JobStore, spec: ModelSpec, source: PlanSource, planning: PlanningInputs, *,
-                 heartbeat_timeout: float = 3.0, transition_timeout: float = 120.0) -> None:
+                 heartbeat_timeout: float = 3.0, transition_timeout: float = 120.0,
+                 training: TrainingSpec | None = None, metrics: JobMetrics | None = None) -> None:
         self.store = store
+        self.training = training  # the job's training spec: progress, ETA
+        self.metrics = metrics  # Prometheus gauges of the job (None: not exported)
         self.spec = spec
         self.source = source
         self.planning = planning
@@ -146,6 +152,7 @@ class Coordinator:
         self._last_report = 0.0
         self.report_interval = 2.0
         self._first_seen: dict[str, float] = {}
+        self.finished: dict | None = None  # rank 0's report at trainIters (Keys.FINISHED)
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self, stop_after: float | None = None, period: float = 0.02, idle_period: float = 0.2) -> None:
@@ -169,7 +176,7 @@ class Coordinator:
             live = [m for m in ((*self.current.members, *self.current.standbys) if self.current else ())
                     if m not in self.dead]
             beats = [self.store.get_json(Keys.heartbeat(m)) or {} for m in live]
-            if all(b.get("state") == "exited" or time.time() - b.get("time", 0) > self.heartbeat_timeout
+            if all(b.get("state") in ("exited", "finished") or time.time() - b.get("time", 0) > self.heartbeat_timeout
                    for b in beats):
                 return
             time.sleep(0.1)
@@ -178,8 +185,19 @@ class Coordinator:
         if self.current is None and self.pending is None:
             self._adopt_running_world()
         self._watch_heartbeats()
+        if self.metrics is not None and self.current is not None and self.current.members:
+            t = self.training
+            self.metrics.observe_heartbeats(self.telemetry, self.current.members, generation=self.current.generation,
+                                            train_iters=t.train_iters if t else None,
+                                            tokens_per_step=t.global_batch * t.seq_length if t else None)
         self._collect_results()
-        if self.pending is None:
+        if self.finished is None and self.pending is None:
+            self.finished = self.store.get_json(Keys.FINISHED)
+            if self.finished is not None:
+                log.info("training finished at step %s; final checkpoint %s", self.finished.get("step"),
+                         self.finished.get("checkpoint"))
+                self._report()
+        if self.pending is None and self.finished is None:
             request = self.source.poll()
             if request is not None:
                 self._start(request)
@@ -352,6 +370,8 @@ class Coordinator:
             "seconds": time.monotonic() - gen.started,
         }
         self.history.append(entry)
+        if self.metrics is not None:
+            self.metrics.observe_generation(outcome, phases)
         if outcome == "committed":
             self.current = plan
         self.pending = None
@@ -385,7 +405,7 @@ class Coordinator:
                     newly_dead.append(m)
                 continue
             self.telemetry[m] = hb
-            if hb.get("state") == "exited":
+            if hb.get("state") in ("exited", "finished"):
                 continue
             if now - hb["time"] > self.heartbeat_timeout:
                 newly_dead.append(m)
@@ -416,7 +436,33 @@ class Coordinator:
             "history": self.history,
             "telemetry": self.telemetry,
             "health": summarize(self.telemetry, self._step_history),
+            "progress": self.progress(),
+            "finished": self.finished,
         }
+
+    def progress(self) -> dict | None:
+        """Where training is, from the members' heartbeats: step, samples, last loss, tokens/s, ETA."""
+        if self.current is None:
+            return None
+        beats = [self.telemetry[m] for m in self.current.members if m in self.telemetry]
+        steps = [int(b["step"]) for b in beats if b.get("step") is not None]
+        if not steps:
+            return None
+        step = max(steps)
+        loss = next((b["loss"] for b in beats if b.get("step") == step and b.get("loss") is not None), None)
+        seconds = sorted(float(b["step_seconds"]) for b in beats if b.get("step_seconds"))
+        step_seconds = seconds[len(seconds) // 2] if seconds else None
+        consumed = max((int(b["consumed_samples"]) for b in beats if b.get("consumed_samples") is not None),
+                       default=None)
+        out: dict = {"step": step, "loss": loss, "consumed_samples": consumed, "step_seconds": step_seconds,
+                     "time": time.time()}
+        t = self.training
+        if t is not None:
+            out["train_iters"] = t.train_iters
+            if step_seconds:
+                out["tokens_per_second"] = t.global_batch * t.seq_length / step_seconds
+                out["eta"] = iso(time.time() + max(0, t.train_iters - step) * step_seconds)
+        return out
 
     def _adopt_running_world(self) -> None:
         """After a restart (the store is new and empty), take over the world the workers run.

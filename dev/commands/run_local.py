@@ -1,4 +1,8 @@
-"""``liveshard run-local``: a whole job on local processes through a list of world changes."""
+"""``liveshard run-local``: a whole job on local processes through a list of world changes.
+
+``--job FILE`` takes the ElasticTrainingJob manifest ``kubectl apply`` takes (its model, training
+and parallelism constraints); flags override single fields or, without ``--job``, say it all.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +10,17 @@ import argparse
 import json
 import sys
 
+from liveshard.runtime.commands import training_args
+
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="preset name or YAML file")
-    p.add_argument("--workers", type=int, required=True, help="workers at the start")
-    p.add_argument("--parallel", required=True, help="the starting config, e.g. tp=2,pp=1,dp=2")
-    p.add_argument("--steps", type=int, required=True, help="optimizer steps in total")
-    p.add_argument("--global-batch", type=int, default=8)
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--seq-length", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
+    training_args.add_arguments(p)
+    p.add_argument("--steps", type=int, dest="train_iters", default=None,
+                   help="optimizer steps in total (the job's trainIters)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="workers (one process each) at the start (default: the job's workers.max x gpusPerWorker)")
+    p.add_argument("--parallel", default=None,
+                   help="the starting config, e.g. tp=2,pp=1,dp=2 (default: the planner's choice for --workers)")
     p.add_argument("--events", default="", help='e.g. "5:leave=1 10:join=1 15:kill=0 20:parallel=tp=2,pp=1,dp=1"')
     p.add_argument("--mode", choices=("live", "checkpoint"), default="live")
     p.add_argument("--checkpoint-every", type=int, default=0, help="periodic checkpoint interval (steps)")
@@ -27,23 +32,44 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true")
 
 
+def _start_config(args: argparse.Namespace, spec, training, workers: int) -> str:
+    """``--parallel``, else the planner's choice for ``workers`` processes under the job's constraints."""
+    if args.parallel:
+        return args.parallel
+    from liveshard.runtime.planner import GPU, Constraints, plan_world
+
+    tp = pp = None
+    if args.job_file:
+        from liveshard.runtime.contract.jobspec import read_spec
+
+        raw = training_args.read_job_file(args.job_file).raw["spec"]
+        par = read_spec({**raw, "image": raw.get("image") or "local"}).parallelism
+        tp, pp = par.tp, par.pp
+    gpus = [GPU(id=f"w{i}", node="local", memory_bytes=80 << 30) for i in range(workers)]
+    plan = plan_world(spec, gpus, Constraints(tp=tp, pp=pp, global_batch=training.global_batch,
+                                              micro_batch=training.micro_batch))
+    return str(plan.config)
+
+
 def run(args: argparse.Namespace) -> int:
     from liveshard.dev.localrun.driver import RunSpec, run_local
     from liveshard.dev.localrun.events import parse_events
-    from liveshard.runtime.spec import load_model
+    from liveshard.runtime.errors import ConfigError
 
-    spec = load_model(args.model)
+    spec, training = training_args.resolve(args, env={})
+    workers = args.workers
+    if workers is None:
+        if not args.job_file:
+            raise ConfigError("--workers", "is required without --job", "give the number of local workers")
+        job = training_args.read_job_file(args.job_file)
+        workers = job.workers_max * job.gpus_per_worker
     events = parse_events(args.events)
-    if any(e.step >= args.steps for e in events):
-        from liveshard.runtime.errors import ConfigError
-
+    if any(e.step >= training.train_iters for e in events):
         raise ConfigError("--events", "every event must come before the last step", "raise --steps")
     report = run_local(RunSpec(
-        model=args.model, spec=spec, workers=args.workers, parallel=args.parallel, steps=args.steps,
-        global_batch=args.global_batch, events=events, mode=args.mode, seq_length=args.seq_length,
-        micro_batch=args.micro_batch, lr=args.lr, verify=args.verify, preallocate=args.preallocate,
-        checkpoint_every=args.checkpoint_every,
-        workdir=args.workdir, log=None if args.quiet else sys.stderr))
+        spec=spec, training=training, workers=workers, parallel=_start_config(args, spec, training, workers),
+        events=events, mode=args.mode, verify=args.verify, preallocate=args.preallocate,
+        checkpoint_every=args.checkpoint_every, workdir=args.workdir, log=None if args.quiet else sys.stderr))
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     for e in report["events"]:
@@ -51,5 +77,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"{e['event']:<28} {e['outcome']:<10} downtime {'-' if dt is None else f'{dt:.3f} s'}")
     last = report["steps"][-1] if report["steps"] else {}
     print(f"{len(report['steps'])} steps, final loss {last.get('loss')}, consumed {last.get('consumed_samples')}"
-          f" samples; report: {args.out}")
+          f" samples; final checkpoint {report.get('final_checkpoint')}; report: {args.out}")
     return 0

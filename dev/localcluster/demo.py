@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -77,8 +78,12 @@ class Demo:
         self.core = k8s.CoreV1Api(self.cluster.api)
         self.custom = k8s.CustomObjectsApi(self.cluster.api)
         self.say(f"cluster up: kubeconfig {self.cluster.kubeconfig} ({self.cluster.kube.url})")
+        from liveshard.runtime.data.corpus import build_corpus, default_corpus_dir
+
+        corpus = build_corpus(os.path.join(default_corpus_dir(), "v1024"), vocab_size=1024)
+        self.say(f"corpus: {corpus.data_prefix} (tokenizer {corpus.tokenizer_dir})")
         body = sample_job(self.job, self.ns, replicas=self.replicas, global_batch=self.global_batch,
-                          gpus_per_worker=self.gpus_per_worker,
+                          gpus_per_worker=self.gpus_per_worker, corpus=corpus,
                           extra_args=("--result", str(self.out / "results" / "$(LIVESHARD_POD_NAME).json")))
         (self.out / "job.json").write_text(json.dumps(body, indent=2))
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)

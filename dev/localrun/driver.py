@@ -27,13 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from liveshard.dev.localrun.events import Event
 from liveshard.dev.ports import free_port
 from liveshard.runtime.contract.keys import SECRET_ENV, Keys
+from liveshard.runtime.contract.training import TRAINING_ENV, TrainingSpec, read_training
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner import FEWEST_CHANGES, GPU, Constraints, ParallelPlan, plan_world
@@ -42,18 +43,12 @@ from liveshard.runtime.spec import ModelSpec
 
 @dataclass
 class RunSpec:
-    model: str  # preset or YAML path (passed to the processes)
-    spec: ModelSpec
+    spec: ModelSpec  # its params_dtype is the training's precision
+    training: TrainingSpec  # what every worker trains (handed over as LIVESHARD_TRAINING)
     workers: int
     parallel: str
-    steps: int
-    global_batch: int
     events: list[Event]
     mode: str = "live"
-    seq_length: int = 32
-    micro_batch: int = 1
-    lr: float = 1e-3
-    seed: int = 1234
     verify: bool = False
     preallocate: str = "auto"  # liveshard worker --preallocate
     checkpoint_every: int = 0
@@ -61,6 +56,35 @@ class RunSpec:
     collective_timeout: float = 20.0
     workdir: str | None = None
     log: Any = None  # a file for progress lines (None: quiet)
+
+    @property
+    def steps(self) -> int:
+        return self.training.train_iters
+
+    @property
+    def global_batch(self) -> int:
+        return self.training.global_batch
+
+    @property
+    def micro_batch(self) -> int:
+        return self.training.micro_batch
+
+    @staticmethod
+    def mock(model: str, *, workers: int, parallel: str, steps: int, global_batch: int, events: list[Event],
+             seq_length: int = 32, micro_batch: int = 1, lr: float = 1e-3, eval_interval: int = 0,
+             precision: str | None = None, **kw: Any) -> RunSpec:
+        """A run on megatron's mock data with the short schedule tests and benchmarks use."""
+        from liveshard.runtime.spec import load_model
+
+        spec = load_model(model)
+        training = read_training({
+            "data": {"mock": True}, "trainIters": steps, "globalBatch": global_batch, "microBatch": micro_batch,
+            "seqLength": seq_length, "precision": precision or spec.params_dtype,
+            "optimizer": {"lr": lr, "minLr": lr / 10, "weightDecay": 0.0},
+            "schedule": {"warmupIters": 2, "decayIters": 1000},
+            "eval": {"interval": eval_interval, "iters": 2}})
+        return RunSpec(spec=replace(spec, params_dtype=training.precision), training=training, workers=workers,
+                       parallel=parallel, events=events, **kw)
 
 
 @dataclass
@@ -119,6 +143,9 @@ class LocalRun:
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PYTHONUNBUFFERED"] = "1"
         env[SECRET_ENV] = self.secret.decode()  # this run's store is authenticated like a job's
+        # What to train, handed over as the operator hands it to a job's pods.
+        env["LIVESHARD_MODEL"] = json.dumps(self.run.spec.to_dict(), sort_keys=True)
+        env[TRAINING_ENV] = self.run.training.to_json()
         return env
 
     def _logfile(self, name: str):
@@ -126,22 +153,19 @@ class LocalRun:
 
     def start_coordinator(self, port: int) -> None:
         r = self.run
-        cmd = [*_cli(), "coordinator", "--host", "127.0.0.1", "--port", str(port), "--model", r.model,
-               "--global-batch", str(r.global_batch), "--micro-batch", str(r.micro_batch),
+        cmd = [*_cli(), "coordinator", "--host", "127.0.0.1", "--port", str(port),
                "--heartbeat-timeout", str(r.heartbeat_timeout), "--objective", FEWEST_CHANGES]
         self.procs.coordinator = subprocess.Popen(cmd, stdout=self._logfile("coordinator"), stderr=subprocess.STDOUT,
                                                   env=self._env(), start_new_session=True)
 
-    def start_worker(self, wid: str, port: int, *, max_steps: int, extra: list[str] | None = None,
+    def start_worker(self, wid: str, port: int, *, extra: list[str] | None = None,
                      holds: tuple[int, ...] = ()) -> None:
-        """Start worker ``wid``; with ``holds`` it waits at those steps until released."""
+        """Start worker ``wid``; with ``holds`` it waits at those steps until released. It trains
+        to trainIters and saves the final checkpoint there."""
         r = self.run
         safe = wid.replace("/", "_")
         base = [*_held_worker_cli(), "--hold-at-steps", ",".join(map(str, holds))] if holds else [*_cli(), "worker"]
-        cmd = [*base, "--id", wid, "--coordinator", f"127.0.0.1:{port}", "--model", r.model,
-               "--global-batch", str(r.global_batch), "--micro-batch", str(r.micro_batch),
-               "--seq-length", str(r.seq_length), "--lr", str(r.lr), "--seed", str(r.seed),
-               "--max-steps", str(max_steps), "--collective-timeout", str(r.collective_timeout),
+        cmd = [*base, "--id", wid, "--coordinator", f"127.0.0.1:{port}", "--collective-timeout", str(r.collective_timeout),
                "--result", str(self.dir / f"{safe}.json"), "--local-workers", "1", *(extra or [])]
         # Safety checkpoints (every --checkpoint-every steps) and the checkpoint a stop saves.
         # Background saves complete one step after they start: a scripted run is reproducible.
@@ -183,7 +207,7 @@ class LocalRun:
         # Joiners start now: imports and megatron set-up happen before they are admitted.
         holds = tuple(e.step for e in r.events)
         for wid in ids + joiners:
-            self.start_worker(wid, port, max_steps=r.steps, holds=holds)
+            self.start_worker(wid, port, holds=holds)
         StorePlanSource.post(store, PlanRequest(members=tuple(ids), config=str(self.cfg), reason="start"))
         self.say(f"started {len(ids)} workers ({len(joiners)} joiners waiting), config {self.cfg}")
         next_joiner = 0
@@ -362,7 +386,11 @@ class LocalRun:
                 if s is None or s["generation"] != rec["generation"]:
                     s = steps[rec["step"]] = {"step": rec["step"], "loss": None, "world_size": rec["world_size"],
                                               "consumed_samples": rec["consumed_samples"],
-                                              "generation": rec["generation"], "time": rec["time"]}
+                                              "generation": rec["generation"], "time": rec["time"],
+                                              "lr": rec.get("lr"), "grad_norm": rec.get("grad_norm"),
+                                              "loss_scale": rec.get("loss_scale"),
+                                              "skipped": rec.get("skipped", False),
+                                              "samples": rec.get("samples", [])}
                 if rec["loss"] is not None:
                     s["loss"] = rec["loss"]
                 s["time"] = max(s["time"], rec["time"])
@@ -375,7 +403,8 @@ class LocalRun:
         def world_of(wid: str, res: dict) -> tuple[int, int]:
             return (_segment(wid) or 0, res.get("generation") or 0)
 
-        finished = {wid: res for wid, res in results.items() if res.get("phase") == "exited" and res.get("checksums")}
+        finished = {wid: res for wid, res in results.items()
+                    if res.get("phase") in ("exited", "finished") and res.get("checksums")}
         final = max((world_of(w, r) for w, r in finished.items()), default=None)
         checksums: dict[str, int] = {}
         for wid, res in finished.items():
@@ -389,11 +418,24 @@ class LocalRun:
             "model": self.run.spec.name,
             "workers": self.run.workers,
             "global_batch": self.run.global_batch,
+            "training": self.run.training.to_section(),
             "steps": ordered,
+            "evals": self._evals(results),
+            "final_checkpoint": next((res.get("final_checkpoint") for res in results.values()
+                                      if res.get("final_checkpoint")), None),
             "events": events,
             "checksums": {k: f"{v:016x}" for k, v in sorted(checksums.items())},
             "workdir": str(self.dir),
         }
+
+    @staticmethod
+    def _evals(results: dict[str, dict]) -> list[dict]:
+        """Validation runs by step (the last pipeline stage's record; a recomputed step's newest)."""
+        by_step: dict[int, dict] = {}
+        for res in results.values():
+            for ev in res.get("evals") or []:
+                by_step[ev["step"]] = ev
+        return [by_step[k] for k in sorted(by_step)]
 
     def _event_report(self, history: list[dict], steps: list[dict]) -> list[dict]:
         """Per event: the phases the members reported, and two wall-clock measures of the pause:

@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     host, _, port = args.coordinator.rpartition(":")
-    gate = HeldSteps(host, int(port), args.job, worker_command.worker_id(args), parse_steps(args.hold_at_steps))
+    gate = HeldSteps(host, int(port), args.job_name, worker_command.worker_id(args), parse_steps(args.hold_at_steps))
     try:  # a pod's supervisor starts this module again per GPU, holds included
         return int(worker_command.run(args, step_gate=gate, command=[sys.executable, "-m", MODULE, *argv]) or 0)
     except ConfigError as e:

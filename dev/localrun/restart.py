@@ -51,7 +51,7 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
             if ev is not None and ev.kind != "kill":
                 extra += ["--save-dir", str(save_dir), "--save-at-step", str(end_step)]
             holds = (ev.step,) if ev is not None and ev.kind == "kill" else ()
-            job.start_worker(wid, port, max_steps=r.steps, extra=extra, holds=holds)
+            job.start_worker(wid, port, extra=extra, holds=holds)
         t0 = time.time()
         StorePlanSource.post(store, PlanRequest(members=tuple(ids), config=str(cfg), reason=f"segment {seg}"))
         job.say(f"segment {seg}: {cfg} on {len(ids)} new processes from step {start_step}")

@@ -109,6 +109,7 @@ def heartbeat_payload(now: float, state: WorkerState, trainer: Any) -> dict:
         "generation": state.generation,
         "rank": state.rank,
         "step": t.step_count if t else None,
+        "consumed_samples": t.consumed_samples if t else None,
         "step_seconds": t.last_step_seconds if t else None,
         "loss": t.last_loss if t else None,
         "pid": os.getpid(),

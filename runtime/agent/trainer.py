@@ -1,147 +1,223 @@
 """One rank's megatron-core training loop: a fixed global batch per step, whatever the layout.
 
 ``Trainer.step()`` runs one optimizer step with megatron's pipeline schedule
-(``get_forward_backward_func``), reading this DP rank's share of the global batch from the
-deterministic token source at the current sample cursor. The number of micro-batches per DP
-rank follows the config, so a reconfiguration keeps the global batch (and the data order)
-unchanged.
+(``get_forward_backward_func``) on this DP rank's share of the next global batch of the job's
+train dataset (``liveshard.runtime.data.datasets``): samples ``[cursor, cursor + global_batch)``
+in megatron's shuffled order, split over DP ranks and micro-batches by ``BatchPlan``. The
+learning rate follows megatron's ``OptimizerParamScheduler``; with fp16 a step whose gradients
+overflow is skipped (no update, the loss scale backs off) and still counts, as in Megatron-LM.
+``evaluate()`` runs the validation split forward only.
+
+What a reconfiguration must carry besides the tensors is ``progress()``: the step, the data
+cursor, the scheduler and fp16's loss-scaler state.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from liveshard.runtime.data import BatchPlan, SyntheticTokens
+from liveshard.runtime.contract.training import TrainingSpec
+from liveshard.runtime.data.batches import BatchPlan
 
 
-@dataclass(frozen=True)
-class TrainingSettings:
-    global_batch: int = 8
-    micro_batch: int = 1
-    seq_length: int = 32
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 2
-    decay_steps: int = 1000
-    seed: int = 1234
-    data_seed: int = 1234
-    clip_grad: float = 1.0
+@dataclass
+class StepStats:
+    """What the last step did besides its loss (``StepRecord`` copies it)."""
+
+    lr: float | None = None
+    grad_norm: float | None = None
+    loss_scale: float | None = None
+    skipped: bool = False
+    samples: range = field(default_factory=lambda: range(0))
+    tokens: int = 0
+
+
+def optimizer_options(training: TrainingSpec) -> dict[str, Any]:
+    """megatron ``OptimizerConfig`` fields of the job's optimizer (``build_model(optimizer=...)``)."""
+    o = training.optimizer
+    return {"lr": o.lr, "min_lr": o.min_lr, "weight_decay": o.weight_decay, "adam_beta1": o.adam_beta1,
+            "adam_beta2": o.adam_beta2, "adam_eps": o.adam_eps, "clip_grad": o.clip_grad,
+            "initial_loss_scale": training.initial_loss_scale}
 
 
 class Trainer:
     """Trains a ``BuiltModel`` (``liveshard.runtime.megatron.build``) one step at a time."""
 
-    def __init__(self, built: Any, settings: TrainingSettings) -> None:
+    def __init__(self, built: Any, training: TrainingSpec, data: Any) -> None:
         from megatron.core import parallel_state
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
         self.built = built
-        self.settings = settings
+        self.training = training
+        self.data = data  # a JobData
         cfg = built.cfg
-        self.batches = BatchPlan(settings.global_batch, settings.micro_batch, cfg.dp * cfg.cp)
-        self.data = SyntheticTokens(built.spec.vocab_size, settings.seq_length, settings.data_seed)
+        self.batches = BatchPlan(training.global_batch, training.micro_batch, cfg.dp * cfg.cp)
         self.dp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
         self.is_last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
         self.dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        o, s = training.optimizer, training.schedule
         for group in built.optimizer.param_groups:
             # megatron's scheduler reads per-group bounds; the optimizer leaves min_lr unset.
-            group["max_lr"] = settings.lr
-            group["min_lr"] = settings.min_lr
+            group["max_lr"] = o.lr
+            group["min_lr"] = o.min_lr
         self.scheduler = OptimizerParamScheduler(
             built.optimizer,
             init_lr=0.0,
-            max_lr=settings.lr,
-            min_lr=settings.min_lr,
-            lr_warmup_steps=settings.warmup_steps,
-            lr_decay_steps=settings.decay_steps,
-            lr_decay_style="cosine",
-            start_wd=0.0,
-            end_wd=0.0,
-            wd_incr_steps=settings.decay_steps,
+            max_lr=o.lr,
+            min_lr=o.min_lr,
+            lr_warmup_steps=s.warmup_iters,
+            lr_decay_steps=training.decay_iters,
+            lr_decay_style=s.decay_style,
+            start_wd=o.weight_decay,
+            end_wd=o.weight_decay,
+            wd_incr_steps=training.train_iters,
             wd_incr_style="constant",
+            wsd_decay_steps=s.wsd_decay_iters or None,
+            lr_wsd_decay_style=s.wsd_decay_style,
         )
-        self.step_count = 0  # optimizer steps taken (global)
+        self.step_count = 0  # optimizer steps taken (global; skipped fp16 steps included)
         self.consumed_samples = 0  # the data cursor
+        self.skipped_steps = 0
         self.last_loss: float | None = None
         self.last_step_seconds = 0.0
+        self.last_stats = StepStats()
+        device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+        # megatron's convention: True marks a masked-out (future) position; one mask for all samples.
+        self._causal = torch.triu(torch.ones(1, 1, training.seq_length, training.seq_length, dtype=torch.bool,
+                                             device=device), diagonal=1)
+        self._device = device
 
     # ---- state that travels with a reconfiguration -------------------------------------------
     def progress(self) -> dict:
         return {"step": self.step_count, "consumed_samples": self.consumed_samples,
-                "scheduler": self.scheduler.state_dict()}
+                "skipped_steps": self.skipped_steps, "scheduler": self.scheduler.state_dict(),
+                "grad_scalers": [g.state_dict() for g in self._grad_scalers()]}
 
     def restore_progress(self, progress: dict) -> None:
         self.step_count = int(progress["step"])
         self.consumed_samples = int(progress["consumed_samples"])
+        self.skipped_steps = int(progress.get("skipped_steps", 0))
         self.scheduler.load_state_dict(progress["scheduler"])
+        scalers = self._grad_scalers()
+        saved = progress.get("grad_scalers") or []
+        if scalers and saved:
+            # Every optimizer of a chain (dense, expert) scales alike: one state fits each.
+            for i, scaler in enumerate(scalers):
+                state = saved[min(i, len(saved) - 1)]
+                scaler.load_state_dict({k: (v.to(self._device) if torch.is_tensor(v) else v)
+                                        for k, v in state.items()})
+
+    def _grad_scalers(self) -> list[Any]:
+        chain = getattr(self.built.optimizer, "chained_optimizers", [self.built.optimizer])
+        return [opt.grad_scaler for opt in chain if getattr(opt, "grad_scaler", None) is not None]
 
     # ---- one step ----------------------------------------------------------------------------
-    def _microbatches(self) -> list[dict]:
-        s = self.settings
-        samples = self.batches.rank_samples(self.consumed_samples, self.dp_rank)
-        tokens = torch.from_numpy(self.data.batch(samples.start, len(samples)))
-        device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
-        position_ids = torch.arange(s.seq_length, device=device).unsqueeze(0).expand(s.micro_batch, -1)
-        # megatron's convention: True marks a masked-out (future) position.
-        causal = torch.triu(torch.ones(1, 1, s.seq_length, s.seq_length, dtype=torch.bool, device=device),
-                            diagonal=1)
+    def _microbatches(self, samples: range, split: str = "train") -> list[dict]:
+        mb = self.training.micro_batch
+        batch = self.data.batch(samples, split)
         out = []
-        for i in range(0, len(samples), s.micro_batch):
-            chunk = tokens[i: i + s.micro_batch].to(device)
-            out.append({"tokens": chunk[:, :-1].contiguous(), "labels": chunk[:, 1:].contiguous(),
-                        "position_ids": position_ids, "attention_mask": causal})
+        for i in range(0, len(samples), mb):
+            part = {k: v[i: i + mb].to(self._device) for k, v in batch.items()}
+            part["attention_mask"] = self._causal
+            out.append(part)
         return out
+
+    def _forward_step(self, data_iterator: Any, model: Any) -> tuple[Any, Any]:
+        batch = next(data_iterator)
+        output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
+        mask = batch["loss_mask"].float()
+
+        def loss_func(output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict]:
+            # The mean over the micro-batch's loss tokens (megatron's per-sequence-averaged loss).
+            loss = (output_tensor.float() * mask).sum() / mask.sum().clamp(min=1.0)
+            return loss, {"lm loss": loss.detach().clone()}  # megatron divides loss in place
+
+        return output, loss_func
+
+    def _schedule(self, micro: list[dict], forward_only: bool) -> list[dict]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        return get_forward_backward_func()(
+            forward_step_func=self._forward_step,
+            data_iterator=iter(micro),
+            model=self.built.chunks,
+            num_microbatches=len(micro),
+            seq_length=self.training.seq_length,
+            micro_batch_size=self.training.micro_batch,
+            forward_only=forward_only,
+        )
+
+    def _mean_over_dp(self, losses: list[dict]) -> float | None:
+        """The mean of the micro-batch losses over DP, on the last pipeline stage; None elsewhere."""
+        if not self.is_last_stage:
+            return None
+        value = torch.stack([x["lm loss"] for x in losses]).mean()
+        if self.dp_group is not None and dist.get_world_size(self.dp_group) > 1:
+            dist.all_reduce(value, group=self.dp_group)
+            value /= dist.get_world_size(self.dp_group)
+        return float(value)
 
     def step(self) -> float | None:
         """One optimizer step on the next global batch. Returns the batch loss on the rank that
         computes it (last pipeline stage), averaged over DP; None elsewhere."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
         start = time.perf_counter()
-        built, s = self.built, self.settings
-        micro = self._microbatches()
-
-        def forward_step(data_iterator, model):
-            batch = next(data_iterator)
-            output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"],
-                           labels=batch["labels"])
-
-            def loss_func(output_tensor):
-                loss = output_tensor.float().mean()
-                return loss, {"lm loss": loss.detach().clone()}  # megatron divides loss in place
-
-            return output, loss_func
-
+        built, t = self.built, self.training
+        samples = range(self.consumed_samples, self.consumed_samples + t.global_batch)
+        micro = self._microbatches(self.batches.rank_samples(self.consumed_samples, self.dp_rank))
+        lr = self.built.optimizer.param_groups[0]["lr"]
         built.ddp.zero_grad_buffer()
         built.optimizer.zero_grad()
-        losses = get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iter(micro),
-            model=built.chunks,
-            num_microbatches=len(micro),
-            seq_length=s.seq_length,
-            micro_batch_size=s.micro_batch,
-            forward_only=False,
-        )
-        ok, _, _ = built.optimizer.step()
-        if not ok:
-            raise RuntimeError(f"optimizer step {self.step_count} failed (non-finite gradients)")
-        self.scheduler.step(increment=1)
+        losses = self._schedule(micro, forward_only=False)
+        ok, grad_norm, _ = built.optimizer.step()
+        if ok:
+            self.scheduler.step(increment=1)
+        else:  # fp16 overflow: no update, the scaler backs off; the batch is consumed all the same
+            self.skipped_steps += 1
         self.step_count += 1
-        self.consumed_samples += s.global_batch
+        self.consumed_samples += t.global_batch
+        scale = built.optimizer.get_loss_scale() if self._grad_scalers() else None
+        self.last_stats = StepStats(
+            lr=float(lr), grad_norm=float(grad_norm) if ok and grad_norm is not None else None,
+            loss_scale=float(scale) if scale is not None else None, skipped=not ok, samples=samples,
+            tokens=t.global_batch * t.seq_length)
         self.last_step_seconds = time.perf_counter() - start  # the update is applied: the step is done
-        loss = None
-        if self.is_last_stage:
-            value = torch.stack([x["lm loss"] for x in losses]).mean()
-            if self.dp_group is not None and dist.get_world_size(self.dp_group) > 1:
-                dist.all_reduce(value, group=self.dp_group)
-                value /= dist.get_world_size(self.dp_group)
-            loss = float(value)
+        loss = self._mean_over_dp(losses)
         self.last_loss = loss
         self.last_step_seconds = time.perf_counter() - start
         return loss
+
+    # ---- evaluation --------------------------------------------------------------------------
+    def eval_due(self) -> bool:
+        e = self.training.eval
+        return bool(e.interval) and self.step_count % e.interval == 0 and self.data.valid is not None
+
+    def evaluate(self) -> tuple[float, float] | None:
+        """Validation loss and perplexity over ``eval.iters`` global batches: the first samples
+        of the validation split, the same every time and in every layout. Collective over the
+        world; the result on the last pipeline stage, None elsewhere."""
+        t = self.training
+        total, count = 0.0, 0
+        for ddp in self.built.chunks:
+            ddp.eval()
+        try:
+            with torch.no_grad():
+                for k in range(t.eval.iters):
+                    cursor = k * t.global_batch
+                    losses = self._schedule(self._microbatches(self.batches.rank_samples(cursor, self.dp_rank),
+                                                               "valid"), forward_only=True)
+                    value = self._mean_over_dp(losses)
+                    if value is not None:
+                        total, count = total + value, count + 1
+        finally:
+            for ddp in self.built.chunks:
+                ddp.train()
+        if not count:
+            return None
+        loss = total / count
+        return loss, math.exp(min(loss, 80.0))

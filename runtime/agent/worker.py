@@ -37,6 +37,8 @@ This module holds the agent's state and composes the phases, each in its own mod
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,13 +58,18 @@ from liveshard.runtime.agent.connection import (
 )
 from liveshard.runtime.agent.control import ControlThread
 from liveshard.runtime.agent.prepare import Preparations, Prepared, Preparer
+from liveshard.runtime.agent.reporting import StepReporter
 from liveshard.runtime.agent.state import logical_checksums, state_tensors
-from liveshard.runtime.agent.trainer import Trainer, TrainingSettings
+from liveshard.runtime.agent.trainer import Trainer, optimizer_options
 from liveshard.runtime.agent.training import StepBoundary, StepGate
+from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.contract.training import TrainingSpec
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan
 from liveshard.runtime.control.store import JobStore
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec
+
+log = logging.getLogger("liveshard.worker")
 
 __all__ = ["Prepared", "StepGate", "StepRecord", "WorkerAgent", "WorkerOptions", "WorkerState"]
 
@@ -80,7 +87,7 @@ class WorkerOptions:
     # transfer; joiners on GPU, where the caching allocator serves the transfer's tensors and
     # memory taken early would be taken from the training step's activations).
     preallocate: str = "auto"
-    max_steps: int | None = None
+    max_steps: int | None = None  # stop here instead of at trainIters (no final checkpoint)
     # Checkpoints (megatron dist_checkpointing): load at start, save and exit at a step (the
     # restart path), and a periodic safety checkpoint for losses with no surviving copy.
     load_dir: str | None = None
@@ -96,13 +103,21 @@ class WorkerOptions:
 
 @dataclass
 class StepRecord:
+    """One optimizer step as the worker saw it (``run.json``'s ``steps``; the log line, TensorBoard)."""
+
     step: int
-    loss: float | None
+    loss: float | None  # mean over the global batch's loss tokens; None where this rank does not know it
     seconds: float
     generation: int
     world_size: int
-    consumed_samples: int
+    consumed_samples: int  # the data cursor after this step
     time: float = 0.0  # wall clock at the end of the step
+    lr: float | None = None  # the learning rate the step was taken with
+    grad_norm: float | None = None  # before clipping; None on a skipped step
+    loss_scale: float | None = None  # fp16's dynamic loss scale, None otherwise
+    skipped: bool = False  # fp16 found inf/nan gradients: no update, the scale backs off
+    samples: list[int] = field(default_factory=list)  # global dataset sample indices of the step, in order
+    tokens: int = 0  # tokens in the global batch (global_batch * seq_length)
 
 
 @dataclass
@@ -114,12 +129,17 @@ class WorkerState:
     records: list[StepRecord] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     ready: list[dict] = field(default_factory=list)  # when each generation's world could train
+    evals: list[dict] = field(default_factory=list)  # validation runs: step, loss, perplexity
+    final_checkpoint: str | None = None  # saved at trainIters
 
     def record_step(self, trainer: Any, world_size: int, loss: float | None) -> None:
         """Record the step ``trainer`` has just done (its loss: None where unknown)."""
         t = trainer
+        s = t.last_stats
         self.records.append(StepRecord(t.step_count, loss, t.last_step_seconds, self.generation,
-                                       world_size, t.consumed_samples, time.time()))
+                                       world_size, t.consumed_samples, time.time(), lr=s.lr,
+                                       grad_norm=s.grad_norm, loss_scale=s.loss_scale, skipped=s.skipped,
+                                       samples=list(s.samples), tokens=s.tokens))
 
 
 class WorkerAgent:
@@ -129,11 +149,12 @@ class WorkerAgent:
     workers there)."""
 
     def __init__(self, worker_id: str, host: str, port: int, spec: ModelSpec,
-                 settings: TrainingSettings, options: WorkerOptions | None = None,
+                 training: TrainingSpec, options: WorkerOptions | None = None,
                  job: str = "job", step_gate: StepGate | None = None) -> None:
         self.id = worker_id
         self.spec = spec
-        self.settings = settings
+        self.training = training
+        self.data: Any = None  # the job's datasets (JobData), built once before joining
         self.options = options or WorkerOptions()
         # One store client per thread: a c10d store client must not be used by two threads at once.
         self.clients = StoreClients(host, port, job, timeout=300.0)
@@ -148,6 +169,10 @@ class WorkerAgent:
         self.control = ControlThread(worker_id, self.options, self.clients, self.state, self.preparations,
                                      self.checkpoints, preparer.prepare, self.heartbeat)
         self.clients.control_thread = self.control.thread
+        self.reporter = StepReporter(spec, seq_length=training.seq_length, global_batch=training.global_batch,
+                                     train_iters=training.train_iters, log_interval=training.logging.interval,
+                                     tensorboard_dir=self._tensorboard_dir(), is_logger=False,
+                                     wandb_project=training.logging.wandb_project)
         self.step_boundary = StepBoundary(self.clients, self.state, self.control, self.preparations,
                                           self.checkpoints, lambda prep, step: switching.switch(self, prep, step),
                                           step_gate)
@@ -159,8 +184,29 @@ class WorkerAgent:
 
     # ---- the main loop -----------------------------------------------------------------------
     def bootstrap(self) -> float:
-        """Pay the one-off costs before joining the job (``training.warm_up``); seconds."""
-        return training.warm_up(self._device)
+        """Pay the one-off costs before joining the job (``training.warm_up``) and open its
+        datasets (building megatron's index cache if no process has yet); seconds."""
+        seconds = training.warm_up(self._device)
+        from liveshard.runtime.data.datasets import build_datasets, load_job_tokenizer
+
+        t = self.training
+        tokenizer = load_job_tokenizer(t, self.spec.vocab_size, self.spec.padded_vocab_size)
+        cache = t.data.cache_dir or (os.path.join(self.options.checkpoint_dir, "data-cache")
+                                     if self.options.checkpoint_dir else None)
+        self.data = build_datasets(t, tokenizer, cache)
+        return seconds + self.data.seconds
+
+    def _tensorboard_dir(self) -> str | None:
+        lg = self.training.logging
+        if lg.tensorboard_dir:
+            return lg.tensorboard_dir
+        return os.path.join(self.options.checkpoint_dir, "tensorboard") if self.options.checkpoint_dir else None
+
+    @property
+    def last_step(self) -> int:
+        """The step training ends at: ``max_steps`` if set, else the job's trainIters."""
+        o = self.options
+        return o.max_steps if o.max_steps is not None else self.training.train_iters
 
     def run(self) -> WorkerState:
         self.state.events.append({"kind": "bootstrap", "seconds": self.bootstrap(), "time": time.time()})
@@ -176,18 +222,42 @@ class WorkerAgent:
                         break
                     continue
                 training.train_one(self.state, self.trainer, self.built.cfg.world_size, self._after_step)
-            if self.state.phase != "left":
+            if self._done() and self.state.phase == "training" and self.options.max_steps is None:
+                self._finish()
+            elif self.state.phase != "left":
                 self.state.phase = "exited"
         finally:
             self.heartbeat(time.time())
             self.control.stop()
+            self.reporter.close()
         return self.state
 
+    def _done(self) -> bool:
+        return self.trainer is not None and self.trainer.step_count >= self.last_step
+
     def stopping(self) -> bool:
-        if self.options.max_steps is not None and self.trainer is not None \
-                and self.trainer.step_count >= self.options.max_steps:
+        if self._done():
             return True
         return self.control.stop_requested  # set by the control thread: training never waits on the store
+
+    def _finish(self) -> None:
+        """trainIters reached: save the final checkpoint and wait until it is complete, then
+        tell the coordinator the job is done (rank 0) and leave as ``finished``."""
+        t = self.trainer
+        path = None
+        if self.options.checkpoint_dir:
+            self.checkpoints.save(self.built, t, background=False)  # finalizes a save in flight first
+            path = (self.checkpoints.last or {}).get("path")
+        else:
+            log.warning("no checkpoint directory: the trained weights of step %d are not saved", t.step_count)
+        self.state.final_checkpoint = path
+        if self.state.rank == 0:
+            self.store.set_json(Keys.FINISHED, {"step": t.step_count, "consumed_samples": t.consumed_samples,
+                                                "checkpoint": path, "generation": self.state.generation,
+                                                "time": time.time()})
+        self.state.phase = "finished"
+        self.state.events.append({"kind": "finished", "step": t.step_count, "checkpoint": path, "time": time.time()})
+        log.info("training finished at step %d; final checkpoint: %s", t.step_count, path or "none")
 
     def _after_step(self) -> None:
         t = self.trainer
@@ -198,7 +268,22 @@ class WorkerAgent:
             checkpoint.save(self.built, t, o.save_dir)
             self.state.phase = "left"  # the restart path: every process exits after saving
             return
+        self.reporter.step(self.state.records[-1])
+        if t.eval_due():
+            self._evaluate()
+        if t.step_count >= self.last_step:
+            return  # the last step: nothing to switch to, the run loop finishes
         self.step_boundary(t, self.built)
+
+    def _evaluate(self) -> None:
+        """A validation run (collective, like a step: a peer lost here breaks the world)."""
+        t0 = time.perf_counter()
+        result = self.trainer.evaluate()
+        if result is not None:
+            loss, ppl = result
+            self.state.evals.append({"step": self.trainer.step_count, "loss": loss, "perplexity": ppl,
+                                     "generation": self.state.generation, "seconds": time.perf_counter() - t0})
+            self.reporter.eval(self.trainer.step_count, loss, ppl)
 
     # ---- the current world -------------------------------------------------------------------
     def heartbeat(self, now: float) -> None:
@@ -212,10 +297,17 @@ class WorkerAgent:
         """Build the model of ``cfg`` in the current training world, and its trainer."""
         from liveshard.runtime.megatron.build import build_model
 
-        self.built = build_model(self.spec, cfg, seed=self.settings.seed, lr=self.settings.lr,
-                                 clip_grad=self.settings.clip_grad, hidden_dropout=0.0, attention_dropout=0.0,
-                                 perform_initialization=initialize, spare_buffers=spare_buffers)
-        self.trainer = Trainer(self.built, self.settings)
+        self.built = build_model(self.spec, cfg, seed=self.training.seed,
+                                 optimizer_options=optimizer_options(self.training), hidden_dropout=0.0,
+                                 attention_dropout=0.0, perform_initialization=initialize,
+                                 spare_buffers=spare_buffers)
+        self.trainer = Trainer(self.built, self.training, self.data)
+        from megatron.core import parallel_state
+
+        # The log line and TensorBoard come from the first rank of the last pipeline stage.
+        self.reporter.set_logger(parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+                                 and parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0
+                                 and parallel_state.get_tensor_model_parallel_rank() == 0)
 
     def adopt(self, plan: WorldPlan, rank: int | None) -> None:
         """This worker now follows ``plan``: as rank ``rank``, or as a standby (None)."""

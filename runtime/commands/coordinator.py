@@ -13,7 +13,8 @@ from liveshard.runtime.planner.world import FEWEST_CHANGES, OBJECTIVES
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=os.environ.get("LIVESHARD_BIND", "0.0.0.0"), help="address the store listens on")
     p.add_argument("--port", type=int, default=int(os.environ.get("LIVESHARD_PORT", "29400")))
-    p.add_argument("--job", default=os.environ.get("LIVESHARD_JOB", "job"))
+    p.add_argument("--job-name", default=os.environ.get("LIVESHARD_JOB", "job"),
+                   help="the job's name (default $LIVESHARD_JOB)")
     p.add_argument("--model", default=None,
                    help="preset or YAML file (default: $LIVESHARD_MODEL, the ModelSpec JSON the operator sets)")
     p.add_argument("--global-batch", type=int, default=None,
@@ -29,34 +30,50 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="where plans come from: the local driver (store) or the job's status")
     p.add_argument("--namespace", default=os.environ.get("LIVESHARD_NAMESPACE")
                    or os.environ.get("POD_NAMESPACE", "default"))
+    p.add_argument("--metrics-port", type=int,
+                   default=int(os.environ.get("LIVESHARD_METRICS_PORT") or (9400 if os.environ.get("LIVESHARD_ROLE")
+                                                                            == "coordinator" else 0)),
+                   help="serve Prometheus metrics of the job on this port (0: off; default 9400 in a job's pod)")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
+    from liveshard.runtime.contract.training import TRAINING_ENV, TrainingSpec
     from liveshard.runtime.control.store import JobStore, job_secret, serve_store
     from liveshard.runtime.coordinator import Coordinator, PlanningInputs, StorePlanSource
     from liveshard.runtime.planner import Constraints
     from liveshard.runtime.spec import model_from_ref_or_env
 
     spec = model_from_ref_or_env(args.model)
+    # The job's training spec (the operator and the local driver set it): progress and ETA, and
+    # the batch the store source plans with.
+    training = TrainingSpec.from_json(os.environ[TRAINING_ENV]) if os.environ.get(TRAINING_ENV) else None
     if args.source == "kubernetes":
         from liveshard.runtime.control.kube_source import KubePlanSource, api_client
 
-        source = KubePlanSource(None, args.job, args.namespace, api=api_client(args.kubeconfig))
+        source = KubePlanSource(None, args.job_name, args.namespace, api=api_client(args.kubeconfig))
     # The kubernetes source plans from the job's spec (refreshed at every poll); these are the
     # inputs until it has read a valid one, and the store source's for good.
-    planning = PlanningInputs(Constraints(global_batch=args.global_batch or 8, micro_batch=args.micro_batch or 1,
-                                          objective=args.objective))
+    planning = PlanningInputs(Constraints(
+        global_batch=args.global_batch or (training.global_batch if training else 8),
+        micro_batch=args.micro_batch or (training.micro_batch if training else 1), objective=args.objective))
     if args.source == "kubernetes":
         planning = source.planning(refresh=True) or planning
     secret = job_secret()  # before serving: a pod without its job's secret does not start
-    store = JobStore(serve_store(args.host, args.port), args.job, secret)
+    store = JobStore(serve_store(args.host, args.port), args.job_name, secret)
     if args.source == "kubernetes":
         source.store = store
     else:
         source = StorePlanSource(store)
-    coordinator = Coordinator(store, spec, source, planning, heartbeat_timeout=args.heartbeat_timeout)
+    metrics = None
+    if args.metrics_port:
+        from liveshard.runtime.control.metrics import JobMetrics
+
+        metrics = JobMetrics(args.job_name)
+        metrics.serve(args.metrics_port)
+    coordinator = Coordinator(store, spec, source, planning, heartbeat_timeout=args.heartbeat_timeout,
+                              training=training, metrics=metrics)
     coordinator.run()
     return 0

@@ -17,6 +17,8 @@ import socket
 import sys
 from collections.abc import Callable
 
+from liveshard.runtime.commands import training_args
+
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", default=None,
@@ -27,15 +29,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "ignored when $LOCAL_RANK is set")
     p.add_argument("--coordinator", default=os.environ.get("LIVESHARD_COORDINATOR", "127.0.0.1:29400"),
                    help="host:port of the job's coordinator store")
-    p.add_argument("--job", default=os.environ.get("LIVESHARD_JOB", "job"))
-    p.add_argument("--model", default=None,
-                   help="preset name or YAML file (default: $LIVESHARD_MODEL, the ModelSpec JSON the operator sets)")
-    p.add_argument("--global-batch", type=int, default=8)
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--seq-length", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--job-name", default=os.environ.get("LIVESHARD_JOB", "job"),
+                   help="the job's name (its store is authenticated for it; default $LIVESHARD_JOB)")
+    training_args.add_arguments(p)
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="stop at this step without the final checkpoint (default: train to trainIters and save it)")
     p.add_argument("--budget", type=int, default=64 << 20, help="staging bytes per rank during a transfer")
     p.add_argument("--verify", action="store_true", help="checksum every transferred region")
     p.add_argument("--preallocate", choices=("auto", "all", "joiners"), default="auto",
@@ -86,9 +84,7 @@ def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None
     if lw.should_supervise(n, os.environ):
         return lw.supervise(command or lw.child_command(), n)
 
-    from liveshard.runtime.spec import model_from_ref_or_env
-
-    spec = model_from_ref_or_env(args.model)
+    spec, training = training_args.resolve(args)
     import torch
 
     torch.set_num_threads(args.threads)
@@ -99,21 +95,18 @@ def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None
             raise ConfigError("LOCAL_RANK", f"{local_rank}, but this pod sees {torch.cuda.device_count()} GPU(s)",
                               "gpusPerWorker must match the GPUs the pod gets (nvidia.com/gpu)")
         torch.cuda.set_device(local_rank)
-    from liveshard.runtime.agent.trainer import TrainingSettings
     from liveshard.runtime.agent.worker import WorkerAgent, WorkerOptions
 
     wid = worker_id(args)
     result = lw.per_process_path(args.result, local_rank, local_size) if args.result else None
     host, _, port = args.coordinator.rpartition(":")
-    settings = TrainingSettings(global_batch=args.global_batch, micro_batch=args.micro_batch,
-                                seq_length=args.seq_length, lr=args.lr, seed=args.seed)
     options = WorkerOptions(max_steps=args.max_steps, transfer_budget=args.budget, verify=args.verify,
                             preallocate=args.preallocate, collective_timeout=args.collective_timeout,
                             load_dir=args.load, save_dir=args.save_dir, save_at_step=args.save_at_step,
                             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                             checkpoint_interval=60.0 * args.checkpoint_interval_minutes,
                             checkpoint_finalize_steps=args.checkpoint_finalize_steps)
-    agent = WorkerAgent(wid, host, int(port), spec, settings, options, job=args.job, step_gate=step_gate)
+    agent = WorkerAgent(wid, host, int(port), spec, training, options, job=args.job_name, step_gate=step_gate)
     state = agent.run()
     if result:
         out = {
@@ -124,6 +117,8 @@ def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None
             "steps": [r.__dict__ for r in state.records],
             "events": state.events,
             "ready": state.ready,
+            "evals": state.evals,
+            "final_checkpoint": state.final_checkpoint,
             "checksums": agent.final_checksums() if agent.built is not None else {},
         }
         with open(result, "w") as f:

@@ -16,3 +16,5 @@ ROLE_COORDINATOR = "coordinator"
 
 # The store (c10d TCPStore) port the coordinator serves unless spec.coordinator.port says otherwise.
 DEFAULT_COORDINATOR_PORT = 29400
+
+DEFAULT_METRICS_PORT = 9400  # the coordinator's Prometheus endpoint (the chart's PodMonitor scrapes it)

@@ -9,10 +9,11 @@ is a valid ``ModelSpec`` and that the parallelism constraints fit it. Every prob
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from liveshard.runtime.contract.causes import NODE_KINDS
+from liveshard.runtime.contract.training import TrainingSpec, check_against_model, read_training
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.spec import ModelSpec
 from liveshard.runtime.units import parse_bytes
@@ -33,9 +34,6 @@ class Parallelism:
     tp: tuple[int, ...] | None
     pp: tuple[int, ...] | None
     ep: tuple[int, ...] | None
-    global_batch: int
-    micro_batch: int
-    seq_length: int | None
     dist_opt: bool
 
 
@@ -49,11 +47,12 @@ class Elasticity:
 
 @dataclass(frozen=True)
 class JobSpec:
-    model: ModelSpec
+    model: ModelSpec  # with params_dtype set from spec.training.precision
     image: str
     workers: Workers
     parallelism: Parallelism
     elasticity: Elasticity
+    training: TrainingSpec
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -131,24 +130,30 @@ def read_spec(spec: dict[str, Any]) -> JobSpec:
     workers = Workers(w_min, w_max, replicas, gpus, mem)
 
     p = spec.get("parallelism") or {}
+    moved = sorted({"globalBatch", "microBatch", "seqLength"} & set(p))
+    if moved:
+        raise ConfigError(f"spec.parallelism.{moved[0]}", "moved to spec.training",
+                          f"write it as spec.training.{moved[0]}: spec.parallelism keeps only the layout constraints")
     par = Parallelism(
         tp=_degrees(p.get("tp"), "tp"), pp=_degrees(p.get("pp"), "pp"), ep=_degrees(p.get("ep"), "ep"),
-        global_batch=_int(p, "globalBatch", "spec.parallelism", 256),
-        micro_batch=_int(p, "microBatch", "spec.parallelism", 1),
-        seq_length=_int(p, "seqLength", "spec.parallelism", None),
         dist_opt=bool(p.get("distributedOptimizer", True)),
     )
-    if par.global_batch % par.micro_batch:
-        raise ConfigError("spec.parallelism.globalBatch",
-                          f"{par.global_batch} is not a multiple of microBatch={par.micro_batch}",
-                          "make globalBatch a multiple of microBatch")
+    # The precision is set once, in spec.training.precision; a model that names its params_dtype
+    # (an older job) is read as that precision, and contradicting both is refused.
+    raw_model = spec.get("model")
+    model_dtype = raw_model.get("params_dtype") if isinstance(raw_model, dict) else None
+    section = spec.get("training")
+    if model_dtype and isinstance(section, dict) and "precision" not in section:
+        section = {**section, "precision": model_dtype}
+    training = read_training(section, default_seq_length=model.max_sequence_length)
+    check_against_model(training, model.max_sequence_length)
+    if model_dtype and model_dtype != training.precision:
+        raise ConfigError("spec.training.precision", f"{training.precision} contradicts spec.model.params_dtype="
+                          f"{model_dtype}", "set the precision in one place: spec.training.precision")
+    model = replace(model, params_dtype=training.precision)
     if par.ep and not model.is_moe and par.ep != (1,):
         raise ConfigError("spec.parallelism.ep", f"{list(par.ep)} on a dense model",
                           "drop ep or use [1] (the model has no experts)")
-    if par.seq_length and par.seq_length > model.max_sequence_length:
-        raise ConfigError("spec.parallelism.seqLength",
-                          f"{par.seq_length} exceeds the model's max_sequence_length={model.max_sequence_length}",
-                          "use a shorter sequence or raise max_sequence_length")
     if par.tp and all(model.num_attention_heads % t for t in par.tp):
         raise ConfigError("spec.parallelism.tp", f"no degree in {list(par.tp)} divides the model's "
                           f"{model.num_attention_heads} attention heads", "allow a tp that divides them")
@@ -166,7 +171,8 @@ def read_spec(spec: dict[str, Any]) -> JobSpec:
                                                    "spec.elasticity", 300)),
         debounce_seconds=float(_int(e, "debounceSeconds", "spec.elasticity", 5, 0)),
     )
-    return JobSpec(model=model, image=image, workers=workers, parallelism=par, elasticity=elastic, raw=spec)
+    return JobSpec(model=model, image=image, workers=workers, parallelism=par, elasticity=elastic, training=training,
+                   raw=spec)
 
 
 def validate_spec(spec: dict[str, Any]) -> str | None:

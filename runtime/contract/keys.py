@@ -35,6 +35,7 @@ class Keys:
     LATEST = "plan/latest"
     STOP = "control/stop"
     CHECKPOINT = "checkpoint/latest"
+    FINISHED = "control/finished"  # rank 0 at trainIters: step, final checkpoint (JSON)
     MEMBER_COUNT = "members/count"
     REQUEST_COUNT = "request/count"
     COORDINATOR_STATUS = "coordinator/status"

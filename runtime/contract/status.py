@@ -225,3 +225,61 @@ class Telemetry:
                       parse_time(s.get("since")), str(s.get("evidence") or ""))
             for s in status.get("stragglers") or () if isinstance(s, Mapping))
         return cls(speeds, stragglers)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where training is (``status.progress``), from the coordinator's view of the heartbeats."""
+
+    step: int
+    train_iters: int | None = None
+    consumed_samples: int | None = None
+    loss: float | None = None
+    tokens_per_second: float | None = None
+    eta: str | None = None
+    updated_at: datetime | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"step": self.step, "loss": self.loss, "tokensPerSecond": self.tokens_per_second,
+                               "eta": self.eta}
+        if self.train_iters is not None:
+            out["trainIters"] = self.train_iters
+        if self.consumed_samples is not None:
+            out["consumedSamples"] = self.consumed_samples
+        if self.updated_at is not None:
+            out["updatedAt"] = iso(self.updated_at)
+        return {"progress": out}
+
+    @classmethod
+    def from_coordinator(cls, progress: Mapping[str, Any]) -> Progress:
+        tps = progress.get("tokens_per_second")
+        return cls(step=int(progress["step"]), train_iters=progress.get("train_iters"),
+                   consumed_samples=progress.get("consumed_samples"), loss=progress.get("loss"),
+                   tokens_per_second=round(float(tps), 1) if tps else None, eta=progress.get("eta"),
+                   updated_at=parse_time(progress.get("time")))
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The runtime's report that training reached trainIters (``status.finishedAt``): the job
+    is done, and ``finalCheckpoint`` holds its complete final state."""
+
+    at: datetime
+    step: int
+    checkpoint: str | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"finishedAt": iso(self.at), "finishedStep": self.step}
+        if self.checkpoint:
+            out["finalCheckpoint"] = self.checkpoint
+        return out
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> Finished | None:
+        if not status.get("finishedAt"):
+            return None
+        at = parse_time(status["finishedAt"])
+        if at is None:
+            raise InvalidStatus("finishedAt", f"is not an RFC 3339 time: {status['finishedAt']!r}")
+        step = _int(status, "finishedStep", "finishedStep", 0)
+        return cls(at, int(step or 0), status.get("finalCheckpoint"))

@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from liveshard.runtime.contract.causes import LOSSES
@@ -50,9 +51,11 @@ from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 from liveshard.runtime.contract.jobspec import read_spec
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.contract.status import (
+    Finished,
     InvalidStatus,
     PlanAbort,
     PlanAck,
+    Progress,
     StatusPlan,
     Straggler,
     Telemetry,
@@ -68,6 +71,7 @@ from liveshard.runtime.planner.pods import constraints_for
 log = logging.getLogger("liveshard.kube_source")
 
 SPEEDS_INTERVAL = 30.0  # seconds between speed reports (they feed the next plan, not this one)
+PROGRESS_INTERVAL = 10.0  # seconds between status.progress updates (kubectl get etj's Step and Loss)
 REGISTER_TIMEOUT = 300.0  # how long a plan waits for its joining workers to come up
 # Plans for a loss the operator saw (node gone, unreachable, pod failed) may arrive before the
 # coordinator's heartbeat timeout: wait this long for it to declare the leavers dead and recover.
@@ -124,6 +128,8 @@ class KubePlanSource:
         self.current: dict[str, Any] = {}  # the committed world, from the coordinator's last report
         self._next_poll = 0.0
         self._next_speeds = 0.0
+        self._next_progress = 0.0
+        self._finished_written = False
         self._waiting_since: dict[int, float] = {}  # operator generation -> first seen (members not up)
         self._planning: PlanningInputs | None = None
         self._unwritten: dict[int, dict[str, Any]] = {}  # operator generation -> ack/abort to write again
@@ -271,11 +277,27 @@ class KubePlanSource:
                 self.answered.add(op_gen)
                 del self._unwritten[op_gen]
         now = time.monotonic()
+        self._report_progress(status, now)
         if now >= self._next_speeds:
             speeds = pod_speeds(status.get("telemetry") or {})
             if speeds:
                 self._next_speeds = now + SPEEDS_INTERVAL
                 self._write(Telemetry(speeds, self._stragglers(status)).to_status())
+
+    def _report_progress(self, status: dict, now: float) -> None:
+        """``status.progress`` every ``PROGRESS_INTERVAL`` seconds; ``finishedAt`` once, when
+        training reached trainIters (written again at the next report until the API takes it)."""
+        finished = status.get("finished")
+        if finished and not self._finished_written:
+            patch = Finished(parse_time(finished.get("time")) or datetime.now(UTC), int(finished.get("step") or 0),
+                             finished.get("checkpoint")).to_status()
+            if status.get("progress"):
+                patch.update(Progress.from_coordinator(status["progress"]).to_status())
+            self._finished_written = self._write(patch)
+            return
+        if status.get("progress") and now >= self._next_progress:
+            self._next_progress = now + PROGRESS_INTERVAL
+            self._write(Progress.from_coordinator(status["progress"]).to_status())
 
     def _stragglers(self, status: dict) -> tuple[Straggler, ...]:
         """The coordinator's straggler summary (``telemetry.summarize``), with the first time

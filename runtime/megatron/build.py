@@ -139,10 +139,12 @@ def transformer_config(spec: ModelSpec, cfg: ParallelConfig, **overrides: Any) -
 def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: float = 1e-3,
                 weight_decay: float = 0.0, clip_grad: float = 1.0, grad_reduce_in_fp32: bool = True,
                 init_parallel_state: bool = True, spare_buffers: list[torch.Tensor] | None = None,
-                **config_overrides: Any) -> BuiltModel:
+                optimizer_options: dict[str, Any] | None = None, **config_overrides: Any) -> BuiltModel:
     """Build this rank's part of ``spec`` under ``cfg``: GPTModel, DDP, Adam optimizer.
 
-    ``config_overrides`` go to ``TransformerConfig`` (e.g. ``hidden_dropout=0.0``).
+    ``config_overrides`` go to ``TransformerConfig`` (e.g. ``hidden_dropout=0.0``);
+    ``optimizer_options`` to megatron's ``OptimizerConfig`` (betas, eps, loss scaling; they
+    replace ``lr``, ``weight_decay`` and ``clip_grad`` when they name them).
     Deterministic: the same (spec, cfg, seed) gives the same weights on every run.
     ``spare_buffers``: the previous world's gradient buffers (``gradient_buffers``), reused for
     this model's instead of allocating fresh memory (a reconfiguration's commit).
@@ -195,16 +197,16 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
     with _reusing_zeros(spare_buffers or []):
         ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module)
 
+    options: dict[str, Any] = {"lr": lr, "weight_decay": weight_decay, "clip_grad": clip_grad,
+                               **(optimizer_options or {})}
     optimizer = get_megatron_optimizer(
         OptimizerConfig(
             optimizer="adam",
-            lr=lr,
-            weight_decay=weight_decay,
-            clip_grad=clip_grad,
             bf16=config.bf16,
             fp16=config.fp16,
             params_dtype=config.params_dtype,
             use_distributed_optimizer=cfg.dist_opt,
+            **options,
         ),
         [ddp],
     )

@@ -53,9 +53,9 @@ def node_gpu_memory(labels: Mapping[str, str] | None) -> int | None:
 
 
 def constraints_for(spec: JobSpec) -> Constraints:
-    p = spec.parallelism
-    return Constraints(tp=p.tp, pp=p.pp, ep=p.ep, global_batch=p.global_batch, micro_batch=p.micro_batch,
-                       seq_length=p.seq_length, dist_opt=p.dist_opt,
+    p, t = spec.parallelism, spec.training
+    return Constraints(tp=p.tp, pp=p.pp, ep=p.ep, global_batch=t.global_batch, micro_batch=t.micro_batch,
+                       seq_length=t.seq_length, dist_opt=p.dist_opt,
                        granularity=spec.workers.gpus_per_worker, max_gpus=spec.max_gpus)
 
 
@@ -101,7 +101,7 @@ def members_in_rank_order(plan: ParallelPlan, gpus_per_worker: int) -> tuple[str
 def micro_batches(spec: JobSpec, plan: ParallelPlan) -> int:
     """Micro-batches per data-parallel rank per step: the global batch stays fixed."""
     cfg = plan.config
-    return spec.parallelism.global_batch // (cfg.dp * spec.parallelism.micro_batch)
+    return spec.training.global_batch // (cfg.dp * spec.training.micro_batch)
 
 
 __all__ = ["Candidate", "NoFeasiblePlan", "PodAssignment", "constraints_for", "gpus_for", "members_in_rank_order",

@@ -270,7 +270,7 @@ def create_job(kube, name: str, **spec) -> dict:
     custom = k8s.CustomObjectsApi(kube.api_client())
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ElasticTrainingJob", "metadata": {"name": name},
             "spec": {"model": {"preset": "tiny-gpt"}, "image": "liveshard/worker:dev",
-                     "workers": {"max": 4, "gpusPerWorker": 2}, **spec}}
+                     "workers": {"max": 4, "gpusPerWorker": 2}, "training": {"data": {"mock": True}, "trainIters": 1000, "globalBatch": 64}, **spec}}
     return custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
 
 
@@ -342,7 +342,7 @@ def test_worker_image_plan_source_reads_the_job(venvs, kube, tmp_path):
     """The coordinator's KubePlanSource, from the worker venv, against the API server."""
     venv = venvs["worker"].result()
     job = "image-source"
-    create_job(kube, job, parallelism={"globalBatch": 16})
+    create_job(kube, job, training={"data": {"mock": True}, "trainIters": 1000, "globalBatch": 16})
     write_plan(kube, job, {"generation": 1, "config": "tp=1,pp=1,dp=2", "members": ["p-0"],
                            "gpusPerWorker": 2, "reason": "initial"})
     out = python_in(venv, """
@@ -365,7 +365,7 @@ def test_worker_image_plan_source_reads_the_job(venvs, kube, tmp_path):
                           "members": list(request.members) if request else None,
                           "config": request.config if request else None}))
     """, tmp_path, kube.url, NS, job, timeout=300)
-    assert out["name"] == job and out["spec"]["parallelism"]["globalBatch"] == 16
+    assert out["name"] == job and out["spec"]["training"]["globalBatch"] == 16
     assert out["before"] == "None"
     assert out["members"] == ["p-0/0", "p-0/1"] and out["config"] == "tp=1,pp=1,dp=2"
 
@@ -381,13 +381,13 @@ def test_worker_image_coordinator_reads_the_job_and_publishes_its_plan(venvs, ku
 
     venv = venvs["worker"].result()
     job = "image-coord"
-    create_job(kube, job, parallelism={"globalBatch": 16})
+    create_job(kube, job, training={"data": {"mock": True}, "trainIters": 1000, "globalBatch": 16})
     kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
     port = free_port()
     log = (tmp_path / "coordinator.log").open("w+")
     proc = subprocess.Popen(
         [str(venv / "bin" / "liveshard"), "coordinator", "--source", "kubernetes", "--kubeconfig", str(kubeconfig),
-         "--namespace", NS, "--job", job, "--model", "tiny-gpt", "--host", "127.0.0.1", "--port", str(port)],
+         "--namespace", NS, "--job-name", job, "--model", "tiny-gpt", "--host", "127.0.0.1", "--port", str(port)],
         env=venv_env(venv), cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
 
     def output() -> str:

@@ -21,7 +21,8 @@ def env(kube):
     store = JobStore(serve_store("127.0.0.1", 0), JOB)
     custom = k8s.CustomObjectsApi(kube.api_client())
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ElasticTrainingJob", "metadata": {"name": JOB},
-            "spec": {"model": {"preset": "tiny-gpt"}, "image": "x", "workers": {"max": 4, "gpusPerWorker": 2}}}
+            "spec": {"model": {"preset": "tiny-gpt"}, "image": "x", "workers": {"max": 4, "gpusPerWorker": 2},
+                     "training": {"data": {"mock": True}, "trainIters": 1000, "globalBatch": 64}}}
     custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
     source = KubePlanSource(store, JOB, NS, api=kube.api_client(), poll_interval=0.0)
     yield source, store, custom

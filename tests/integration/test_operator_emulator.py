@@ -65,7 +65,7 @@ class Cluster:
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ElasticTrainingJob",
                 "metadata": {"name": name, "namespace": NS},
                 "spec": {"model": {"preset": "gpt-125m"}, "image": "ghcr.io/example/train:1",
-                         "workers": workers, "parallelism": {"globalBatch": 64},
+                         "workers": workers, "training": {"data": {"mock": True}, "trainIters": 1000, "globalBatch": 64},
                          "elasticity": {"scaleUpCooldownSeconds": 1}, **spec}}
         return self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
 
@@ -270,7 +270,7 @@ def test_invalid_manifests_are_refused_with_readable_messages(cluster):
 
 
 def test_a_spec_only_the_operator_can_reject_fails_the_job_with_the_reason(cluster):
-    cluster.create_job("echo", {"max": 2, "gpusPerWorker": 1}, parallelism={"globalBatch": 64, "ep": [2]})
+    cluster.create_job("echo", {"max": 2, "gpusPerWorker": 1}, parallelism={"ep": [2]})
     status = wait_for(lambda: (s := cluster.status("echo")).get("phase") == "Failed" and s, what="Failed")
     assert status["message"].startswith("spec.parallelism.ep: [2] on a dense model")
     assert not cluster.workers("echo")

@@ -14,7 +14,6 @@ import pytest
 
 from liveshard.dev.localrun.driver import RunSpec, run_local
 from liveshard.dev.localrun.events import parse_events
-from liveshard.runtime.presets import PRESETS
 
 pytestmark = pytest.mark.slow
 
@@ -26,9 +25,9 @@ STEPS = 9
 
 def _run(tmp_path, mode: str, events: str, steps: int = STEPS, workers: int = 2, parallel: str = "tp=2,pp=1,dp=1",
          **kw) -> dict:
-    report = run_local(RunSpec(model=MODEL, spec=PRESETS[MODEL], workers=workers, parallel=parallel, steps=steps,
-                               global_batch=GLOBAL_BATCH, events=parse_events(events), mode=mode,
-                               workdir=str(tmp_path / mode), **kw))
+    report = run_local(RunSpec.mock(MODEL, workers=workers, parallel=parallel, steps=steps,
+                                    global_batch=GLOBAL_BATCH, events=parse_events(events), mode=mode,
+                                    workdir=str(tmp_path / mode), **kw))
     (tmp_path / f"{mode}.json").write_text(json.dumps(report))
     return report
 

@@ -117,8 +117,8 @@ def test_the_coordinator_plans_a_loss_exactly_as_the_operator_would():
     coordinator already runs, so the operator's own plan is acked without a second switch."""
     job_spec = read_spec({"model": {"preset": "tiny-gpt"}, "image": "x",
                           "workers": {"min": 1, "max": 4, "replicas": 4, "gpusPerWorker": 1, "gpuMemory": "80Gi"},
-                          "parallelism": {"tp": [1], "pp": [1], "globalBatch": 240, "microBatch": 4,
-                                          "distributedOptimizer": False}})
+                          "parallelism": {"tp": [1], "pp": [1], "distributedOptimizer": False},
+                          "training": {"data": {"mock": True}, "trainIters": 1000, "globalBatch": 240, "microBatch": 4}})
     pods = ["job-worker-0", "job-worker-1", "job-worker-2", "job-worker-3"]
     first = plan_for(job_spec, [Candidate(p, f"n{i}") for i, p in enumerate(pods)])
     speeds = {"job-worker-3": 0.5}

@@ -52,7 +52,7 @@ def test_example_is_valid_against_the_crd(validator, name):
 def test_the_validator_rejects_a_broken_example(validator):
     job = the_job("tiny-cpu.yaml")
     job["spec"]["workers"]["min"] = 9  # above max
-    job["spec"]["parallelism"]["microBatch"] = 3  # globalBatch 8 is not a multiple
+    job["spec"]["training"]["microBatch"] = 3  # globalBatch 8 is not a multiple
     errors = validator.errors(validator.default(job))
     assert any("workers.min must be <= workers.max" in e for e in errors)
     job["spec"]["workers"]["min"] = 1
@@ -61,16 +61,26 @@ def test_the_validator_rejects_a_broken_example(validator):
 
 @pytest.mark.parametrize("name", JOB_FILES)
 def test_example_runs_a_real_worker_command(name):
-    spec = the_job(name)["spec"]
-    command, args = spec["command"], spec["args"]
+    """The worker command and the environment the operator gives it resolve to the job's own
+    model and training spec: nothing about the training is said twice."""
+    from liveshard.operator import builders
+    from liveshard.runtime.commands import training_args
+
+    job = the_job(name)
+    spec = job["spec"]
+    command, args = spec.get("command", ["liveshard", "worker"]), spec.get("args", [])
     assert command[0] == "liveshard" and command[1] in COMMANDS
     module = __import__(COMMANDS[command[1]][0], fromlist=["configure"])
     parser = argparse.ArgumentParser()
     module.configure(parser)
     parsed = parser.parse_args(command[2:] + args)
-    assert parsed.model == spec["model"]["preset"]
-    assert parsed.global_batch == spec["parallelism"]["globalBatch"]
-    assert parsed.seq_length == spec["parallelism"]["seqLength"]
+    job.setdefault("metadata", {}).setdefault("namespace", "default")
+    job_spec = read_spec(spec)
+    pod = builders.worker_pod({**job, "metadata": {**job["metadata"], "uid": "u"}}, job_spec, 0)
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
+    model, training = training_args.resolve(parsed, env=env)
+    assert model == job_spec.model and training == job_spec.training
+    assert training.global_batch == spec["training"]["globalBatch"]
 
 
 @pytest.mark.parametrize("name", JOB_FILES)

@@ -28,7 +28,8 @@ CUSTOM = {
     "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
     "priorityClassName": "system-cluster-critical",
     "podLabels": {"team": "ml"},
-    "metrics": {"port": 9100, "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kps"}}},
+    "metrics": {"port": 9100, "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kps"}},
+                "jobs": {"podMonitor": {"enabled": True, "interval": "10s", "labels": {"release": "kps"}}}},
     "dashboard": {"enabled": True, "namespace": "monitoring"},
 }
 
@@ -99,7 +100,7 @@ def test_lint_strict_passes_with_default_and_custom_values():
 @pytest.mark.parametrize("values", [{}, CUSTOM, MINIMAL], ids=["default", "custom", "minimal"])
 def test_every_rendered_object_is_valid_kubernetes(values):
     for obj in render(values):
-        if obj["kind"] == "ServiceMonitor":  # a CRD kind: kubernetes-validate has no schema for it
+        if obj["kind"] in ("ServiceMonitor", "PodMonitor"):  # CRD kinds: kubernetes-validate has no schema
             assert obj["apiVersion"] == "monitoring.coreos.com/v1"
             continue
         kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
@@ -118,6 +119,7 @@ def test_default_render_has_exactly_the_expected_objects(default_objs):
     assert kinds == sorted(["ServiceAccount", "Deployment", "Service", "ClusterRole", "ClusterRole",
                             "ClusterRoleBinding", "ClusterRoleBinding"])
     assert not by_kind(default_objs, "ServiceMonitor") and not by_kind(default_objs, "ConfigMap")
+    assert not by_kind(default_objs, "PodMonitor")
 
 
 def test_operator_deployment_security_and_probe(default_objs):
@@ -228,7 +230,8 @@ def test_operator_holds_every_permission_it_uses_and_grants(default_objs):
     held = rules_of(roles["ls-liveshard-jobs"])
     job = {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob",
            "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
-           "spec": {"model": {"preset": "tiny-gpt"}, "image": "img", "workers": {"max": 2, "gpusPerWorker": 1}}}
+           "spec": {"model": {"preset": "tiny-gpt"}, "image": "img", "workers": {"max": 2, "gpusPerWorker": 1},
+                    "training": {"data": {"mock": True}, "trainIters": 1000, "globalBatch": 8}}}
     spec = read_spec(job["spec"])
     plural = {"Pod": "pods", "Service": "services", "ServiceAccount": "serviceaccounts", "Role": "roles",
               "RoleBinding": "rolebindings", "NetworkPolicy": "networkpolicies", "Secret": "secrets"}
@@ -252,6 +255,11 @@ def test_operator_holds_every_permission_it_uses_and_grants(default_objs):
     ({"resources": {"requests": {"cpu": "lots"}}}, "/resources/requests/cpu"),
     ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "/metrics/serviceMonitor/enabled"),
     ({"operator": {"healthPort": 70000}}, "/operator/healthPort"),
+    ({"metrics": {"jobs": {"podMonitor": {"interval": "often"}}}}, "/metrics/jobs/podMonitor/interval"),
+    ({"metrics": {"jobs": {"podMonitor": {"namespaceSelector": {"matchNames": ["Bad_NS"]}}}}},
+     "/metrics/jobs/podMonitor/namespaceSelector/matchNames/0"),
+    ({"metrics": {"jobs": {"podMonitor": {"namespaceSelector": {"all": True}}}}},
+     "/metrics/jobs/podMonitor/namespaceSelector"),
 ], ids=lambda v: json.dumps(v) if isinstance(v, dict) else "")
 def test_schema_rejects_broken_values(bad, where):
     chart = helm.Chart.load(str(CHART))
@@ -279,26 +287,97 @@ def test_chart_crd_is_the_top_level_crd_byte_for_byte():
     kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
 
 
-def test_dashboard_queries_only_metrics_the_operator_exports():
+def test_dashboard_queries_only_metrics_the_operator_and_coordinators_export():
     from prometheus_client import REGISTRY
 
     from liveshard.operator import metrics  # noqa: F401  (registers the operator's metrics)
+    from liveshard.runtime.control.metrics import JobMetrics
 
+    job_registry = JobMetrics("any").registry
+    collected = [f for registry in (REGISTRY, job_registry) for f in registry.collect()
+                 if f.name.startswith("liveshard_")]
     exported = set()
-    for family in REGISTRY.collect():
-        if family.name.startswith("liveshard_"):
-            exported.add(family.name)
-            exported.update(s.name for s in family.samples)
-            if family.type == "counter":
-                exported.add(family.name + "_total")
-            if family.type == "histogram":
-                exported.update(family.name + suffix for suffix in ("_bucket", "_sum", "_count"))
+    for family in collected:
+        exported.add(family.name)
+        exported.update(s.name for s in family.samples)
+        if family.type == "counter":
+            exported.add(family.name + "_total")
+        if family.type == "histogram":
+            exported.update(family.name + suffix for suffix in ("_bucket", "_sum", "_count"))
     dash = json.loads((CHART / "dashboards" / "liveshard.json").read_text())
     used = set()
     for panel in dash["panels"]:
-        for target in panel["targets"]:
+        for target in panel.get("targets", ()):  # a row has none
             used.update(re.findall(r"liveshard_[a-z_]+", target["expr"]))
     assert used and used <= exported, used - exported
-    # Every metric family the operator exports is on the dashboard.
-    families = {f.name for f in REGISTRY.collect() if f.name.startswith("liveshard_")}
+    # Every metric family the operator and a job's coordinator export is on the dashboard.
+    families = {f.name for f in collected}
+    assert {f for f in families if f.startswith("liveshard_job_")}, families
     assert all(any(u.startswith(f) for u in used) for f in families), families
+
+
+def test_dashboard_job_panels_follow_the_job_variable():
+    from liveshard.runtime.control.metrics import JobMetrics
+
+    dash = json.loads((CHART / "dashboards" / "liveshard.json").read_text())
+    (var,) = [v for v in dash["templating"]["list"] if v["name"] == "job"]
+    family = re.search(r"label_values\((liveshard_job_[a-z_]+), job\)", var["query"]["query"]).group(1)
+    assert family in {f.name for f in JobMetrics("any").registry.collect()}
+    job_exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", ()) if "liveshard_job_" in t["expr"]]
+    assert len(job_exprs) >= 10
+    for expr in job_exprs:
+        selectors = re.findall(r"liveshard_job_[a-z_]+(\{[^}]*\})?", expr)
+        assert selectors and all(sel == '{job=~"$job"}' for sel in selectors), expr
+    quantiles = [e for e in job_exprs if "reconfiguration_seconds" in e]
+    assert sorted(re.search(r"histogram_quantile\(([0-9.]+)", e).group(1) for e in quantiles) == ["0.5", "0.95"]
+    assert all("sum by (le, phase)" in e for e in quantiles)
+
+
+# ---- the jobs' PodMonitor --------------------------------------------------------------------
+def _coordinator_and_worker_pods() -> tuple[dict[str, Any], dict[str, Any]]:
+    from liveshard.operator import builders
+    from liveshard.runtime.contract.jobspec import read_spec
+
+    job = {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob",
+           "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
+           "spec": {"model": {"preset": "tiny-gpt"}, "image": "img", "workers": {"max": 2, "gpusPerWorker": 1},
+                    "training": {"data": {"mock": True}, "trainIters": 10, "globalBatch": 8}}}
+    spec = read_spec(job["spec"])
+    return builders.coordinator_pod(job, spec), builders.worker_pod(job, spec, 0)
+
+
+def test_pod_monitor_selects_the_coordinators_metrics_port(custom_objs):
+    from liveshard.runtime.contract.crd import LABEL_ROLE, ROLE_COORDINATOR
+
+    (pm,) = by_kind(custom_objs, "PodMonitor")
+    assert pm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert pm["metadata"]["name"] == "ls-liveshard-jobs" and pm["metadata"]["namespace"] == "ml-system"
+    assert pm["metadata"]["labels"]["release"] == "kps"
+    selector = pm["spec"]["selector"]["matchLabels"]
+    assert selector[LABEL_ROLE] == ROLE_COORDINATOR
+    # The labels the operator really puts on a coordinator pod, and not on a worker pod.
+    coordinator, worker = _coordinator_and_worker_pods()
+    assert selector.items() <= coordinator["metadata"]["labels"].items()
+    assert not selector.items() <= worker["metadata"]["labels"].items()
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "10s", "honorLabels": True}
+
+
+@pytest.mark.parametrize(("selector", "rendered"), [
+    ({"matchNames": ["training", "research"]}, {"matchNames": ["training", "research"]}),  # wins over any
+    ({"any": False}, {"any": False}),  # the release's namespace only
+])
+def test_pod_monitor_namespace_selector(selector, rendered):
+    values = {"metrics": {"jobs": {"podMonitor": {"enabled": True, "namespaceSelector": selector}}}}
+    (pm,) = by_kind(render(values), "PodMonitor")
+    assert pm["spec"]["namespaceSelector"] == rendered
+    assert pm["spec"]["podMetricsEndpoints"][0]["interval"] == "30s"  # the default
+    report = helm.lint(str(CHART), values, strict=True)
+    assert report["errors"] == [] and not [m for m in report["messages"] if m["severity"] >= 2], report
+
+
+def test_pod_monitor_needs_no_operator_metrics():
+    (pm,) = by_kind(render({**MINIMAL, "metrics": {"enabled": False, "jobs": {"podMonitor": {"enabled": True}}}}),
+                    "PodMonitor")
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"

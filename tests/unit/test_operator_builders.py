@@ -12,6 +12,7 @@ JOB = {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob",
        "metadata": {"name": "llm", "namespace": "ml", "uid": "u-1"},
        "spec": {"model": {"preset": "llama3-8b"}, "image": "ghcr.io/example/train:1",
                 "workers": {"min": 2, "max": 8, "gpusPerWorker": 8},
+                "training": {"data": {"mock": True}, "trainIters": 1000, "globalBatch": 256},
                 "template": {"nodeSelector": {"pool": "spot-h100"},
                              "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
                              "resources": {"requests": {"cpu": "90"}, "limits": {"memory": "1500Gi"}},
@@ -74,7 +75,8 @@ def test_service_policy_and_rbac_are_scoped_to_the_job():
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["selector"] == {"liveshard.io/job": "llm"}
     assert policy["spec"]["podSelector"]["matchLabels"] == {"liveshard.io/job": "llm", "liveshard.io/role": "coordinator"}
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": {"liveshard.io/job": "llm"}}}],
-                                          "ports": [{"protocol": "TCP", "port": 29500}]}]
+                                          "ports": [{"protocol": "TCP", "port": 29500}]},
+                                         {"ports": [{"protocol": "TCP", "port": 9400}]}]  # metrics only
     role = builders.role(JOB)
     assert all(rule["resourceNames"] == ["llm"] for rule in role["rules"])
     writes = [rule for rule in role["rules"] if {"patch", "update"} & set(rule["verbs"])]

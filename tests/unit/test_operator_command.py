@@ -41,7 +41,7 @@ def test_parsing_the_command_line_imports_neither_kopf_nor_kubernetes():
 
 def test_admission_refuses_what_only_the_model_can_tell():
     spec = {"model": {"preset": "llama3-8b"}, "image": "img", "workers": {"max": 2},
-            "parallelism": {"ep": [2]}}
+            "parallelism": {"ep": [2]}, "training": {"data": {"mock": True}, "trainIters": 1000, "globalBatch": 8}}
     with pytest.raises(kopf.AdmissionError) as e:
         admission.check_spec(spec=spec)
     assert str(e.value).startswith("spec.parallelism.ep:")

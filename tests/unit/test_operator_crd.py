@@ -30,7 +30,9 @@ GOOD = {
         "workers": {"min": 2, "max": 16, "gpusPerWorker": 8},
         "template": {"nodeSelector": {"karpenter.sh/capacity-type": "spot"},
                      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
-        "parallelism": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "globalBatch": 512},
+        "parallelism": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4]},
+        "training": {"data": {"blend": [{"prefix": "/data/web_text_document"}]},
+                     "tokenizer": {"path": "/data/tokenizer"}, "trainIters": 1000, "globalBatch": 512},
         "elasticity": {"actOn": ["spot-interruption", "disruption", "scale-in"], "scaleUpCooldownSeconds": 120},
         "checkpoint": {"path": "/ckpt", "volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}},
         "coordinator": {"nodeSelector": {"node-pool": "system"}},
@@ -114,7 +116,7 @@ def test_status_has_the_runtime_contract_fields():
 def test_a_good_manifest_passes_and_gets_defaults(validator):
     out = validator.validate(GOOD)
     assert out["spec"]["workers"]["gpusPerWorker"] == 8
-    assert out["spec"]["parallelism"]["microBatch"] == 1
+    assert out["spec"]["training"]["microBatch"] == 1
     assert out["spec"]["parallelism"]["distributedOptimizer"] is True
     assert out["spec"]["elasticity"]["reconfigurationTimeoutSeconds"] == 300
     assert out["spec"]["checkpoint"]["intervalMinutes"] == 30
@@ -158,7 +160,7 @@ def test_schema_rejects_with_a_readable_message(validator, changes, expected):
     ({"workers": {"min": 8, "max": 4}}, "spec.workers: Invalid value: workers.min must be <= workers.max"),
     ({"workers": {"min": 2, "max": 4, "replicas": 6}}, "workers.replicas must lie within workers.min..workers.max"),
     ({"workers": {"min": 2, "max": 4, "replicas": 1}}, "workers.replicas must lie within"),
-    ({"parallelism__globalBatch": 100, "parallelism__microBatch": 3}, "globalBatch must be a multiple of microBatch"),
+    ({"training__globalBatch": 100, "training__microBatch": 3}, "globalBatch must be a multiple of microBatch"),
     ({"model": {"hidden_size": 64}}, "model: give a preset, or num_layers"),
     ({"model": {"preset": "tiny-gpt", "num_attention_heads": 4, "num_query_groups": 3}},
      "model.num_query_groups must divide num_attention_heads"),

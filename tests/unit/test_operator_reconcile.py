@@ -19,7 +19,7 @@ SPOT = {"key": "aws-node-termination-handler/spot-itn", "value": "spot-itn-1", "
 def make_job(max_workers=4, min_workers=1, gpus=2, status=None, **spec_extra):
     spec = {"model": {"preset": "gpt-125m"}, "image": "img",
             "workers": {"min": min_workers, "max": max_workers, "gpusPerWorker": gpus},
-            "parallelism": {"globalBatch": 64}, "elasticity": {"scaleUpCooldownSeconds": 60}}
+            "training": {"data": {"mock": True}, "trainIters": 1000, "globalBatch": 64}, "elasticity": {"scaleUpCooldownSeconds": 60}}
     for key, value in spec_extra.items():
         spec[key] = value
     return {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob",
@@ -272,7 +272,7 @@ def test_scaling_down_through_replicas_removes_the_highest_indices():
 
 
 def test_an_invalid_spec_fails_the_job_with_the_field_named():
-    job = make_job(parallelism={"globalBatch": 64, "ep": [2]})
+    job = make_job(parallelism={"ep": [2]})
     d, job = step(job, [], {})
     assert job["status"]["phase"] == "Failed"
     assert job["status"]["message"].startswith("spec.parallelism.ep:")
@@ -338,7 +338,7 @@ def test_an_edit_that_changes_the_planners_answer_replans_and_one_that_does_not_
     job, pods = running_job()
     assert "tp=1," in job["status"]["plan"]["config"]
     edited = copy.deepcopy(job)
-    edited["spec"]["parallelism"] = {"globalBatch": 64, "tp": [2]}
+    edited["spec"]["parallelism"] = {"tp": [2]}
     edited["metadata"]["generation"] = 2
     d, edited = step(edited, pods, healthy(4), T0 + timedelta(seconds=20))
     assert d.replan_reason == "spec-changed" and d.status["plan"]["config"].startswith("tp=2,")

@@ -23,7 +23,8 @@ class FlakyStatus:
         self.patches.append(args[-1]["status"])
 
     def get_namespaced_custom_object(self, *args) -> dict:
-        return {"spec": {"model": {"preset": "tiny-gpt"}, "image": "x", "workers": {"max": 2}},
+        return {"spec": {"model": {"preset": "tiny-gpt"}, "image": "x", "workers": {"max": 2},
+                         "training": {"data": {"mock": True}, "trainIters": 1000, "globalBatch": 8}},
                 "status": self.status}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from liveshard.runtime.agent.trainer import StepStats
 from liveshard.runtime.agent.training import train_one
 from liveshard.runtime.agent.worker import WorkerState
 
@@ -21,6 +22,7 @@ class _Trainer:
         self.step_count = 4
         self.consumed_samples = 32
         self.last_step_seconds = 0.5
+        self.last_stats = StepStats(lr=1e-3, tokens=256)
         self.fail = fail
 
     def step(self) -> float:

@@ -1,0 +1,156 @@
+"""What a process trains, from the three places it can be said, for ``worker``, ``coordinator``
+and ``run-local``:
+
+1. ``--job FILE``: an ElasticTrainingJob manifest, the same file ``kubectl apply`` takes;
+2. the environment the operator sets in a job's pods (``LIVESHARD_MODEL``, ``LIVESHARD_TRAINING``);
+3. flags alone (``--model``, ``--data-prefix``/``--tokenizer`` or ``--mock-data``, ``--train-iters``…).
+
+Flags given together with 1 or 2 override single fields (``--global-batch``, ``--seq-length``,
+``--lr``, ``--train-iters``, ``--seed``); every result is checked by the one reader of
+``spec.training`` (``contract.training.read_training``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from liveshard.runtime.contract.training import TRAINING_ENV, TrainingSpec, check_against_model, read_training
+from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """What a local run takes from a manifest besides the model and training spec."""
+
+    name: str
+    raw: dict[str, Any]
+    workers_max: int
+    gpus_per_worker: int
+
+
+def add_arguments(p: argparse.ArgumentParser, *, defaults_from_env: bool = True) -> None:
+    g = p.add_argument_group("what to train (overrides of --job / the job's spec)")
+    g.add_argument("--job", dest="job_file", default=None, metavar="FILE",
+                   help="an ElasticTrainingJob manifest (YAML): its spec.model and spec.training")
+    g.add_argument("--model", default=None,
+                   help="preset name or YAML file (default: the job's spec.model, or $LIVESHARD_MODEL)")
+    g.add_argument("--data-prefix", action="append", default=None, metavar="[WEIGHT:]PREFIX",
+                   help="a Megatron indexed dataset (PREFIX.bin/.idx from liveshard prepare-data); repeat to blend")
+    g.add_argument("--tokenizer", default=None, help="directory with tokenizer.json, or a SentencePiece .model")
+    g.add_argument("--mock-data", action="store_true", help="train on synthetic tokens (tests and demos)")
+    g.add_argument("--train-iters", type=int, default=None, help="optimizer steps of the whole run")
+    g.add_argument("--global-batch", type=int, default=None)
+    g.add_argument("--micro-batch", type=int, default=None)
+    g.add_argument("--seq-length", type=int, default=None)
+    g.add_argument("--lr", type=float, default=None)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None)
+
+
+def read_job_file(path: str) -> JobFile:
+    """The manifest at ``path``: one ElasticTrainingJob (``---`` separated documents allowed)."""
+    import yaml
+
+    try:
+        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+    except OSError as e:
+        raise ConfigError("--job", f"cannot read {path}: {e.strerror}", "give the path of a job manifest") from None
+    except yaml.YAMLError as e:
+        raise ConfigError("--job", f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "ElasticTrainingJob"]
+    if len(jobs) != 1:
+        raise ConfigError("--job", f"{path} holds {len(jobs)} ElasticTrainingJob documents",
+                          "give a file with exactly one (kind: ElasticTrainingJob)")
+    job = jobs[0]
+    spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
+    workers = spec.get("workers") or {}
+    return JobFile(name=str((job.get("metadata") or {}).get("name") or "job"), raw=job,
+                   workers_max=int(workers.get("max") or 1), gpus_per_worker=int(workers.get("gpusPerWorker") or 8))
+
+
+def _blend(prefixes: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for item in prefixes:
+        weight, sep, prefix = item.partition(":")
+        try:
+            out.append({"prefix": prefix, "weight": float(weight)} if sep else {"prefix": item})
+        except ValueError:
+            out.append({"prefix": item})  # a path with a colon in it
+    return out
+
+
+def resolve(args: argparse.Namespace, *, env: dict[str, str] | None = None,
+            default_steps: int | None = None) -> tuple[ModelSpec, TrainingSpec]:
+    """The model and training spec this process runs: ``--job``, else the operator's
+    environment, else the flags; flags override single fields of the first two."""
+    env = dict(os.environ) if env is None else env
+    model: ModelSpec | None = None
+    section: dict[str, Any] | None = None
+    source = "spec.training"
+    if getattr(args, "job_file", None):
+        from liveshard.runtime.contract.jobspec import read_spec
+        from liveshard.runtime.spec import load_model
+
+        job = read_job_file(args.job_file)
+        raw_spec = dict(job.raw.get("spec") or {})
+        raw_spec.setdefault("image", "local")  # a local run has no image
+        if args.model:  # --model overrides the manifest's
+            raw_spec["model"] = load_model(args.model).to_dict()
+        try:
+            spec = read_spec(raw_spec)
+        except ConfigError as e:
+            raise ConfigError(f"{args.job_file}: {e.field}", e.problem, e.fix) from None
+        model, section = spec.model, spec.training.to_section()
+    elif env.get(TRAINING_ENV) and not args.model:
+        if not env.get("LIVESHARD_MODEL"):
+            raise ConfigError("LIVESHARD_MODEL", f"is not set but {TRAINING_ENV} is", "pass --model PRESET|FILE")
+        model = ModelSpec.from_dict(json.loads(env["LIVESHARD_MODEL"]), source="LIVESHARD_MODEL")
+        section = TrainingSpec.from_json(env[TRAINING_ENV]).to_section()
+        source = TRAINING_ENV
+    else:
+        from liveshard.runtime.spec import model_from_ref_or_env
+
+        model = model_from_ref_or_env(args.model)
+        section = {"globalBatch": 8, "microBatch": 1, "seqLength": min(32, model.max_sequence_length),
+                   "trainIters": default_steps or 100, "optimizer": {"lr": 1e-3, "minLr": 1e-4, "weightDecay": 0.0},
+                   "schedule": {"warmupIters": 2, "decayIters": 1000}, "precision": model.params_dtype}
+        source = "flags"
+        if not (args.mock_data or args.data_prefix):
+            raise ConfigError("--data-prefix", "no training data given",
+                              "pass --job FILE (its spec.training.data), --data-prefix PREFIX --tokenizer DIR "
+                              "(liveshard prepare-data writes them) or --mock-data")
+    assert section is not None
+    if args.mock_data:
+        section["data"] = {"mock": True}
+        section.pop("tokenizer", None)
+    if args.data_prefix:
+        section["data"] = {**(section.get("data") or {}), "blend": _blend(args.data_prefix)}
+        section["data"].pop("mock", None)
+    if args.tokenizer:
+        kind = "sentencepiece" if args.tokenizer.endswith(".model") else "huggingface"
+        section["tokenizer"] = {"type": kind, "path": args.tokenizer}
+    for flag, key in (("train_iters", "trainIters"), ("global_batch", "globalBatch"), ("micro_batch", "microBatch"),
+                      ("seq_length", "seqLength"), ("seed", "seed"), ("precision", "precision")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            section[key] = value
+            if key == "trainIters":
+                section.pop("trainSamples", None)
+    if args.train_iters is None and default_steps is not None and source == "flags":
+        section["trainIters"] = default_steps
+    if args.lr is not None:
+        section["optimizer"] = {**(section.get("optimizer") or {}), "lr": args.lr}
+        if section["optimizer"].get("minLr", 0) > args.lr:
+            section["optimizer"]["minLr"] = args.lr / 10
+    training = read_training(section, path="spec.training" if source != "flags" else "training",
+                             default_seq_length=model.max_sequence_length)
+    check_against_model(training, model.max_sequence_length,
+                        path="--seq-length" if args.seq_length else "spec.training")
+    return replace(model, params_dtype=training.precision), training
+

@@ -1,0 +1,375 @@
+"""``spec.training``: what the workers train on and how — data, tokenizer, batch, schedule, precision.
+
+Pure: no torch, no I/O. ``read_training`` reads the CRD section (camelCase, as a user writes it)
+into a frozen ``TrainingSpec`` with every default applied and every cross-field rule checked;
+``TrainingSpec.to_section()`` writes it back in the same form, which is what the operator hands
+to the job's pods (``LIVESHARD_TRAINING``, JSON) and what ``liveshard run-local --job`` reads from
+the manifest — one reader for the API server, the coordinator, the workers and local runs.
+Every problem is a ``ConfigError`` naming the field (``spec.training.…``) and the fix.
+
+What needs files (the tokenizer's vocabulary against the model's, the dataset prefixes) is
+checked where the files are: in the worker (``liveshard.runtime.data``), before it joins a world.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from liveshard.runtime.errors import ConfigError
+
+TRAINING_ENV = "LIVESHARD_TRAINING"  # the resolved section, JSON, in every pod of a job
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+DECAY_STYLES = ("constant", "linear", "cosine", "WSD")
+WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
+TOKENIZER_TYPES = ("huggingface", "sentencepiece")
+DEFAULT_SPLIT = "969,30,1"
+
+_GET_DATA = ("tokenize a corpus with `liveshard prepare-data --input FILE --tokenizer DIR --output-prefix "
+             "PREFIX` and set spec.training.data.blend: [{prefix: PREFIX}] and spec.training.tokenizer, "
+             "or set spec.training.data.mock: true for synthetic tokens (demos and tests only)")
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    prefix: str  # PREFIX of PREFIX.bin / PREFIX.idx (megatron's indexed format)
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    blend: tuple[DatasetRef, ...] = ()
+    split: str = DEFAULT_SPLIT  # train,valid,test weights (megatron's "969,30,1")
+    mock: bool = False
+    cache_dir: str | None = None  # megatron's index cache; default: <checkpoint dir>/data-cache
+
+    @property
+    def split_weights(self) -> tuple[float, float, float]:
+        parts = [float(x) for x in self.split.split(",")]
+        parts += [0.0] * (3 - len(parts))
+        return parts[0], parts[1], parts[2]
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    type: str
+    path: str
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    lr: float = 3e-4
+    min_lr: float = 0.0
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    warmup_iters: int = 0
+    decay_style: str = "cosine"
+    decay_iters: int = 0  # 0: trainIters
+    wsd_decay_iters: int = 0  # WSD only: the final decay phase
+    wsd_decay_style: str = "linear"
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    interval: int = 0  # steps between evaluations; 0: off
+    iters: int = 10  # global batches of the validation split per evaluation
+
+
+@dataclass(frozen=True)
+class LoggingSpec:
+    interval: int = 10
+    tensorboard_dir: str | None = None  # default: <checkpoint dir>/tensorboard
+    wandb_project: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    data: DataSpec
+    train_iters: int
+    global_batch: int
+    micro_batch: int = 1
+    seq_length: int = 2048
+    seed: int = 1234
+    tokenizer: TokenizerSpec | None = None
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
+    precision: str = "bf16"
+    initial_loss_scale: float = 2.0**16  # fp16 dynamic loss scaling
+    eval: EvalSpec = field(default_factory=EvalSpec)
+    logging: LoggingSpec = field(default_factory=LoggingSpec)
+
+    @property
+    def train_samples(self) -> int:
+        return self.train_iters * self.global_batch
+
+    @property
+    def decay_iters(self) -> int:
+        return self.schedule.decay_iters or self.train_iters
+
+    def eval_samples(self) -> int:
+        """Validation samples one evaluation reads (the same ones every time, any layout)."""
+        return self.eval.iters * self.global_batch if self.eval.interval else 0
+
+    def with_overrides(self, **changes: Any) -> TrainingSpec:
+        """A copy with top-level fields replaced (command-line overrides); re-checked."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        out = replace(self, **changes)
+        return read_training(out.to_section())
+
+    # ---- the CRD form ------------------------------------------------------------------------
+    def to_section(self) -> dict[str, Any]:
+        """This spec in the CRD's camelCase form, every default spelled out."""
+        d = self.data
+        data: dict[str, Any] = {"split": d.split}
+        if d.mock:
+            data["mock"] = True
+        else:
+            data["blend"] = [{"prefix": r.prefix, "weight": r.weight} for r in d.blend]
+        if d.cache_dir:
+            data["cacheDir"] = d.cache_dir
+        o, s, lg = self.optimizer, self.schedule, self.logging
+        out: dict[str, Any] = {
+            "data": data,
+            "trainIters": self.train_iters,
+            "globalBatch": self.global_batch,
+            "microBatch": self.micro_batch,
+            "seqLength": self.seq_length,
+            "seed": self.seed,
+            "optimizer": {"lr": o.lr, "minLr": o.min_lr, "weightDecay": o.weight_decay, "adamBeta1": o.adam_beta1,
+                          "adamBeta2": o.adam_beta2, "adamEps": o.adam_eps, "clipGrad": o.clip_grad},
+            "schedule": {"warmupIters": s.warmup_iters, "decayStyle": s.decay_style, "decayIters": s.decay_iters,
+                         "wsdDecayIters": s.wsd_decay_iters, "wsdDecayStyle": s.wsd_decay_style},
+            "precision": self.precision,
+            "initialLossScale": self.initial_loss_scale,
+            "eval": {"interval": self.eval.interval, "iters": self.eval.iters},
+            "logging": {"interval": lg.interval},
+        }
+        if self.tokenizer is not None:
+            out["tokenizer"] = {"type": self.tokenizer.type, "path": self.tokenizer.path}
+        if lg.tensorboard_dir:
+            out["logging"]["tensorboardDir"] = lg.tensorboard_dir
+        if lg.wandb_project:
+            out["logging"]["wandbProject"] = lg.wandb_project
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_section(), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str, source: str = TRAINING_ENV) -> TrainingSpec:
+        try:
+            section = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(source, f"is not JSON: {e}", "the operator writes it; do not edit it") from None
+        return read_training(section)
+
+    def summary(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---- reading ---------------------------------------------------------------------------------
+_SPLIT = re.compile(r"^\s*\d+(\.\d+)?\s*(,\s*\d+(\.\d+)?\s*){0,2}$")
+
+
+def _section(parent: dict[str, Any], key: str, path: str) -> dict[str, Any]:
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}.{key}", f"must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _int(section: dict[str, Any], key: str, path: str, default: int | None, minimum: int = 1) -> int | None:
+    value = section.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{path}.{key}", f"must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _float(section: dict[str, Any], key: str, path: str, default: float, *, low: float = 0.0,
+           high: float | None = None, open_low: bool = False) -> float:
+    value = section.get(key, default)
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(f"{path}.{key}", f"{value!r} is not a number") from None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ConfigError(f"{path}.{key}", f"must be a number, got {value!r}")
+    value = float(value)
+    if value < low or (open_low and value == low) or (high is not None and value > high) or value != value:
+        bound = f"{'>' if open_low else '>='} {low}" + (f" and <= {high}" if high is not None else "")
+        raise ConfigError(f"{path}.{key}", f"must be {bound}, got {value!r}")
+    return value
+
+
+def _choice(section: dict[str, Any], key: str, path: str, default: str, choices: tuple[str, ...]) -> str:
+    value = section.get(key, default)
+    if value not in choices:
+        raise ConfigError(f"{path}.{key}", f"unknown value {value!r}", f"use one of: {', '.join(choices)}")
+    return value
+
+
+def _text(section: dict[str, Any], key: str, path: str) -> str | None:
+    value = section.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{path}.{key}", f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _read_data(section: dict[str, Any], path: str) -> DataSpec:
+    if not section:
+        raise ConfigError(path, "is required: a job says what it trains on", _GET_DATA)
+    mock = section.get("mock", False)
+    if not isinstance(mock, bool):
+        raise ConfigError(f"{path}.mock", f"must be true or false, got {mock!r}")
+    blend_raw = section.get("blend")
+    if mock and blend_raw:
+        raise ConfigError(f"{path}.mock", "is set together with blend", "train on blend or on mock data, not both")
+    blend: list[DatasetRef] = []
+    if not mock:
+        if not isinstance(blend_raw, list) or not blend_raw:
+            raise ConfigError(f"{path}.blend", "is required (a list of {prefix, weight})", _GET_DATA)
+        for i, item in enumerate(blend_raw):
+            where = f"{path}.blend[{i}]"
+            if isinstance(item, str):
+                item = {"prefix": item}
+            if not isinstance(item, dict):
+                raise ConfigError(where, f"must be {{prefix, weight}}, got {item!r}")
+            prefix = _text(item, "prefix", where)
+            if prefix is None:
+                raise ConfigError(f"{where}.prefix", "is required",
+                                  "the PREFIX of PREFIX.bin/PREFIX.idx written by liveshard prepare-data")
+            if prefix.endswith((".bin", ".idx")):
+                raise ConfigError(f"{where}.prefix", f"{prefix!r} names a file, not a prefix",
+                                  f"drop the extension: {prefix[:-4]!r}")
+            blend.append(DatasetRef(prefix, _float(item, "weight", where, 1.0, open_low=True)))
+    split = section.get("split", DEFAULT_SPLIT)
+    if not isinstance(split, str) or not _SPLIT.match(split) or sum(float(x) for x in split.split(",")) <= 0:
+        raise ConfigError(f"{path}.split", f"{split!r} is not a train,valid,test split",
+                          'write weights such as "969,30,1" (the train weight must be > 0)')
+    if float(split.split(",")[0]) <= 0:
+        raise ConfigError(f"{path}.split", f"{split!r} leaves nothing to train on", "give the train split a weight > 0")
+    return DataSpec(blend=tuple(blend), split=split.replace(" ", ""), mock=mock,
+                    cache_dir=_text(section, "cacheDir", path))
+
+
+def read_training(section: Any, path: str = "spec.training", *, default_seq_length: int = 2048) -> TrainingSpec:
+    """Read and check a ``spec.training`` section; raise ConfigError on the first problem.
+    ``default_seq_length``: the sequence length when the section sets none (the model's)."""
+    if section is None:
+        raise ConfigError(path, "is required: data, tokenizer, trainIters and globalBatch", _GET_DATA)
+    if not isinstance(section, dict):
+        raise ConfigError(path, f"must be a mapping, got {type(section).__name__}")
+    data = _read_data(_section(section, "data", path), f"{path}.data")
+
+    tok = _section(section, "tokenizer", path)
+    tokenizer = None
+    if tok:
+        kind = _choice(tok, "type", f"{path}.tokenizer", "huggingface", TOKENIZER_TYPES)
+        tpath = _text(tok, "path", f"{path}.tokenizer")
+        if tpath is None:
+            raise ConfigError(f"{path}.tokenizer.path", "is required",
+                              "a directory with tokenizer.json (huggingface) or a .model file (sentencepiece)")
+        tokenizer = TokenizerSpec(kind, tpath)
+    elif not data.mock:
+        raise ConfigError(f"{path}.tokenizer", "is required with real data (its end-of-document id and "
+                          "vocabulary size)", "set {type: huggingface, path: DIR with tokenizer.json}")
+
+    train_iters = _int(section, "trainIters", path, None)
+    train_samples = _int(section, "trainSamples", path, None)
+    global_batch = _int(section, "globalBatch", path, None)
+    if global_batch is None:
+        raise ConfigError(f"{path}.globalBatch", "is required", "sequences per optimizer step, e.g. 256")
+    if train_iters is None and train_samples is None:
+        raise ConfigError(f"{path}.trainIters", "is required", "set trainIters (optimizer steps) or trainSamples")
+    if train_iters is not None and train_samples is not None:
+        raise ConfigError(f"{path}.trainSamples", "is set together with trainIters", "set one of them")
+    if train_iters is None:
+        assert train_samples is not None
+        if train_samples % global_batch:
+            raise ConfigError(f"{path}.trainSamples", f"{train_samples} is not a multiple of globalBatch={global_batch}",
+                              "make it a whole number of steps")
+        train_iters = train_samples // global_batch
+    micro_batch = _int(section, "microBatch", path, 1)
+    assert micro_batch is not None
+    if global_batch % micro_batch:
+        raise ConfigError(f"{path}.globalBatch", f"{global_batch} is not a multiple of microBatch={micro_batch}",
+                          "make globalBatch a multiple of microBatch")
+    seq_length = _int(section, "seqLength", path, default_seq_length)
+    seed = _int(section, "seed", path, 1234, minimum=0)
+
+    o = _section(section, "optimizer", path)
+    op = f"{path}.optimizer"
+    optimizer = OptimizerSpec(
+        lr=_float(o, "lr", op, 3e-4, open_low=True), min_lr=_float(o, "minLr", op, 0.0),
+        weight_decay=_float(o, "weightDecay", op, 0.01), adam_beta1=_float(o, "adamBeta1", op, 0.9, high=0.999999),
+        adam_beta2=_float(o, "adamBeta2", op, 0.95, high=0.999999), adam_eps=_float(o, "adamEps", op, 1e-8, open_low=True),
+        clip_grad=_float(o, "clipGrad", op, 1.0))
+    if optimizer.min_lr > optimizer.lr:
+        raise ConfigError(f"{op}.minLr", f"{optimizer.min_lr} is above lr={optimizer.lr}", "make minLr <= lr")
+
+    s = _section(section, "schedule", path)
+    sp = f"{path}.schedule"
+    warmup = _int(s, "warmupIters", sp, None, minimum=0)
+    fraction = s.get("warmupFraction")
+    if fraction is not None:
+        if warmup is not None:
+            raise ConfigError(f"{sp}.warmupFraction", "is set together with warmupIters", "set one of them")
+        warmup = round(_float(s, "warmupFraction", sp, 0.0, high=1.0) * train_iters)
+    schedule = ScheduleSpec(
+        warmup_iters=warmup or 0,
+        decay_style=_choice(s, "decayStyle", sp, "cosine", DECAY_STYLES),
+        decay_iters=_int(s, "decayIters", sp, 0, minimum=0) or 0,
+        wsd_decay_iters=_int(s, "wsdDecayIters", sp, 0, minimum=0) or 0,
+        wsd_decay_style=_choice(s, "wsdDecayStyle", sp, "linear", WSD_DECAY_STYLES),
+    )
+    decay_iters = schedule.decay_iters or train_iters
+    if schedule.decay_style != "constant" and schedule.warmup_iters >= decay_iters:
+        raise ConfigError(f"{sp}.warmupIters", f"{schedule.warmup_iters} warm-up steps leave no decay "
+                          f"(decayIters={decay_iters})", "warm up for fewer steps than the decay lasts")
+    if schedule.decay_style == "WSD" and not 0 < schedule.wsd_decay_iters <= decay_iters:
+        raise ConfigError(f"{sp}.wsdDecayIters", f"must be in 1..{decay_iters} with decayStyle WSD",
+                          "set the length of WSD's final decay, e.g. 10% of trainIters")
+
+    precision = _choice(section, "precision", path, "bf16", PRECISIONS)
+    loss_scale = _float(section, "initialLossScale", path, 2.0**16, open_low=True)
+
+    ev = _section(section, "eval", path)
+    evaluation = EvalSpec(interval=_int(ev, "interval", f"{path}.eval", 0, minimum=0) or 0,
+                          iters=_int(ev, "iters", f"{path}.eval", 10) or 10)
+    if evaluation.interval and data.split_weights[1] <= 0 and not data.mock:
+        raise ConfigError(f"{path}.eval.interval", f"is set but data.split {data.split!r} has no validation part",
+                          'give the validation split a weight, e.g. "969,30,1", or set eval.interval: 0')
+
+    lg = _section(section, "logging", path)
+    logging_spec = LoggingSpec(interval=_int(lg, "interval", f"{path}.logging", 10) or 10,
+                               tensorboard_dir=_text(lg, "tensorboardDir", f"{path}.logging"),
+                               wandb_project=_text(lg, "wandbProject", f"{path}.logging"))
+    return TrainingSpec(data=data, train_iters=train_iters, global_batch=global_batch, micro_batch=micro_batch,
+                        seq_length=seq_length or default_seq_length, seed=seed if seed is not None else 1234, tokenizer=tokenizer,
+                        optimizer=optimizer, schedule=schedule, precision=precision,
+                        initial_loss_scale=loss_scale, eval=evaluation, logging=logging_spec)
+
+
+def check_against_model(training: TrainingSpec, max_sequence_length: int, path: str = "spec.training") -> None:
+    """The checks that need the model: the sequence fits its position range."""
+    if training.seq_length > max_sequence_length:
+        raise ConfigError(f"{path}.seqLength", f"{training.seq_length} exceeds the model's "
+                          f"max_sequence_length={max_sequence_length}",
+                          "train on shorter sequences or raise the model's max_sequence_length")
