@@ -72,7 +72,7 @@ class RunSpec:
     @staticmethod
     def mock(model: str, *, workers: int, parallel: str, steps: int, global_batch: int, events: list[Event],
              seq_length: int = 32, micro_batch: int = 1, lr: float = 1e-3, eval_interval: int = 0,
-             precision: str | None = None, **kw: Any) -> RunSpec:
+             precision: str | None = None, initial_loss_scale: float | None = None, **kw: Any) -> RunSpec:
         """A run on megatron's mock data with the short schedule tests and benchmarks use."""
         from liveshard.runtime.spec import load_model
 
@@ -82,7 +82,8 @@ class RunSpec:
             "seqLength": seq_length, "precision": precision or spec.params_dtype,
             "optimizer": {"lr": lr, "minLr": lr / 10, "weightDecay": 0.0},
             "schedule": {"warmupIters": 2, "decayIters": 1000},
-            "eval": {"interval": eval_interval, "iters": 2}})
+            "eval": {"interval": eval_interval, "iters": 2},
+            **({"initialLossScale": initial_loss_scale} if initial_loss_scale else {})})
         return RunSpec(spec=replace(spec, params_dtype=training.precision), training=training, workers=workers,
                        parallel=parallel, events=events, **kw)
 

@@ -57,7 +57,8 @@ class LocalJob:
 def reference_objects(rank: int) -> dict:
     """The small objects old rank ``rank`` carries, in a form that shows where they came from."""
     objs: dict = {"step": 1000, "scheduler": {"lr": 3e-4, "last_epoch": 1000},
-                  "data_cursor": {"consumed_samples": 512000}}
+                  "data_cursor": {"consumed_samples": 512000},
+                  "loss_scaler": {"skipped_steps": 3, "grad_scalers": [{"scale": 65536.0, "growth_tracker": 7}]}}
     gen = torch.Generator().manual_seed(10_000 + rank)
     objs["rng"] = {"owner": rank, "state": gen.get_state()}
     return objs

@@ -189,7 +189,7 @@ def _commit(agent: WorkerAgent, prep: Prepared, switch_step: int, result: Transi
     log.info("commit %d: teardown %.3fs, world %.3fs, build %.3fs, load %.3fs", plan.generation,
              t0 - t_commit, t1 - t0, t2 - t1, time.perf_counter() - t2)
     agent.trainer.restore_progress({"step": objs["step"], "consumed_samples": objs["data_cursor"],
-                                    "scheduler": objs["scheduler"]})
+                                    "scheduler": objs["scheduler"], **objs["loss_scaler"]})
     restore_rng(objs["rng"])
     agent.adopt(plan, rank)
     phases["commit"] = time.perf_counter() - t_commit
@@ -204,6 +204,7 @@ def _progress_objects(trainer: Any) -> dict:
     """The small objects that travel with the tensors: progress, LR schedule, RNG."""
     p = trainer.progress()
     return {"step": p["step"], "data_cursor": p["consumed_samples"], "scheduler": p["scheduler"],
+            "loss_scaler": {"skipped_steps": p["skipped_steps"], "grad_scalers": p["grad_scalers"]},
             "rng": capture_rng()}
 
 

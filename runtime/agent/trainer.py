@@ -109,9 +109,16 @@ class Trainer:
         if scalers and saved:
             # Every optimizer of a chain (dense, expert) scales alike: one state fits each.
             for i, scaler in enumerate(scalers):
-                state = saved[min(i, len(saved) - 1)]
-                scaler.load_state_dict({k: (v.to(self._device) if torch.is_tensor(v) else v)
-                                        for k, v in state.items()})
+                self._load_scaler(scaler, saved[min(i, len(saved) - 1)])
+
+    def _load_scaler(self, scaler: Any, state: dict) -> None:
+        """megatron's ``DynamicGradScaler.load_state_dict`` with the scale on this rank's device
+        (megatron's moves it with ``.cuda()``, which a CPU run has not got)."""
+        scale = state["scale"]
+        scale = scale if torch.is_tensor(scale) else torch.tensor([float(scale)])
+        scaler._scale = scale.to(device=self._device, dtype=torch.float).reshape(1)
+        scaler._growth_tracker = int(state.get("growth_tracker", 0))
+        scaler._hysteresis_tracker = int(state.get("hysteresis_tracker", getattr(scaler, "hysteresis", 1)))
 
     def _grad_scalers(self) -> list[Any]:
         chain = getattr(self.built.optimizer, "chained_optimizers", [self.built.optimizer])

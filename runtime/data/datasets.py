@@ -139,7 +139,7 @@ def _build(training: TrainingSpec, tokenizer: Any, path_to_cache: str | None) ->
 
     cls = _mock_dataset_class(training.seq_length) if training.data.mock else GPTDataset
     config = _config(training, tokenizer, path_to_cache)
-    with _quiet_megatron():
+    with _quiet_megatron(), _sole_builder():
         return BlendedMegatronDatasetBuilder(cls, sample_counts(training), lambda: True, config).build()
 
 
@@ -224,6 +224,25 @@ def _build_lock(path: Path, poll: float = 0.2) -> Iterator[None]:
         keeper.join()
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+@contextlib.contextmanager
+def _sole_builder() -> Iterator[None]:
+    """Datasets are built before the process joins any world, as the only builder (the lock
+    sees to that). megatron-core 0.16's ``BlendedDataset`` asks ``torch.distributed.get_rank()``
+    on a cache miss without checking that a process group exists (``GPTDataset`` does check):
+    outside a world, this process is rank 0 of its own build."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    real = dist.get_rank
+    dist.get_rank = lambda group=None: 0  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        dist.get_rank = real  # type: ignore[assignment]
 
 
 @contextlib.contextmanager

@@ -21,8 +21,11 @@ once every input was read; on any error the temporaries are removed.
 Workers: with ``workers > 1``, batches of documents are tokenized in a pool of spawned processes
 that each load the tokenizer from its type and file (library objects never cross processes) and
 run it on one thread; this process reads, parses and writes meanwhile. With ``workers == 1`` the
-tokenizer runs here, also on one thread. The worker processes import only the tokenizer library,
-not megatron-core or torch, so they start in a fraction of a second.
+tokenizer runs here, also on one thread. The workers import this module, numpy and the tokenizer
+library, not megatron-core or torch, and start in a fraction of a second; but like every spawned
+process they also re-import the calling program's main module, so a script that calls
+``prepare(workers=N)`` keeps its heavy imports inside ``if __name__ == "__main__":`` (the
+``liveshard`` command's own main module is light).
 """
 
 from __future__ import annotations

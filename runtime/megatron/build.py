@@ -214,6 +214,7 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
     # What megatron's training loop wires up: grad all-reduce (DP, tied embeddings across the
     # pipeline, num-token scaling) after the last microbatch; no-sync while accumulating.
     config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss  # fp16: the schedule scales each loss before backward
     if ddp_config.overlap_grad_reduce:
         config.no_sync_func = ddp.no_sync
     return BuiltModel(spec=spec, cfg=cfg, config=config, model=model, ddp=ddp, optimizer=optimizer,

@@ -61,6 +61,7 @@ def install() -> bool:
         _patch_moe_without_te()
         _patch_dp_zero_gather()
         _patch_adam_checkpoint_load(torch)
+        _patch_grad_scaler_load(torch)
         _installed = True
     return True
 
@@ -161,6 +162,7 @@ _CUDA_LITERAL_MODULES = (
     "megatron.core.optimizer.optimizer",
     "megatron.core.optimizer.distrib_optimizer",
     "megatron.core.optimizer.clip_grads",
+    "megatron.core.optimizer.grad_scaler",  # fp16 loss scaling: its scale lives on "cuda"
     "megatron.core.utils",
     "megatron.core.distributed.param_and_grad_buffer",
 )
@@ -455,3 +457,25 @@ def _patch_adam_checkpoint_load(torch: Any) -> None:
 
 
 __all__ = ["applied", "install", "is_installed"]
+
+
+# ---- fp16 loss scaling: the scale restored on CPU ------------------------------------------
+def _patch_grad_scaler_load(torch: Any) -> None:
+    """``DynamicGradScaler.load_state_dict`` moves the restored scale with ``.cuda()`` (an
+    optimizer or checkpoint load of an fp16 run): on CPU it stays on the CPU."""
+    try:
+        grad_scaler = importlib.import_module("megatron.core.optimizer.grad_scaler")
+    except ImportError:
+        return
+    cls = getattr(grad_scaler, "DynamicGradScaler", None)
+    if cls is None or not hasattr(cls, "load_state_dict"):
+        return
+
+    def load_state_dict(self: Any, state_dict: dict) -> None:
+        scale = state_dict["scale"]
+        self._scale = (scale if torch.is_tensor(scale) else torch.tensor([float(scale)])).float().cpu()
+        self._growth_tracker = state_dict["growth_tracker"]
+        self._hysteresis_tracker = state_dict["hysteresis_tracker"]
+
+    cls.load_state_dict = load_state_dict
+    _applied.append("grad scaler load on CPU")

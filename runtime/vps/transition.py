@@ -92,7 +92,7 @@ class ObjectMove(NamedTuple):
 
 # Small objects a training rank carries. Global ones are the same on every rank (any old rank
 # can serve them); per-rank ones belong to one old rank.
-GLOBAL_OBJECTS = ("step", "scheduler", "data_cursor")
+GLOBAL_OBJECTS = ("step", "scheduler", "data_cursor", "loss_scaler")  # loss_scaler: fp16's scale, skipped steps
 PER_RANK_OBJECTS = ("rng",)
 
 

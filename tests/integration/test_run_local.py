@@ -119,3 +119,70 @@ def test_kill_in_checkpoint_mode_restarts_from_the_periodic_checkpoint(tmp_path)
     left = _run(tmp_path / "ref", "checkpoint", "2:leave=1", steps=steps, parallel="tp=1,pp=1,dp=2")
     _check_training(killed, steps)
     assert killed["checksums"] and killed["checksums"] == left["checksums"]
+
+
+def test_fp16_overflow_steps_and_the_loss_scale_survive_a_reconfiguration(tmp_path):
+    """fp16 with a loss scale far too large: the first steps overflow and are skipped (no update,
+    the scale backs off), then training goes on; a member leaving in the middle changes none of
+    it: the scaler's state travels with the switch."""
+    kw = dict(workers=2, parallel="tp=1,pp=1,dp=2", steps=8, global_batch=GLOBAL_BATCH, precision="fp16",
+              initial_loss_scale=2.0**20)
+    moved = run_local(RunSpec.mock(MODEL, events=parse_events("4:leave=1"), workdir=str(tmp_path / "moved"), **kw))
+    restarted = run_local(RunSpec.mock(MODEL, events=parse_events("4:leave=1"), mode="checkpoint",
+                                       workdir=str(tmp_path / "restarted"), **kw))
+    still = run_local(RunSpec.mock(MODEL, events=[], workdir=str(tmp_path / "still"), **kw))
+    assert [e["outcome"] for e in moved["events"]] == ["committed"]
+    skipped = [s["skipped"] for s in moved["steps"]]
+    assert skipped[0] and not all(skipped), skipped  # overflowed at first, then trains
+    # live and through a checkpoint: the same skipped steps, scales and losses, bit for bit
+    for key in ("skipped", "loss_scale", "loss", "samples"):
+        assert [s[key] for s in moved["steps"]] == [s[key] for s in restarted["steps"]], key
+    assert moved["checksums"] == restarted["checksums"]
+    # the first step of the new world runs with the scale the old world left (DP 2 -> 1 changes
+    # only the reduction order, which may move a later step across the overflow edge)
+    for a, b in zip(moved["steps"][:5], still["steps"][:5]):
+        assert (a["loss_scale"], a["skipped"], a["samples"]) == (b["loss_scale"], b["skipped"], b["samples"])
+
+
+def test_a_job_file_on_real_text_reads_the_samples_of_an_uninterrupted_run_and_finishes(tmp_path):
+    """``run-local --job``: the manifest kubectl takes, on a real corpus and BPE tokenizer, through
+    a leave, a join and a TP/PP change; every step reads exactly the samples the uninterrupted
+    run reads, the losses track it, validation loss is the same in every layout, and the run
+    ends with a complete final checkpoint."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from liveshard.runtime.agent.checkpoint import is_complete
+    from liveshard.runtime.data.corpus import build_corpus
+
+    corpus = build_corpus(str(tmp_path / "corpus"), vocab_size=512)
+    job = {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob", "metadata": {"name": "text"},
+           "spec": {"model": {"preset": MODEL, "vocab_size": 512}, "image": "local",
+                    "workers": {"max": 2, "gpusPerWorker": 1}, "parallelism": {"tp": [1, 2], "pp": [1, 2]},
+                    "training": {"data": {"blend": [{"prefix": corpus.data_prefix}], "split": "90,10,0"},
+                                 "tokenizer": {"path": corpus.tokenizer_dir}, "trainIters": 8, "globalBatch": 4,
+                                 "seqLength": 32, "precision": "fp32", "optimizer": {"lr": 3e-3},
+                                 "schedule": {"warmupIters": 1}, "eval": {"interval": 2, "iters": 1}}}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    runs = {}
+    for name, events in (("moved", "2:leave=1 4:join=1 6:parallel=tp=1,pp=2,dp=1"), ("still", "")):
+        out = tmp_path / f"{name}.json"
+        subprocess.run([sys.executable, "-m", "liveshard.runtime.cli", "run-local", "--job", str(tmp_path / "job.yaml"),
+                        "--workers", "2", "--parallel", "tp=2,pp=1,dp=1", "--events", events, "--quiet",
+                        "--workdir", str(tmp_path / name), "--out", str(out)], check=True, timeout=600)
+        runs[name] = json.loads(out.read_text())
+    moved, still = runs["moved"], runs["still"]
+    assert [e["outcome"] for e in moved["events"]] == ["committed"] * 3
+    assert [s["step"] for s in moved["steps"]] == list(range(1, 9))
+    assert [s["samples"] for s in moved["steps"]] == [list(range(4 * k, 4 * k + 4)) for k in range(8)]
+    assert [s["samples"] for s in moved["steps"]] == [s["samples"] for s in still["steps"]]
+    for a, b in zip(moved["steps"], still["steps"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4) and a["lr"] == pytest.approx(b["lr"])
+    assert moved["steps"][-1]["loss"] < moved["steps"][0]["loss"]
+    # validation: the same samples every time, so the same loss whatever the layout
+    assert [e["step"] for e in moved["evals"]] == [2, 4, 6, 8]
+    for a, b in zip(moved["evals"], still["evals"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    assert is_complete(moved["final_checkpoint"], 8) and is_complete(still["final_checkpoint"], 8)

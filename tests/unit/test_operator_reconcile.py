@@ -402,3 +402,26 @@ def test_a_withdrawable_signal_counts_only_once_it_has_held_for_the_debounce_tim
                    seen=now)
     _, at_once = step(job, pods, {**healthy(4), "node-2": spot}, now)
     assert at_once["status"]["plan"]["generation"] == 2
+
+
+def test_a_job_that_reached_train_iters_succeeds_and_is_never_restarted():
+    """The coordinator wrote finishedAt (the final checkpoint is complete): the phase is
+    Succeeded, nothing is planned or created, the coordinator pod (restartPolicy Always) is
+    deleted, the workers (exited 0) stay; an operator restart reads the same status."""
+    from liveshard.runtime.contract.status import Finished
+
+    done = Finished(T0, 1000, "/ckpt/step00001000").to_status()
+    job = make_job(status={"phase": "Running", "plan": {"generation": 1, "config": "tp=1,pp=1,dp=4", "members":
+                                                        [f"train-worker-{i}" for i in range(2)], "gpusPerWorker": 2,
+                                                        "worldSize": 4}, "appliedGeneration": 1, **done})
+    pods = [make_pod(i, phase="Succeeded") for i in range(2)] + [coordinator()]
+    d, job = step(job, pods, healthy(2))
+    assert job["status"]["phase"] == "Succeeded" and "/ckpt/step00001000" in job["status"]["message"]
+    assert d.delete_pods == ["train-coordinator"] and not d.create_workers and not d.create_coordinator
+    assert ("Normal", "Succeeded") in {(k, r) for k, r, _ in d.events}
+    conds = {c["type"]: c["status"] for c in job["status"]["conditions"]}
+    assert conds["Succeeded"] == "True" and conds["Ready"] == "False"
+    # a later pass (or a restarted operator) with no pods left: still Succeeded, nothing created, no new event
+    d2, job = step(job, [], healthy(2))
+    assert job["status"]["phase"] == "Succeeded" and not d2.create_workers and not d2.create_coordinator
+    assert not d2.events
