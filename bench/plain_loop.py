@@ -27,14 +27,18 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     gc.collect()
     gc.freeze()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    from liveshard.runtime.agent.trainer import Trainer, TrainingSettings
+    from mock_training import mock_training
+
+    from liveshard.runtime.agent.trainer import Trainer, optimizer_options
     from liveshard.runtime.megatron.build import build_model
     from liveshard.runtime.parallel import ParallelConfig
     from liveshard.runtime.spec import load_model
 
-    built = build_model(load_model(args.model), ParallelConfig.parse(args.parallel), seed=1234,
-                        hidden_dropout=0.0, attention_dropout=0.0)
-    trainer = Trainer(built, TrainingSettings(global_batch=args.global_batch, seq_length=args.seq_length))
+    spec = load_model(args.model)
+    training, data = mock_training(spec, steps=args.steps, global_batch=args.global_batch, seq_length=args.seq_length)
+    built = build_model(spec, ParallelConfig.parse(args.parallel), seed=training.seed,
+                        optimizer_options=optimizer_options(training), hidden_dropout=0.0, attention_dropout=0.0)
+    trainer = Trainer(built, training, data)
     for _ in range(args.steps):
         trainer.step()
         if rank == 0:

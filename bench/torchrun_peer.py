@@ -31,19 +31,22 @@ def main() -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    from mock_training import mock_training
+
     from liveshard.runtime.agent import checkpoint
-    from liveshard.runtime.agent.trainer import Trainer, TrainingSettings
+    from liveshard.runtime.agent.trainer import Trainer, optimizer_options
     from liveshard.runtime.megatron.build import build_model
     from liveshard.runtime.parallel import ParallelConfig
     from liveshard.runtime.spec import load_model
 
     spec = load_model(args.model)
     cfg = ParallelConfig(dp=dist.get_world_size())
-    settings = TrainingSettings(global_batch=args.global_batch, seq_length=args.seq_length)
+    training, data = mock_training(spec, steps=args.steps, global_batch=args.global_batch,
+                                   seq_length=args.seq_length)
     ckpts = sorted(p for p in Path(args.ckpt).glob("step*") if (p / "liveshard.json").exists())
-    built = build_model(spec, cfg, seed=settings.seed, hidden_dropout=0.0, attention_dropout=0.0,
-                        perform_initialization=not ckpts)
-    trainer = Trainer(built, settings)
+    built = build_model(spec, cfg, seed=training.seed, optimizer_options=optimizer_options(training),
+                        hidden_dropout=0.0, attention_dropout=0.0, perform_initialization=not ckpts)
+    trainer = Trainer(built, training, data)
     if ckpts:
         checkpoint.load(built, trainer, ckpts[-1])
     rank = dist.get_rank()

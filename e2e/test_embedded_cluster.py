@@ -82,6 +82,33 @@ def test_multi_gpu_pods_run_one_rank_per_gpu_and_survive_a_spot_notice(tmp_path)
         d.stop()
 
 
+def test_a_job_that_reaches_train_iters_succeeds_with_a_complete_final_checkpoint(tmp_path):
+    """A short job on the real corpus runs to its trainIters: the workers save the final
+    checkpoint and wait for it, the coordinator reports it, the job's phase becomes Succeeded
+    (``kubectl get etj`` shows Step and Loss), the workers exit 0 and are not re-created, and
+    the coordinator pod is removed. Second in the file, before the story's cluster starts."""
+    from liveshard.runtime.agent.checkpoint import is_complete
+
+    d = Demo(tmp_path / "short", job="short", log=sys.stderr, gpu_nodes=2, replicas=1, global_batch=16,
+             train_iters=6)
+    try:
+        d.start()
+        st, _ = d.wait("phase Succeeded", lambda s, c: s.get("phase") == "Succeeded", timeout=300)
+        assert st["finishedStep"] == 6 and is_complete(st["finalCheckpoint"], 6)
+        assert st["progress"]["step"] == 6 and st["progress"]["trainIters"] == 6
+        assert any(c["type"] == "Succeeded" and c["status"] == "True" for c in st["conditions"])
+        d.wait("the coordinator pod removed", lambda s, c: "short-coordinator" not in d.pods(), timeout=60)
+        time.sleep(3)  # the operator's next passes create nothing
+        pods = d.pods()
+        assert list(pods) == ["short-worker-0"] and pods["short-worker-0"]["status"]["phase"] == "Succeeded"
+        (result,) = d.results().values()
+        assert result["phase"] == "finished" and result["final_checkpoint"] == st["finalCheckpoint"]
+        losses = [s["loss"] for s in result["steps"]]
+        assert losses[-1] < losses[0]  # real text: the loss falls
+    finally:
+        d.stop()
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     d = Demo(tmp_path_factory.mktemp("demo"), job=JOB, log=sys.stderr)
@@ -220,3 +247,4 @@ def test_local_cluster_up_down_with_kubectl(tmp_path):
         if up.poll() is None:
             up.kill()
             up.wait()
+

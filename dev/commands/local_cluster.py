@@ -61,8 +61,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         pid_file.write_text(str(os.getpid()))
         # One worker pod per fake node, one process per GPU; 320 keeps multi-GPU pods all busy.
-        job = sample_job(replicas=min(3, max(1, args.nodes)), gpus_per_worker=args.gpus_per_node,
-                         global_batch=240 if args.gpus_per_node == 1 else 320)
+        from liveshard.runtime.data.corpus import build_corpus, default_corpus_dir
+
+        corpus = build_corpus(os.path.join(default_corpus_dir(), "v1024"), vocab_size=1024)
+        job = sample_job(replicas=min(3, max(1, args.nodes)), gpus_per_worker=args.gpus_per_node, corpus=corpus,
+                         global_batch=240 if args.gpus_per_node == 1 else 320,
+                         checkpoint_dir=str(workdir.resolve() / "checkpoints"))
         (workdir / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
         print(f"kubeconfig: {cluster.kubeconfig}", flush=True)
         print(f"API server: {cluster.kube.url}; nodes: control-0, "

@@ -51,7 +51,7 @@ class DemoFailed(Exception):
 class Demo:
     def __init__(self, out: str | Path, job: str = "tiny-gpt", namespace: str = "default",
                  log: TextIO | None = sys.stdout, gpu_nodes: int = 3, replicas: int = 3,
-                 gpus_per_worker: int = 1, global_batch: int = 240) -> None:
+                 gpus_per_worker: int = 1, global_batch: int = 240, train_iters: int = 100_000) -> None:
         self.out = Path(out).resolve()
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "results").mkdir(exist_ok=True)
@@ -61,6 +61,7 @@ class Demo:
         # room for one worker pod, which runs one process per GPU
         self.cluster = LocalCluster(self.out, nodes=gpu_nodes - 1, gpus_per_node=gpus_per_worker)
         self.global_batch = global_batch
+        self.train_iters = train_iters  # the demo stops the job long before; a test may let it finish
         self.events: list[ClusterEvent] = []
         self.samples: list[dict] = []  # (time, step, loss, world) as seen live
         self.started = time.time()
@@ -83,7 +84,8 @@ class Demo:
         corpus = build_corpus(os.path.join(default_corpus_dir(), "v1024"), vocab_size=1024)
         self.say(f"corpus: {corpus.data_prefix} (tokenizer {corpus.tokenizer_dir})")
         body = sample_job(self.job, self.ns, replicas=self.replicas, global_batch=self.global_batch,
-                          gpus_per_worker=self.gpus_per_worker, corpus=corpus,
+                          gpus_per_worker=self.gpus_per_worker, corpus=corpus, train_iters=self.train_iters,
+                          checkpoint_dir=str(self.out / "checkpoints"),
                           extra_args=("--result", str(self.out / "results" / "$(LIVESHARD_POD_NAME).json")))
         (self.out / "job.json").write_text(json.dumps(body, indent=2))
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)

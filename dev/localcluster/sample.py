@@ -10,7 +10,7 @@ from liveshard.runtime.contract.crd import API_VERSION, KIND
 def sample_job(name: str = "tiny-gpt", namespace: str = "default", replicas: int = 3, min_workers: int = 1,
                global_batch: int = 240, micro_batch: int = 4, model: str = "tiny-gpt", cooldown_seconds: int = 5,
                extra_args: tuple[str, ...] = (), gpus_per_worker: int = 1, train_iters: int = 100_000,
-               corpus: Any = None) -> dict[str, Any]:
+               corpus: Any = None, checkpoint_dir: str | None = None) -> dict[str, Any]:
     """CPU processes for GPUs: a worker pod runs one training process per "GPU" it requests
     (``gpusPerWorker``; the node agent's fake nodes advertise ``nvidia.com/gpu``).
 
@@ -50,6 +50,8 @@ def sample_job(name: str = "tiny-gpt", namespace: str = "default", replicas: int
                         "gpuMemory": "80Gi"},
             "parallelism": {"tp": [1], "pp": [1], "distributedOptimizer": False},
             "training": training,
+            # the node agent runs pods as local processes: each job gets a directory of its own
+            **({"checkpoint": {"path": checkpoint_dir}} if checkpoint_dir else {}),
             "elasticity": {"scaleUpCooldownSeconds": cooldown_seconds, "reconfigurationTimeoutSeconds": 120},
         },
     }

@@ -194,6 +194,8 @@ def _commit(agent: WorkerAgent, prep: Prepared, switch_step: int, result: Transi
     agent.adopt(plan, rank)
     phases["commit"] = time.perf_counter() - t_commit
     phases["downtime"] = time.perf_counter() - t_stop
+    agent.reporter.reconfiguration(switch_step, plan.generation, phases["downtime"],
+                                   prep.old.config if prep.old else "", plan.config)
     agent.report(plan.generation, MemberResult(ok=True, phases=phases, step=switch_step,
                                                bytes_received=stats.bytes_received, bytes_sent=stats.bytes_sent))
     agent.state.events.append({"kind": "switch", "generation": plan.generation, "step": switch_step,

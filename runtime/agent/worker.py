@@ -268,7 +268,10 @@ class WorkerAgent:
             checkpoint.save(self.built, t, o.save_dir)
             self.state.phase = "left"  # the restart path: every process exits after saving
             return
-        self.reporter.step(self.state.records[-1])
+        record = self.state.records[-1]
+        # the count travels with the training state (a joiner that becomes the logger knows it)
+        self.reporter.skipped_steps = t.skipped_steps - int(record.skipped)
+        self.reporter.step(record)
         if t.eval_due():
             self._evaluate()
         if t.step_count >= self.last_step:

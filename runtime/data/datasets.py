@@ -105,7 +105,7 @@ def _config(training: TrainingSpec, tokenizer: Any, path_to_cache: str | None) -
 
     d = training.data
     blend = None if d.mock else ([r.prefix for r in d.blend], [r.weight for r in d.blend])
-    return GPTDatasetConfig(
+    config = GPTDatasetConfig(
         random_seed=training.seed,
         sequence_length=training.seq_length,
         blend=blend,
@@ -118,6 +118,37 @@ def _config(training: TrainingSpec, tokenizer: Any, path_to_cache: str | None) -
         create_attention_mask=False,  # the trainer hands the model one causal mask for every sample
         mmap_bin_files=True,
     )
+    # A split the job reads nothing from is not indexed at all (megatron would loop forever
+    # looking for its tokens when it holds no document); the others keep their boundaries.
+    for i, wanted in enumerate(sample_counts(training)):
+        if not wanted:
+            config.split_matrix[i] = None
+    return config
+
+
+def _check_splits(training: TrainingSpec) -> None:
+    """Every split the job reads from holds documents of every dataset, with megatron's own
+    boundaries (``split_matrix``); an empty one is named here, where megatron would hang."""
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(training.data.split))
+    names = ("train", "valid", "test")
+    for i, ref in enumerate(training.data.blend):
+        docs = len(IndexedDataset(ref.prefix, mmap=True).document_indices) - 1
+        for k, wanted in enumerate(sample_counts(training)):
+            if not wanted or matrix[k] is None:
+                continue
+            start, end = (round(x * docs) for x in matrix[k])
+            if end <= start:
+                raise ConfigError(f"spec.training.data.blend[{i}].prefix",
+                                  f"{ref.prefix} has {docs} documents: its {names[k]} part of split "
+                                  f"{training.data.split!r} holds none",
+                                  "give that part a larger weight, or use a larger corpus"
+                                  + (" (or set eval.interval: 0)" if k == 1 else ""))
 
 
 def _mock_dataset_class(seq_length: int) -> type:
@@ -163,6 +194,7 @@ def build_datasets(training: TrainingSpec, tokenizer: Any, cache_root: str | Non
         train, valid, _ = _build(training, tokenizer, None)
         return JobData(train, valid, tokenizer, None, time.perf_counter() - start)
     _check_prefixes(training)
+    _check_splits(training)
     root = Path(cache_root or os.path.join(tempfile.gettempdir(), "liveshard-data-cache"))
     try:
         root.mkdir(parents=True, exist_ok=True)

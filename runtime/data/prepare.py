@@ -98,8 +98,8 @@ def prepare(inputs: list[str], tokenizer: Tokenizer, output_prefix: str, json_ke
     bin_path, idx_path = output_prefix + ".bin", output_prefix + ".idx"
     tmp = f".tmp-{os.getpid()}"
     bin_tmp, idx_tmp = bin_path + tmp, idx_path + tmp
-    created = _make_parent(output_prefix)
     reader = _Reader(inputs, json_key)
+    created = _make_parent(output_prefix)
     bar = _progress_bar(reader.total_bytes, progress)
     builder = None
     documents = tokens = 0

@@ -38,14 +38,15 @@ class Tokenizer(MegatronTokenizerBase):
     ``pad`` and ``unique_identifiers`` (part of the key of its cached sample indices).
 
     ``pad`` is always -1, megatron's own "no pad token". GPTDataset fills a sample that runs past
-    the end of the data with ``pad``, masks the loss wherever a label equals ``pad`` and maps
-    ``pad`` to id 0 before the embedding. A real token id there would also mask every genuine
-    occurrence of that token in the text (and a pad shared with EOS, common in Hugging Face
-    tokenizers, would mask every document end); -1 never occurs in the data. The tokenizer's own
-    pad id, if it has one, is ``own_pad``.
+    the end of the data with ``pad``, masks the loss wherever a label equals ``pad`` and rewrites
+    every ``pad`` in the inputs to id 0. Were it a real token id, every genuine occurrence of that
+    token in the text would be masked and rewritten too; -1 never occurs in the data. (Megatron
+    itself falls back to -1, with a warning, when a pad id equals the EOS or EOD id.) The
+    tokenizer's own pad id, if it has one, is ``own_pad``.
     """
 
     kind: str
+    own_pad: int | None = None
 
     def __init__(self, path: str, file: str, name: str, field: str) -> None:
         super().__init__(path, {})
@@ -149,7 +150,7 @@ class HuggingFaceTokenizer(Tokenizer):
                               f"{', '.join(EOD_CANDIDATES)}",
                               "use a tokenizer with an end-of-text token (add one as a special token)")
         self._eod = eod
-        self.own_pad: int | None = self._own_pad(vocab)
+        self.own_pad = self._own_pad(vocab)
 
     def _own_pad(self, vocab: dict[str, int]) -> int | None:
         padding = self._hf.padding

@@ -27,7 +27,7 @@ with warnings.catch_warnings():
 from liveshard.runtime.data import prepare as prepare_module
 from liveshard.runtime.data.corpus import build_corpus, corpus_texts, default_corpus_dir
 from liveshard.runtime.data.prepare import prepare
-from liveshard.runtime.data.tokenizer import check_vocab, load_tokenizer
+from liveshard.runtime.data.tokenizer import check_vocab, default_kind, load_tokenizer
 from liveshard.runtime.errors import ConfigError
 
 SAMPLE_TEXTS = [
@@ -202,6 +202,12 @@ def test_unknown_tokenizer_type():
         load_tokenizer("tiktoken", "/x", field="spec.training.tokenizer")
     assert e.value.field == "spec.training.tokenizer.type"
     assert "huggingface" in e.value.fix
+
+
+def test_default_kind_follows_the_extension():
+    assert default_kind("models/llama/tokenizer.model") == "sentencepiece"
+    assert default_kind("models/gpt2") == "huggingface"
+    assert default_kind("models/gpt2/tokenizer.json") == "huggingface"
 
 
 def test_check_vocab(hf):
