@@ -151,6 +151,6 @@ def resolve(args: argparse.Namespace, *, env: dict[str, str] | None = None,
     training = read_training(section, path="spec.training" if source != "flags" else "training",
                              default_seq_length=model.max_sequence_length)
     check_against_model(training, model.max_sequence_length,
-                        path="--seq-length" if args.seq_length else "spec.training")
+                        field="--seq-length" if args.seq_length else "spec.training.seqLength")
     return replace(model, params_dtype=training.precision), training
 

@@ -367,9 +367,10 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
                         initial_loss_scale=loss_scale, eval=evaluation, logging=logging_spec)
 
 
-def check_against_model(training: TrainingSpec, max_sequence_length: int, path: str = "spec.training") -> None:
+def check_against_model(training: TrainingSpec, max_sequence_length: int,
+                        field: str = "spec.training.seqLength") -> None:
     """The checks that need the model: the sequence fits its position range."""
     if training.seq_length > max_sequence_length:
-        raise ConfigError(f"{path}.seqLength", f"{training.seq_length} exceeds the model's "
+        raise ConfigError(field, f"{training.seq_length} exceeds the model's "
                           f"max_sequence_length={max_sequence_length}",
                           "train on shorter sequences or raise the model's max_sequence_length")

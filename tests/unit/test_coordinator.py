@@ -180,3 +180,33 @@ def test_a_pod_that_lost_one_of_its_processes_sits_out_the_recovery():
     _lose(c, "b/1", ("a/0", "a/1", "b/0"))
     plan = c.pending.plan
     assert plan.members == ("a/0", "a/1") and plan.standbys == ("b/0",) and plan.dead == ("b/1",)
+
+
+def test_progress_metrics_and_the_finish_come_from_the_heartbeats():
+    """The coordinator's view of training: step, loss, samples, tokens/s and ETA in its status
+    (the job's status.progress), the same in its Prometheus metrics; rank 0's report at
+    trainIters ends planning: requests are no longer taken."""
+    from liveshard.runtime.contract.training import read_training
+    from liveshard.runtime.control.metrics import JobMetrics
+
+    training = read_training({"data": {"mock": True}, "trainIters": 100, "globalBatch": 4, "seqLength": 32})
+    source, metrics = Requests(), JobMetrics("train")
+    c = Coordinator(JobStore(dist.HashStore()), PRESETS["tiny-gpt"], source, LOCAL, heartbeat_timeout=5.0,
+                    training=training, metrics=metrics)
+    _running(c, source, ("p1", "p2"), "tp=1,pp=2,dp=1")
+    now = time.time()
+    for w, loss in (("p1", None), ("p2", 3.25)):  # the last pipeline stage knows the loss
+        c.store.set_json(Keys.heartbeat(w), {"time": now, "state": "training", "step": 40, "loss": loss,
+                                             "consumed_samples": 160, "step_seconds": 0.5})
+    c.tick()
+    p = c.status()["progress"]
+    assert (p["step"], p["loss"], p["consumed_samples"], p["train_iters"]) == (40, 3.25, 160, 100)
+    assert p["tokens_per_second"] == pytest.approx(4 * 32 / 0.5) and p["eta"]
+    text = metrics.exposition().decode()
+    assert 'liveshard_job_step{job="train"} 40.0' in text and 'liveshard_job_loss{job="train"} 3.25' in text
+    c.store.set_json(Keys.FINISHED, {"step": 100, "checkpoint": "/ckpt/step00000100", "time": now})
+    c.tick()
+    assert c.status()["finished"]["checkpoint"] == "/ckpt/step00000100"
+    source.queue.append(PlanRequest(members=("p1",), config="tp=1,pp=1,dp=1"))
+    c.tick()
+    assert c.pending is None and source.queue  # a finished job plans nothing more
