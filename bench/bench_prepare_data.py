@@ -6,8 +6,9 @@ tokenizes it with ``prepare`` into a fresh prefix, EOD appended. Per worker coun
 median wall time of ``--repeat`` runs, tokens/s, tokens/s per worker, and CPU seconds of this
 process and its worker processes together (so tokens per CPU-second charges the reading, JSON
 parsing and writing too). As the peer in the same run: the tokenizer alone, the same texts
-encoded in memory on one thread (``encode_batch_fast``), the ceiling for one worker. The load
-average is recorded: on a shared machine, compare rows of one run.
+encoded in memory in the same batches on one thread (the ceiling for one worker) and on the
+tokenizer's own Rust thread pool over every core (the alternative to worker processes). Rounds
+interleave the configurations; on a shared machine, compare rows of one run.
 
     python bench/bench_prepare_data.py [--tokens 5000000] [--repeat 3] [--workers 1 2]
 """
@@ -26,7 +27,7 @@ import warnings
 from pathlib import Path
 
 from liveshard.runtime.data.corpus import build_corpus, corpus_texts, default_corpus_dir
-from liveshard.runtime.data.prepare import prepare
+from liveshard.runtime.data.prepare import BATCH_CHARS, prepare
 
 TARGET_PER_CORE = 1_000_000
 
@@ -37,25 +38,28 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def tokenizer_alone(tokenizer, texts: list[str], repeat: int) -> dict:
+def tokenizer_alone(tokenizer, texts: list[str], threads: bool = False) -> tuple[int, float]:
+    """Tokens and seconds to encode ``texts`` in memory, in prepare's batch sizes: on this thread,
+    or with ``threads`` on the tokenizer's own Rust thread pool (every core)."""
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads else "false"
     try:
-        seconds = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            tokens = sum(len(ids) for ids in tokenizer.encode_batch(texts))
-            seconds.append(time.perf_counter() - start)
+        batches, batch, chars = [], [], 0
+        for text in texts:
+            batch.append(text)
+            chars += len(text)
+            if chars >= BATCH_CHARS:
+                batches.append(batch)
+                batch, chars = [], 0
+        batches.append(batch)
+        start = time.perf_counter()
+        tokens = sum(len(ids) for b in batches for ids in tokenizer.encode_batch(b))
+        return tokens, time.perf_counter() - start
     finally:
         if saved is None:
             os.environ.pop("TOKENIZERS_PARALLELISM")
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = saved
-    best = min(seconds)
-    return {"what": "tokenizer alone (1 thread, in memory)", "workers": 1, "tokens": tokens,
-            "seconds_best": best, "seconds_median": statistics.median(seconds), "seconds_all": seconds,
-            "tokens_per_second": tokens / best, "tokens_per_second_per_worker": tokens / best,
-            "tokens_per_cpu_second": None, "load_average": os.getloadavg()[0]}
 
 
 def main() -> int:
@@ -87,36 +91,47 @@ def main() -> int:
         size = os.path.getsize(source)
         print(f"input: {copies} copies of the corpus, {len(texts) * copies:,} documents, {size / 2**20:.1f} MiB; "
               f"tokenizer {corpus.vocab_size} ids; {os.cpu_count()} CPUs\n")
-        header = (f"{'what':<36} {'workers':>7} {'tokens':>10} {'best s':>7} {'median s':>8} {'tokens/s':>10} "
-                  f"{'per worker':>10} {'tok/CPU-s':>10} {'load':>5}")
-        print(header)
-        print("-" * len(header))
+        header = (f"{'what':<42} {'workers':>7} {'tokens':>10} {'best s':>7} {'median s':>8} {'tokens/s':>10} "
+                  f"{'per worker':>10} {'tok/CPU-s':>10}")
 
-        alone = tokenizer_alone(tokenizer, texts * copies, args.repeat)
-        rows.append(alone)
-        print(f"{alone['what']:<36} {1:>7} {alone['tokens']:>10,} {alone['seconds_best']:>7.2f} "
-              f"{alone['seconds_median']:>8.2f} {alone['tokens_per_second']:>10,.0f} "
-              f"{alone['tokens_per_second']:>10,.0f} {'':>10} {alone['load_average']:>5.1f}")
-
-        for workers in args.workers:
-            seconds, cpus, summary = [], [], None
-            for i in range(args.repeat):
+        # Rounds interleave the configurations, so that a busy spell on a shared machine slows
+        # one sample of each rather than every sample of one.
+        samples: dict[str, list[tuple[float, float, object]]] = {}
+        for i in range(args.repeat):
+            for key, threads in (("alone", False), ("threads", True)):
+                start_cpu = cpu_seconds()
+                tokens, seconds = tokenizer_alone(tokenizer, texts * copies, threads=threads)
+                samples.setdefault(key, []).append((seconds, cpu_seconds() - start_cpu, tokens))
+            for workers in args.workers:
                 start_cpu = cpu_seconds()
                 summary = prepare([source], tokenizer, os.path.join(tmp, f"out-{workers}-{i}", "ds"),
                                   workers=workers, append_eod=True, progress=False)
-                cpus.append(cpu_seconds() - start_cpu)
-                seconds.append(summary.seconds)
+                samples.setdefault(str(workers), []).append((summary.seconds, cpu_seconds() - start_cpu, summary))
+            print(f"round {i + 1}/{args.repeat} done (load average {os.getloadavg()[0]:.1f})")
+        print()
+        print(header)
+        print("-" * len(header))
+        for key, runs in samples.items():
+            seconds = [s for s, _, _ in runs]
+            cpus = [c for _, c, _ in runs]
             best = min(seconds)
-            row = {"what": "prepare (read, tokenize, write)", "workers": workers, "tokens": summary.tokens,
-                   "documents": summary.documents, "input_bytes": size, "seconds_best": best,
+            if key == "alone":
+                what, workers, tokens, extra = "tokenizer alone (1 thread, in memory)", 1, runs[0][2], {}
+            elif key == "threads":
+                what, workers, tokens = "tokenizer alone (Rust threads, in memory)", os.cpu_count() or 1, runs[0][2]
+                extra = {}
+            else:
+                summary = runs[0][2]
+                what, workers, tokens = "prepare (read, tokenize, write)", int(key), summary.tokens
+                extra = {"documents": summary.documents, "input_bytes": size}
+            row = {"what": what, "workers": workers, "tokens": tokens, **extra, "seconds_best": best,
                    "seconds_median": statistics.median(seconds), "seconds_all": seconds, "cpu_seconds_all": cpus,
-                   "tokens_per_second": summary.tokens / best,
-                   "tokens_per_second_per_worker": summary.tokens / best / workers,
-                   "tokens_per_cpu_second": summary.tokens / min(cpus), "load_average": os.getloadavg()[0]}
+                   "tokens_per_second": tokens / best, "tokens_per_second_per_worker": tokens / best / workers,
+                   "tokens_per_cpu_second": tokens / min(cpus)}
             rows.append(row)
-            print(f"{row['what']:<36} {workers:>7} {row['tokens']:>10,} {best:>7.2f} {row['seconds_median']:>8.2f} "
+            print(f"{what:<42} {workers:>7} {tokens:>10,} {best:>7.2f} {row['seconds_median']:>8.2f} "
                   f"{row['tokens_per_second']:>10,.0f} {row['tokens_per_second_per_worker']:>10,.0f} "
-                  f"{row['tokens_per_cpu_second']:>10,.0f} {row['load_average']:>5.1f}")
+                  f"{row['tokens_per_cpu_second']:>10,.0f}")
 
     best_per_worker = max(r["tokens_per_second_per_worker"] for r in rows if r["what"].startswith("prepare"))
     print(f"\nbest prepare throughput per worker: {best_per_worker:,.0f} tokens/s "

@@ -114,6 +114,7 @@ def _env(job: dict[str, Any], spec: JobSpec, role: str) -> list[dict[str, Any]]:
         {"name": TRAINING_ENV, "value": spec.training.to_json()},
         {"name": "LIVESHARD_CHECKPOINT_DIR", "value": ckpt.get("path", "/checkpoints")},
         {"name": "LIVESHARD_CHECKPOINT_INTERVAL_MINUTES", "value": str(ckpt.get("intervalMinutes", 30))},
+        {"name": "LIVESHARD_CHECKPOINT_KEEP", "value": str(ckpt.get("keep", 3))},
         # the job's store authenticates every value with this (runtime/control/store.py)
         {"name": SECRET_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name(name), "key": SECRET_KEY}}},
     ]

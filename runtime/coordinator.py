@@ -132,10 +132,12 @@ class Generation:
 class Coordinator:
     def __init__(self, store: JobStore, spec: ModelSpec, source: PlanSource, planning: PlanningInputs, *,
                  heartbeat_timeout: float = 3.0, transition_timeout: float = 120.0,
-                 training: TrainingSpec | None = None, metrics: JobMetrics | None = None) -> None:
+                 training: TrainingSpec | None = None, metrics: JobMetrics | None = None,
+                 checkpoint_dir: str | None = None) -> None:
         self.store = store
         self.training = training  # the job's training spec: progress, ETA
         self.metrics = metrics  # Prometheus gauges of the job (None: not exported)
+        self.checkpoint_dir = checkpoint_dir  # the job's checkpoints (the first world continues the newest)
         self.spec = spec
         self.source = source
         self.planning = planning
@@ -230,6 +232,16 @@ class Coordinator:
             created=time.time(),
             cause=request.cause,
         )
+        if self.current is None and self.checkpoint_dir:
+            # A first world with a complete checkpoint on the job's volume continues from it:
+            # every process of the job was replaced (a whole spot pool gone, a restart), not a new run.
+            from liveshard.runtime.agent.checkpoint import newest_complete
+
+            found = newest_complete(self.checkpoint_dir)
+            if found is not None:
+                log.warning("a first world with a checkpoint on the job's volume: continuing from step %d (%s)",
+                            found["step"], found["path"])
+                plan = replace(plan, restore_from=found["path"])
         if self.current is not None:
             try:
                 no_copy = self._no_live_copy(plan)

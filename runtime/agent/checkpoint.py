@@ -86,6 +86,22 @@ def is_complete(directory: str | os.PathLike, step: int | None = None) -> bool:
     return step is None or int(meta.get("step", -1)) == step
 
 
+def newest_complete(root: str | os.PathLike | None) -> dict | None:
+    """The newest complete checkpoint directly under ``root`` (``{path, step, config}``), or
+    None: what a job whose every process was replaced continues from."""
+    if not root or not os.path.isdir(root):
+        return None
+    best: dict | None = None
+    for entry in sorted(Path(root).iterdir()):
+        if not entry.is_dir() or not is_complete(entry):
+            continue
+        meta = read_meta(entry)
+        step = int(meta.get("step", -1))
+        if best is None or step > best["step"]:
+            best = {"path": str(entry), "step": step, "config": meta.get("config")}
+    return best
+
+
 def read_meta(directory: str | os.PathLike) -> dict:
     return json.loads((Path(directory) / "liveshard.json").read_text())
 

@@ -30,6 +30,43 @@ if TYPE_CHECKING:
 log = logging.getLogger("liveshard.worker")
 
 
+def prune(root: str | None, keep: int) -> list[str]:
+    """Delete all but the newest ``keep`` complete checkpoints under ``root``, and saves that were
+    abandoned before the newest complete one (a save interrupted by a kill or a broken world).
+    A directory newer than the newest complete one may still be being written: it stays. Returns
+    the deleted paths. Called by rank 0 right after a checkpoint became complete."""
+    import shutil
+    from pathlib import Path
+
+    from liveshard.runtime.agent.checkpoint import is_complete, read_meta
+
+    if not root or keep <= 0 or not os.path.isdir(root):
+        return []
+    done, other = [], []
+    for entry in Path(root).iterdir():
+        if not entry.is_dir() or not entry.name.startswith("step"):
+            continue  # the dataset cache, TensorBoard, anything else: not ours to remove
+        if is_complete(entry):
+            done.append((int(read_meta(entry).get("step", -1)), entry))
+        else:
+            other.append(entry)
+    done.sort()
+    if not done:
+        return []
+    newest = done[-1][1].name
+    doomed = [p for _, p in done[:-keep]] + [p for p in other if p.name < newest]
+    removed = []
+    for path in doomed:
+        try:
+            shutil.rmtree(path)
+            removed.append(str(path))
+        except OSError as e:  # retention must never stop training
+            log.warning("could not delete old checkpoint %s: %s", path, e)
+    if removed:
+        log.info("deleted %d old checkpoint(s); kept the newest %d", len(removed), keep)
+    return removed
+
+
 class SafetyCheckpoints:
     """One worker's checkpoint schedule and its saves in flight."""
 
@@ -92,6 +129,7 @@ class SafetyCheckpoints:
             self.last = {**info, "time": time.time()}
             if self.state.rank == 0:
                 self.clients.store.set_json(Keys.CHECKPOINT, self.last)
+                prune(self.options.checkpoint_dir, self.options.checkpoint_keep)
             self.state.events.append({"kind": "checkpoint", "step": info["step"], "path": path,
                                       "seconds": time.perf_counter() - t0, "time": time.time()})
 

@@ -66,7 +66,8 @@ def _take(agent: WorkerAgent, prep: Prepared) -> bool:
     """Act on ``prep``; False while its switch step is not known yet (look again)."""
     if prep.old is None:
         if agent.id in prep.plan.members:
-            start_world(agent, prep.plan)
+            # a first world continues the job's newest checkpoint when the coordinator found one
+            start_world(agent, prep.plan, load_dir=prep.plan.restore_from)
         else:
             agent.adopt(prep.plan, None)  # a standby from the start
         return True

@@ -99,6 +99,7 @@ class WorkerOptions:
     # Safety checkpoints are written in the background; this many steps after one starts, every
     # rank waits for it to be complete (0: finalize whenever it is done, checked at each step).
     checkpoint_finalize_steps: int = 0
+    checkpoint_keep: int = 3  # complete checkpoints kept in checkpoint_dir (0: all)
 
 
 @dataclass
@@ -209,8 +210,8 @@ class WorkerAgent:
         return o.max_steps if o.max_steps is not None else self.training.train_iters
 
     def run(self) -> WorkerState:
+        self.checkpoints.check_dir()  # first: the dataset cache lives under it when it is usable
         self.state.events.append({"kind": "bootstrap", "seconds": self.bootstrap(), "time": time.time()})
-        self.checkpoints.check_dir()
         register(self.clients, self.id)
         self.control.start()
         try:

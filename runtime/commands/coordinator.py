@@ -34,6 +34,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    default=int(os.environ.get("LIVESHARD_METRICS_PORT") or (9400 if os.environ.get("LIVESHARD_ROLE")
                                                                             == "coordinator" else 0)),
                    help="serve Prometheus metrics of the job on this port (0: off; default 9400 in a job's pod)")
+    p.add_argument("--checkpoint-dir", default=os.environ.get("LIVESHARD_CHECKPOINT_DIR") or None,
+                   help="the job's checkpoints: a first world continues from the newest complete one")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 
 
@@ -74,6 +76,6 @@ def run(args: argparse.Namespace) -> int:
         metrics = JobMetrics(args.job_name)
         metrics.serve(args.metrics_port)
     coordinator = Coordinator(store, spec, source, planning, heartbeat_timeout=args.heartbeat_timeout,
-                              training=training, metrics=metrics)
+                              training=training, metrics=metrics, checkpoint_dir=args.checkpoint_dir)
     coordinator.run()
     return 0

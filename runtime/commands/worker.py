@@ -50,6 +50,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-dir", default=os.environ.get("LIVESHARD_CHECKPOINT_DIR") or None,
                    help="safety checkpoints and the checkpoint a stop saves go here (shared by all workers)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between safety checkpoints (0: off)")
+    p.add_argument("--checkpoint-keep", type=int, default=int(os.environ.get("LIVESHARD_CHECKPOINT_KEEP") or 3),
+                   help="complete checkpoints kept in --checkpoint-dir, newest first (0: all)")
     p.add_argument("--checkpoint-interval-minutes", type=float,
                    default=float(os.environ.get("LIVESHARD_CHECKPOINT_INTERVAL_MINUTES") or 0),
                    help="minutes between safety checkpoints (0: off)")
@@ -105,7 +107,8 @@ def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None
                             load_dir=args.load, save_dir=args.save_dir, save_at_step=args.save_at_step,
                             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                             checkpoint_interval=60.0 * args.checkpoint_interval_minutes,
-                            checkpoint_finalize_steps=args.checkpoint_finalize_steps)
+                            checkpoint_finalize_steps=args.checkpoint_finalize_steps,
+                            checkpoint_keep=args.checkpoint_keep)
     agent = WorkerAgent(wid, host, int(port), spec, training, options, job=args.job_name, step_gate=step_gate)
     state = agent.run()
     if result:

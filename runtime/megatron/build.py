@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -214,7 +215,12 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
     # What megatron's training loop wires up: grad all-reduce (DP, tied embeddings across the
     # pipeline, num-token scaling) after the last microbatch; no-sync while accumulating.
     config.finalize_model_grads_func = finalize_model_grads
-    config.grad_scale_func = optimizer.scale_loss  # fp16: the schedule scales each loss before backward
+    if config.fp16:
+        # fp16: the schedule scales each loss before backward. Through a weak reference: a bound
+        # method would tie the config to the optimizer in a cycle that keeps the old world's
+        # buffers and communicators alive after a rebuild until the garbage collector runs.
+        optimizer_ref = weakref.ref(optimizer)
+        config.grad_scale_func = lambda loss: optimizer_ref().scale_loss(loss)
     if ddp_config.overlap_grad_reduce:
         config.no_sync_func = ddp.no_sync
     return BuiltModel(spec=spec, cfg=cfg, config=config, model=model, ddp=ddp, optimizer=optimizer,

@@ -210,3 +210,29 @@ def test_progress_metrics_and_the_finish_come_from_the_heartbeats():
     source.queue.append(PlanRequest(members=("p1",), config="tp=1,pp=1,dp=1"))
     c.tick()
     assert c.pending is None and source.queue  # a finished job plans nothing more
+
+
+def test_a_first_world_continues_the_newest_complete_checkpoint_on_the_jobs_volume(tmp_path):
+    """Every process of the job was replaced (a whole spot pool gone): the new coordinator's first
+    world restores the newest *complete* checkpoint instead of starting from scratch."""
+    import json
+
+    from liveshard.runtime.agent.checkpoint import newest_complete
+
+    for step, complete in ((4, True), (8, True), (12, False)):  # step 12: interrupted mid-save
+        d = tmp_path / f"step{step:08d}"
+        d.mkdir()
+        if complete:
+            (d / "liveshard.json").write_text(json.dumps({"step": step, "config": "tp=1,pp=1,dp=2,ep=1"}))
+    assert newest_complete(tmp_path)["step"] == 8 and newest_complete(tmp_path / "none") is None
+    source = Requests()
+    c = Coordinator(JobStore(dist.HashStore()), PRESETS["tiny-gpt"], source, LOCAL, heartbeat_timeout=5.0,
+                    checkpoint_dir=str(tmp_path))
+    plan = _running(c, source, ("p1", "p2"), "tp=1,pp=1,dp=2")
+    assert plan.restore_from == str(tmp_path / "step00000008")
+    fresh = Coordinator(JobStore(dist.HashStore()), PRESETS["tiny-gpt"], Requests(), LOCAL,
+                        checkpoint_dir=str(tmp_path / "empty"))
+    fresh.source.queue.append(PlanRequest(members=("p1",), config="tp=1,pp=1,dp=1"))
+    _beat(fresh, "p1")
+    fresh.tick()
+    assert fresh.pending.plan.restore_from is None  # a new run starts from its initial weights

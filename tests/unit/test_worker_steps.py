@@ -82,3 +82,26 @@ def test_a_plan_restores_only_from_inside_the_jobs_checkpoint_directory(tmp_path
             confined(bad, str(root))
     with pytest.raises(ValueError, match="no checkpoint directory"):
         confined(str(root / "step00000004"), None)
+
+
+def test_old_and_abandoned_checkpoints_are_pruned_never_the_newest_or_one_being_written(tmp_path):
+    import json
+
+    from liveshard.runtime.agent.checkpoint_schedule import prune
+
+    def ckpt(step: int, complete: bool) -> None:
+        d = tmp_path / f"step{step:08d}"
+        d.mkdir()
+        (d / "__0_0.distcp").write_bytes(b"x")
+        if complete:
+            (d / "liveshard.json").write_text(json.dumps({"step": step, "config": "tp=1,pp=1,dp=1,ep=1"}))
+
+    for step, complete in ((2, True), (4, False), (6, True), (8, True), (10, True), (12, False)):
+        ckpt(step, complete)
+    (tmp_path / "data-cache").mkdir()
+    removed = prune(str(tmp_path), keep=2)
+    assert sorted(p.rsplit("/", 1)[1] for p in removed) == ["step00000002", "step00000004", "step00000006"]
+    # the two newest complete ones, the save in progress after them and the dataset cache stay
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data-cache", "step00000008", "step00000010",
+                                                         "step00000012"]
+    assert prune(str(tmp_path), keep=0) == []  # 0 keeps all
