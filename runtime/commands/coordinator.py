@@ -74,7 +74,12 @@ def run(args: argparse.Namespace) -> int:
         from liveshard.runtime.control.metrics import JobMetrics
 
         metrics = JobMetrics(args.job_name)
-        metrics.serve(args.metrics_port)
+        try:
+            metrics.serve(args.metrics_port)
+        except OSError as e:  # the job trains without its metrics rather than not at all
+            logging.getLogger("liveshard.coordinator").warning(
+                "metrics: cannot serve on port %d (%s); the job's Prometheus metrics are off", args.metrics_port, e)
+            metrics = None
     coordinator = Coordinator(store, spec, source, planning, heartbeat_timeout=args.heartbeat_timeout,
                               training=training, metrics=metrics, checkpoint_dir=args.checkpoint_dir)
     coordinator.run()

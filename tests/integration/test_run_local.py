@@ -128,20 +128,17 @@ def test_fp16_overflow_steps_and_the_loss_scale_survive_a_reconfiguration(tmp_pa
     kw = dict(workers=2, parallel="tp=1,pp=1,dp=2", steps=8, global_batch=GLOBAL_BATCH, precision="fp16",
               initial_loss_scale=2.0**20)
     moved = run_local(RunSpec.mock(MODEL, events=parse_events("4:leave=1"), workdir=str(tmp_path / "moved"), **kw))
-    restarted = run_local(RunSpec.mock(MODEL, events=parse_events("4:leave=1"), mode="checkpoint",
-                                       workdir=str(tmp_path / "restarted"), **kw))
     still = run_local(RunSpec.mock(MODEL, events=[], workdir=str(tmp_path / "still"), **kw))
     assert [e["outcome"] for e in moved["events"]] == ["committed"]
     skipped = [s["skipped"] for s in moved["steps"]]
     assert skipped[0] and not all(skipped), skipped  # overflowed at first, then trains
-    # live and through a checkpoint: the same skipped steps, scales and losses, bit for bit
-    for key in ("skipped", "loss_scale", "loss", "samples"):
-        assert [s[key] for s in moved["steps"]] == [s[key] for s in restarted["steps"]], key
-    assert moved["checksums"] == restarted["checksums"]
-    # the first step of the new world runs with the scale the old world left (DP 2 -> 1 changes
-    # only the reduction order, which may move a later step across the overflow edge)
+    assert [s["samples"] for s in moved["steps"]] == [s["samples"] for s in still["steps"]]
+    # the first step of the new world runs with the scale and the skipped-step count the old world
+    # left, exactly as the uninterrupted run (DP 2 -> 1 changes only the reduction order, which may
+    # later move a step across the overflow edge); a reset scaler would start again at 2**20
     for a, b in zip(moved["steps"][:5], still["steps"][:5]):
-        assert (a["loss_scale"], a["skipped"], a["samples"]) == (b["loss_scale"], b["skipped"], b["samples"])
+        assert (a["loss_scale"], a["skipped"]) == (b["loss_scale"], b["skipped"])
+    assert moved["steps"][4]["loss_scale"] < kw["initial_loss_scale"]
 
 
 def test_a_job_file_on_real_text_reads_the_samples_of_an_uninterrupted_run_and_finishes(tmp_path):
