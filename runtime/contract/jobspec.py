@@ -14,6 +14,7 @@ from typing import Any
 
 from liveshard.runtime.contract.causes import NODE_KINDS
 from liveshard.runtime.contract.training import TrainingSpec, check_against_model, read_training
+from liveshard.runtime.contract.training import int_field as _int
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.spec import ModelSpec
 from liveshard.runtime.units import parse_bytes
@@ -93,15 +94,6 @@ def _degrees(value: Any, name: str) -> tuple[int, ...] | None:
         raise ConfigError(f"spec.parallelism.{name}", f"{value!r} is not a list of positive degrees",
                           f"write e.g. {name}: [1, 2, 4, 8]")
     return tuple(sorted(set(value)))
-
-
-def _int(section: dict[str, Any], key: str, path: str, default: int | None, minimum: int = 1) -> int | None:
-    value = section.get(key, default)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{path}.{key}", f"must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 def read_spec(spec: dict[str, Any]) -> JobSpec:

@@ -190,7 +190,8 @@ def _section(parent: dict[str, Any], key: str, path: str) -> dict[str, Any]:
     return value
 
 
-def _int(section: dict[str, Any], key: str, path: str, default: int | None, minimum: int = 1) -> int | None:
+def int_field(section: dict[str, Any], key: str, path: str, default: int | None, minimum: int = 1) -> int | None:
+    """``section[key]`` as an integer >= ``minimum`` (``default`` when absent); ConfigError naming ``path.key``."""
     value = section.get(key, default)
     if value is None:
         return None
@@ -291,9 +292,9 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
         raise ConfigError(f"{path}.tokenizer", "is required with real data (its end-of-document id and "
                           "vocabulary size)", "set {type: huggingface, path: DIR with tokenizer.json}")
 
-    train_iters = _int(section, "trainIters", path, None)
-    train_samples = _int(section, "trainSamples", path, None)
-    global_batch = _int(section, "globalBatch", path, None)
+    train_iters = int_field(section, "trainIters", path, None)
+    train_samples = int_field(section, "trainSamples", path, None)
+    global_batch = int_field(section, "globalBatch", path, None)
     if global_batch is None:
         raise ConfigError(f"{path}.globalBatch", "is required", "sequences per optimizer step, e.g. 256")
     if train_iters is None and train_samples is None:
@@ -306,13 +307,13 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
             raise ConfigError(f"{path}.trainSamples", f"{train_samples} is not a multiple of globalBatch={global_batch}",
                               "make it a whole number of steps")
         train_iters = train_samples // global_batch
-    micro_batch = _int(section, "microBatch", path, 1)
+    micro_batch = int_field(section, "microBatch", path, 1)
     assert micro_batch is not None
     if global_batch % micro_batch:
         raise ConfigError(f"{path}.globalBatch", f"{global_batch} is not a multiple of microBatch={micro_batch}",
                           "make globalBatch a multiple of microBatch")
-    seq_length = _int(section, "seqLength", path, default_seq_length)
-    seed = _int(section, "seed", path, 1234, minimum=0)
+    seq_length = int_field(section, "seqLength", path, default_seq_length)
+    seed = int_field(section, "seed", path, 1234, minimum=0)
 
     o = _section(section, "optimizer", path)
     op = f"{path}.optimizer"
@@ -326,7 +327,7 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
 
     s = _section(section, "schedule", path)
     sp = f"{path}.schedule"
-    warmup = _int(s, "warmupIters", sp, None, minimum=0)
+    warmup = int_field(s, "warmupIters", sp, None, minimum=0)
     fraction = s.get("warmupFraction")
     if fraction is not None:
         if warmup is not None:
@@ -335,8 +336,8 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
     schedule = ScheduleSpec(
         warmup_iters=warmup or 0,
         decay_style=_choice(s, "decayStyle", sp, "cosine", DECAY_STYLES),
-        decay_iters=_int(s, "decayIters", sp, 0, minimum=0) or 0,
-        wsd_decay_iters=_int(s, "wsdDecayIters", sp, 0, minimum=0) or 0,
+        decay_iters=int_field(s, "decayIters", sp, 0, minimum=0) or 0,
+        wsd_decay_iters=int_field(s, "wsdDecayIters", sp, 0, minimum=0) or 0,
         wsd_decay_style=_choice(s, "wsdDecayStyle", sp, "linear", WSD_DECAY_STYLES),
     )
     decay_iters = schedule.decay_iters or train_iters
@@ -351,14 +352,14 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
     loss_scale = _float(section, "initialLossScale", path, 2.0**16, open_low=True)
 
     ev = _section(section, "eval", path)
-    evaluation = EvalSpec(interval=_int(ev, "interval", f"{path}.eval", 0, minimum=0) or 0,
-                          iters=_int(ev, "iters", f"{path}.eval", 10) or 10)
+    evaluation = EvalSpec(interval=int_field(ev, "interval", f"{path}.eval", 0, minimum=0) or 0,
+                          iters=int_field(ev, "iters", f"{path}.eval", 10) or 10)
     if evaluation.interval and data.split_weights[1] <= 0 and not data.mock:
         raise ConfigError(f"{path}.eval.interval", f"is set but data.split {data.split!r} has no validation part",
                           'give the validation split a weight, e.g. "969,30,1", or set eval.interval: 0')
 
     lg = _section(section, "logging", path)
-    logging_spec = LoggingSpec(interval=_int(lg, "interval", f"{path}.logging", 10) or 10,
+    logging_spec = LoggingSpec(interval=int_field(lg, "interval", f"{path}.logging", 10) or 10,
                                tensorboard_dir=_text(lg, "tensorboardDir", f"{path}.logging"),
                                wandb_project=_text(lg, "wandbProject", f"{path}.logging"))
     return TrainingSpec(data=data, train_iters=train_iters, global_batch=global_batch, micro_batch=micro_batch,
