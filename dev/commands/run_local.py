@@ -57,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     from liveshard.runtime.errors import ConfigError
 
     spec, training = training_args.resolve(args, env={})
+    from liveshard.runtime.data.datasets import check_data
+
+    check_data(training, spec.vocab_size, spec.padded_vocab_size)  # a worker would fail alone, later
     workers = args.workers
     if workers is None:
         if not args.job_file:

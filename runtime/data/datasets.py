@@ -90,6 +90,15 @@ def load_job_tokenizer(training: TrainingSpec, vocab_size: int, padded_vocab_siz
     return tokenizer
 
 
+def check_data(training: TrainingSpec, vocab_size: int, padded_vocab_size: int) -> None:
+    """What a worker checks before it joins, checked up front (``run-local``): the tokenizer
+    loads and fits the model, every dataset exists and every split the job reads holds documents."""
+    load_job_tokenizer(training, vocab_size, padded_vocab_size)
+    if not training.data.mock:
+        _check_prefixes(training)
+        _check_splits(training)
+
+
 def _check_prefixes(training: TrainingSpec) -> None:
     for i, ref in enumerate(training.data.blend):
         for ext in (".bin", ".idx"):
