@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from liveshard.runtime.errors import ConfigError
@@ -120,12 +120,6 @@ class TrainingSpec:
         """Validation samples one evaluation reads (the same ones every time, any layout)."""
         return self.eval.iters * self.global_batch if self.eval.interval else 0
 
-    def with_overrides(self, **changes: Any) -> TrainingSpec:
-        """A copy with top-level fields replaced (command-line overrides); re-checked."""
-        changes = {k: v for k, v in changes.items() if v is not None}
-        out = replace(self, **changes)
-        return read_training(out.to_section())
-
     # ---- the CRD form ------------------------------------------------------------------------
     def to_section(self) -> dict[str, Any]:
         """This spec in the CRD's camelCase form, every default spelled out."""
@@ -172,9 +166,6 @@ class TrainingSpec:
         except json.JSONDecodeError as e:
             raise ConfigError(source, f"is not JSON: {e}", "the operator writes it; do not edit it") from None
         return read_training(section)
-
-    def summary(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # ---- reading ---------------------------------------------------------------------------------
