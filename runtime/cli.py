@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run-local": ("liveshard.dev.commands.run_local", "train on local processes through a list of world changes"),
     "local-cluster": ("liveshard.dev.commands.local_cluster", "start or stop a Kubernetes cluster on this machine (emulated)"),
     "demo": ("liveshard.dev.commands.demo", "train on the local cluster through spot notices and node losses"),
+    "convert": ("liveshard.runtime.commands.convert", "import Hugging Face weights into any layout, or export a checkpoint as Hugging Face safetensors"),
     "prepare-data": ("liveshard.runtime.commands.prepare_data", "tokenize text into Megatron's indexed format (.bin/.idx)"),
 }
 
@@ -33,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 _EXTRA_OF = {"torch": "runtime", "megatron": "runtime", "numpy": "runtime", "psutil": "runtime",
              "kopf": "operator", "kubernetes": "operator", "prometheus_client": "operator",
              "kmock": "local", "aiohttp": "local", "matplotlib": "local", "celpy": "local", "jsonschema": "local",
-             "jsonpatch": "local", "tokenizers": "runtime", "sentencepiece": "runtime", "tqdm": "runtime"}
+             "jsonpatch": "local", "tokenizers": "runtime", "sentencepiece": "runtime", "tqdm": "runtime", "safetensors": "runtime"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 from liveshard.runtime.spec import ModelSpec
 
+# Llama 3.1 (its Hugging Face config.json reads back as these presets: tests/unit/test_hf_config.py)
 _LLAMA3 = dict(
     gated_linear_unit=True, normalization="RMSNorm", add_bias_linear=False,
     position_embedding_type="rope", share_embeddings_and_output_weights=False,
-    vocab_size=128256, max_sequence_length=8192,
+    vocab_size=128256, max_sequence_length=8192, rotary_base=500000.0, rope_scaling=True,
+    rope_scaling_factor=8.0, layernorm_epsilon=1e-5,
 )
 _QWEN3_MOE = dict(
     gated_linear_unit=True, normalization="RMSNorm", add_bias_linear=False, qk_layernorm=True,
     position_embedding_type="rope", share_embeddings_and_output_weights=False,
     vocab_size=151936, max_sequence_length=40960, kv_channels=128, num_moe_experts=128,
-    moe_router_topk=8,
+    moe_router_topk=8, rotary_base=1000000.0, layernorm_epsilon=1e-6,
 )
 # Small models for CPU tests; each exercises a different set of megatron quirks.
 _TINY_LLAMA = dict(

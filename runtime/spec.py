@@ -17,8 +17,7 @@ from liveshard.runtime.errors import ConfigError, UnsupportedModelError
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
-
-
+ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -38,11 +37,22 @@ class ModelSpec:
     add_qkv_bias: bool = False
     qk_layernorm: bool = False
     position_embedding_type: str = "learned_absolute"
+    rotary_base: float = 10000.0  # RoPE theta (HF rope_theta)
+    # Llama 3.1 frequency scaling (megatron's only rope scaling: low/high frequency factors 1 and 4
+    # over an original context of 8192 positions)
+    rope_scaling: bool = False
+    rope_scaling_factor: float = 8.0
+    layernorm_epsilon: float = 1e-5
     share_embeddings_and_output_weights: bool = True
     num_moe_experts: int | None = None
     moe_ffn_hidden_size: int | None = None
     moe_shared_expert_intermediate_size: int | None = None
     moe_router_topk: int = 2
+    moe_router_score_function: str = "softmax"
+    # False: softmax over the top-k logits (top-k weights sum to 1, HF norm_topk_prob=True);
+    # True: softmax over all experts, then top-k (HF norm_topk_prob=False)
+    moe_router_pre_softmax: bool = False
+    moe_router_topk_scaling_factor: float | None = None
     # Multi-latent attention (DeepSeek). Counted, but not laid out yet.
     multi_latent_attention: bool = False
     q_lora_rank: int | None = None
@@ -83,6 +93,13 @@ class ModelSpec:
         if self.position_embedding_type not in POSITION_EMBEDDINGS:
             raise ConfigError("position_embedding_type", f"unknown {self.position_embedding_type!r}",
                               f"use one of {', '.join(POSITION_EMBEDDINGS)}")
+        for name in ("rotary_base", "layernorm_epsilon", "rope_scaling_factor"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(name, f"must be a positive number, got {value!r}")
+        if self.moe_router_score_function not in ROUTER_SCORE_FUNCTIONS:
+            raise ConfigError("moe_router_score_function", f"unknown {self.moe_router_score_function!r}",
+                              f"use one of {', '.join(ROUTER_SCORE_FUNCTIONS)}")
         if self.params_dtype not in DTYPES:
             raise ConfigError("params_dtype", f"unknown {self.params_dtype!r}",
                               f"use one of {', '.join(DTYPES)}")

@@ -58,7 +58,7 @@ def save(built: Any, trainer: Any, directory: str | os.PathLike, queue: Any = No
     sd["rng"] = ShardedObject("rng", capture_rng(), (world,), (dist.get_rank(),), replica_id=0)
     sd["progress"] = trainer.progress()
     sd["config"] = str(built.cfg)
-    meta = json.dumps({"config": str(built.cfg), **_plain(trainer.progress())})
+    meta = json.dumps({"config": str(built.cfg), "model": built.spec.to_dict(), **_plain(trainer.progress())})
 
     def finish() -> None:  # after every rank's shards and the global metadata are written
         if dist.get_rank() == 0:
@@ -107,7 +107,109 @@ def read_meta(directory: str | os.PathLike) -> dict:
 
 
 def load(built: Any, trainer: Any, directory: str | os.PathLike) -> None:
-    """Load ``directory`` into a freshly built model under its (possibly different) config."""
+    """Load ``directory`` into a freshly built model under its (possibly different) config.
+
+    A liveshard checkpoint restores everything (weights, optimizer, progress, RNG); one marked
+    ``contents: model`` (``liveshard convert``'s import) or a Megatron-LM save restores what it
+    has: weights, the optimizer state when it loads, and the step of its iteration directory.
+    """
+    from liveshard.runtime.hf.weights import megatron_checkpoint_dir
+
+    directory = megatron_checkpoint_dir(directory)
+    meta = read_meta(directory) if (directory / "liveshard.json").exists() else None
+    if meta is None or meta.get("contents") == "model":
+        _load_foreign(built, trainer, directory, with_optimizer=meta is None)
+        return
+    _load_complete(built, trainer, directory, meta)
+
+
+def load_weights(built: Any, directory: str | os.PathLike) -> None:
+    """Only the model weights of a megatron checkpoint (any layout); the optimizer's fp32 main
+    parameters are refreshed from them (its moments stay fresh)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
+
+    from liveshard.runtime.hf.weights import megatron_checkpoint_dir
+
+    directory = megatron_checkpoint_dir(directory)
+    model_sd = built.model.sharded_state_dict()
+    # the sharded strategy alone: a Megatron-LM common.pt (pickled arguments) is never opened
+    loaded = dist_checkpointing.load(model_sd, str(directory), sharded_strategy=TorchDistLoadShardedStrategy(),
+                                     common_strategy=_NoCommonState())
+    built.model.load_state_dict(loaded, strict=False)
+    built.optimizer.reload_model_params()
+
+
+def load_initial_weights(built: Any, ref: Any) -> None:
+    """``spec.training.initialWeights``: Hugging Face or megatron weights into this world's layout."""
+    if ref.format == "huggingface":
+        from liveshard.runtime.hf.weights import load_hf
+
+        load_hf(built.model, built.spec, ref.path)
+        built.optimizer.reload_model_params()
+    else:
+        load_weights(built, ref.path)
+
+
+def _load_foreign(built: Any, trainer: Any, directory: Path, with_optimizer: bool) -> None:
+    import logging
+
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
+
+    from liveshard.runtime.agent.state import ensure_adam_state
+
+    log = logging.getLogger("liveshard.checkpoint")
+    step = _iteration(directory)
+    if with_optimizer:
+        ensure_adam_state(built.optimizer)
+        sd = _sharded_state_dict(built, is_loading=True)
+        try:
+            loaded = dist_checkpointing.load(sd, str(directory), sharded_strategy=TorchDistLoadShardedStrategy(),
+                                             common_strategy=_NoCommonState())
+        except Exception as e:  # no optimizer state, or not in a reshardable format
+            log.warning("%s: optimizer state not loaded (%s); continuing with fresh optimizer state",
+                        directory, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+        else:
+            built.model.load_state_dict(loaded["model"])
+            built.optimizer.load_state_dict(loaded["optimizer"])
+            set_adam_step(built.optimizer, step)
+            trainer.fast_forward(step)
+            return
+    load_weights(built, directory)
+    trainer.fast_forward(step if with_optimizer else 0)
+
+
+def _iteration(directory: Path) -> int:
+    """The step of a Megatron-LM iteration directory (``iter_0000100``); 0 otherwise."""
+    name = directory.name
+    return int(name[5:]) if name.startswith("iter_") and name[5:].isdigit() else 0
+
+
+class _NoCommonState:
+    """A common-state strategy that reads nothing: foreign checkpoints' common state is a pickle."""
+
+    def load_common(self, checkpoint_dir: Any) -> dict:
+        return {}
+
+    def load_sharded_objects(self, sharded_objects_state_dict: Any, checkpoint_dir: Any) -> Any:
+        raise ValueError("sharded objects are not read from foreign checkpoints")
+
+    def load_sharded_metadata(self, checkpoint_dir: Any) -> dict:
+        return {}
+
+    def check_backend_compatibility(self, loaded_version: Any) -> None:
+        pass
+
+    def check_version_compatibility(self, loaded_version: Any) -> None:
+        pass
+
+    @property
+    def can_handle_sharded_objects(self) -> bool:
+        return False
+
+
+def _load_complete(built: Any, trainer: Any, directory: Path, meta: dict) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
@@ -115,7 +217,6 @@ def load(built: Any, trainer: Any, directory: str | os.PathLike) -> None:
     from liveshard.runtime.vps.devices import DeviceMap
     from liveshard.runtime.vps.transition import object_moves
 
-    meta = read_meta(directory)
     old_cfg = ParallelConfig.parse(meta["config"])
     new_cfg = built.cfg
     rank = dist.get_rank()

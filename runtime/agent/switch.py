@@ -97,18 +97,24 @@ def start_world(agent: WorkerAgent, plan: WorldPlan, load_dir: str | None = None
     """Build the world of ``plan`` from scratch: initialised, or loaded from a checkpoint."""
     cfg = ParallelConfig.parse(plan.config)
     rank = plan.members.index(agent.id)
-    load_dir = load_dir or agent.options.load_dir
+    # the job's own newest checkpoint, else --load, else spec.training.resume; initialWeights
+    # only when none of them is given
+    load_dir = load_dir or agent.options.load_dir or agent.training.resume
+    weights = agent.training.initial_weights if load_dir is None else None
     phases = dict(phases or {})
     t0 = time.perf_counter()
     worlds.init_training_world(agent.store.store, Keys.world_prefix(plan.generation), rank,
                                cfg.world_size, agent.options.collective_timeout)
-    agent.build(cfg, initialize=load_dir is None)
+    agent.build(cfg, initialize=load_dir is None and weights is None)
     phases["build"] = time.perf_counter() - t0
-    if load_dir:
+    if load_dir or weights:
         from liveshard.runtime.agent import checkpoint
 
         t1 = time.perf_counter()
-        checkpoint.load(agent.built, agent.trainer, load_dir)
+        if load_dir:
+            checkpoint.load(agent.built, agent.trainer, load_dir)
+        else:
+            checkpoint.load_initial_weights(agent.built, weights)
         phases["load"] = time.perf_counter() - t1
     agent.adopt(plan, rank)
     agent.report(plan.generation, MemberResult(ok=True, phases=phases, step=agent.trainer.step_count))

@@ -99,6 +99,14 @@ class Trainer:
                 "skipped_steps": self.skipped_steps, "scheduler": self.scheduler.state_dict(),
                 "grad_scalers": [g.state_dict() for g in self._grad_scalers()]}
 
+    def fast_forward(self, step: int) -> None:
+        """Continue a run whose progress was not saved with it (a Megatron-LM checkpoint): the
+        step of its iteration, the samples of that many global batches, the LR schedule there."""
+        self.step_count = step
+        self.consumed_samples = step * self.training.global_batch
+        if step:
+            self.scheduler.step(increment=step)
+
     def restore_progress(self, progress: dict) -> None:
         self.step_count = int(progress["step"])
         self.consumed_samples = int(progress["consumed_samples"])

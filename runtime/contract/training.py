@@ -26,6 +26,7 @@ PRECISIONS = ("bf16", "fp16", "fp32")
 DECAY_STYLES = ("constant", "linear", "cosine", "WSD")
 WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
 TOKENIZER_TYPES = ("huggingface", "sentencepiece")
+WEIGHT_FORMATS = ("huggingface", "megatron")
 DEFAULT_SPLIT = "969,30,1"
 
 _GET_DATA = ("tokenize a corpus with `liveshard prepare-data --input FILE --tokenizer DIR --output-prefix "
@@ -56,6 +57,15 @@ class DataSpec:
 @dataclass(frozen=True)
 class TokenizerSpec:
     type: str
+    path: str
+
+
+@dataclass(frozen=True)
+class WeightsRef:
+    """Weights a first world starts from: a Hugging Face model directory, or a megatron
+    (liveshard or Megatron-LM torch_dist) checkpoint whose model part alone is read."""
+
+    format: str
     path: str
 
 
@@ -107,6 +117,8 @@ class TrainingSpec:
     initial_loss_scale: float = 2.0**16  # fp16 dynamic loss scaling
     eval: EvalSpec = field(default_factory=EvalSpec)
     logging: LoggingSpec = field(default_factory=LoggingSpec)
+    initial_weights: WeightsRef | None = None  # fresh optimizer state, step 0
+    resume: str | None = None  # a checkpoint continued with its optimizer state and step
 
     @property
     def train_samples(self) -> int:
@@ -154,6 +166,10 @@ class TrainingSpec:
             out["logging"]["tensorboardDir"] = lg.tensorboard_dir
         if lg.wandb_project:
             out["logging"]["wandbProject"] = lg.wandb_project
+        if self.initial_weights is not None:
+            out["initialWeights"] = {"format": self.initial_weights.format, "path": self.initial_weights.path}
+        if self.resume:
+            out["resume"] = {"path": self.resume}
         return out
 
     def to_json(self) -> str:
@@ -353,7 +369,23 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
     logging_spec = LoggingSpec(interval=int_field(lg, "interval", f"{path}.logging", 10) or 10,
                                tensorboard_dir=_text(lg, "tensorboardDir", f"{path}.logging"),
                                wandb_project=_text(lg, "wandbProject", f"{path}.logging"))
-    return TrainingSpec(data=data, train_iters=train_iters, global_batch=global_batch, micro_batch=micro_batch,
+    iw = _section(section, "initialWeights", path)
+    initial_weights = None
+    if iw:
+        wpath = _text(iw, "path", f"{path}.initialWeights")
+        if wpath is None:
+            raise ConfigError(f"{path}.initialWeights.path", "is required",
+                              "a Hugging Face model directory or a megatron checkpoint directory")
+        initial_weights = WeightsRef(_choice(iw, "format", f"{path}.initialWeights", "huggingface", WEIGHT_FORMATS),
+                                     wpath)
+    rs = _section(section, "resume", path)
+    resume = _text(rs, "path", f"{path}.resume") if rs else None
+    if rs and resume is None:
+        raise ConfigError(f"{path}.resume.path", "is required", "a liveshard or Megatron-LM checkpoint directory")
+    if initial_weights is not None and resume is not None:
+        raise ConfigError(f"{path}.resume", "is set together with initialWeights",
+                          "resume continues a run (weights, optimizer, step); initialWeights starts one: set one")
+    return TrainingSpec(initial_weights=initial_weights, resume=resume, data=data, train_iters=train_iters, global_batch=global_batch, micro_batch=micro_batch,
                         seq_length=seq_length or default_seq_length, seed=seed if seed is not None else 1234, tokenizer=tokenizer,
                         optimizer=optimizer, schedule=schedule, precision=precision,
                         initial_loss_scale=loss_scale, eval=evaluation, logging=logging_spec)

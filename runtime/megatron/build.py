@@ -34,7 +34,8 @@ _TRANSFORMER_FIELDS = (
     "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "num_query_groups",
     "kv_channels", "gated_linear_unit", "normalization", "add_bias_linear", "add_qkv_bias",
     "qk_layernorm", "num_moe_experts", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
-    "moe_router_topk",
+    "moe_router_topk", "layernorm_epsilon", "moe_router_score_function", "moe_router_pre_softmax",
+    "moe_router_topk_scaling_factor",
 )
 
 # Process groups created by the last init_parallel(); destroy() frees them (megatron's own
@@ -184,6 +185,9 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
             post_process=post_process,
             share_embeddings_and_output_weights=spec.share_embeddings_and_output_weights,
             position_embedding_type=spec.position_embedding_type,
+            rotary_base=spec.rotary_base,
+            rope_scaling=spec.rope_scaling,
+            rope_scaling_factor=spec.rope_scaling_factor,
         )
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())

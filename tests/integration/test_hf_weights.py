@@ -1,0 +1,302 @@
+"""Hugging Face weights in and out, checked against ``transformers`` itself.
+
+Tiny random models are built offline with ``transformers`` (Llama with GQA, untied embeddings
+and Llama 3.1 rope scaling; Qwen3 with qk-norm and tied embeddings; Qwen3-MoE with top-k
+routing), imported into megatron-core models of several layouts (tp, pp, dp, ep, uneven layer
+splits), and the megatron logits are compared with ``transformers``' logits on the same tokens
+(fp32). ``liveshard convert`` round trips are compared bit for bit, and the export is loaded back
+by ``transformers.AutoModelForCausalLM.from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from liveshard.dev.procpool import GlooPool  # noqa: E402
+from liveshard.runtime.hf.config import spec_from_hf_config  # noqa: E402
+from liveshard.runtime.parallel import ParallelConfig  # noqa: E402
+from liveshard.runtime.spec import ModelSpec  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+VOCAB = 304  # 16 * 19: no padding rows at tp <= 16, as with real vocabularies
+SEQ, BATCH = 12, 2
+
+
+def _make(kind: str, out: Path) -> Path:
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, Qwen3MoeConfig
+
+    torch.manual_seed({"llama": 1, "qwen3": 2, "qwen3_moe": 3}[kind])
+    if kind == "llama":
+        cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                          num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+                          tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=50000.0,
+                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    elif kind == "qwen3":
+        cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=72, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=64,
+                          tie_word_embeddings=True)
+    else:
+        cfg = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=24,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                             num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=64)
+    model = AutoModelForCausalLM.from_config(cfg).float().eval()
+    with torch.no_grad():  # norms away from 1, so a misplaced norm weight shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    path = out / kind
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf")
+    return {kind: _make(kind, root) for kind in ("llama", "qwen3", "qwen3_moe")}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = GlooPool(4, preload=("liveshard.runtime.megatron.build", __name__), timeout_s=240)
+    yield p
+    p.close()
+
+
+def _tokens() -> Any:
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(5))
+
+
+def _hf_logits(path: Path, tokens: Any, labels: bool = False) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        if labels:
+            return model(tokens, labels=tokens).loss
+        return model(tokens).logits
+
+
+def _spec(path: Path) -> ModelSpec:
+    return spec_from_hf_config(json.loads((path / "config.json").read_text()), params_dtype="fp32")
+
+
+# ---- jobs (every rank of a pool world) -----------------------------------------------------------
+def logits_job(rank: int, world: int, spec_data: dict, cfg_text: str, source: str, tokens: Any,
+               megatron_dir: str | None = None) -> Any:
+    """Full logits (and the per-token loss) of the imported model, from the last stage's TP rank 0."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from liveshard.runtime.agent.checkpoint import load_weights
+    from liveshard.runtime.hf.weights import load_hf
+    from liveshard.runtime.megatron import build
+
+    spec = ModelSpec.from_dict(spec_data)
+    built = build.build_model(spec, ParallelConfig.parse(cfg_text), hidden_dropout=0.0, attention_dropout=0.0)
+    try:
+        if megatron_dir:
+            load_weights(built, megatron_dir)
+        else:
+            load_hf(built.model, spec, source)
+        model = built.model.eval()
+        b, s = tokens.shape
+        pos = torch.arange(s).unsqueeze(0).expand(b, -1)
+        mask = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), 1)
+        labels = torch.roll(tokens, -1, dims=1)
+
+        def step(_it: Any, m: Any) -> Any:
+            logits = m(tokens, pos, mask)
+            losses = m(tokens, pos, mask, labels=labels) if ps.is_pipeline_last_stage() else logits
+
+            def collect(output: Any, non_loss_data: bool = False) -> Any:
+                return (output, losses)
+            return logits, collect
+
+        with torch.no_grad():
+            out = get_forward_backward_func()(forward_step_func=step, data_iterator=iter([None]), model=[model],
+                                              num_microbatches=1, seq_length=s, micro_batch_size=b,
+                                              forward_only=True, collect_non_loss_data=True)
+        if not ps.is_pipeline_last_stage():
+            return None
+        logits, losses = out[0]
+        tp_group = ps.get_tensor_model_parallel_group()
+        parts = [torch.empty_like(logits) for _ in range(ps.get_tensor_model_parallel_world_size())]
+        torch.distributed.all_gather(parts, logits.contiguous(), group=tp_group)
+        if ps.get_tensor_model_parallel_rank() or ps.get_data_parallel_rank():
+            return None
+        return torch.cat(parts, dim=-1)[..., :spec.vocab_size], losses[:, :-1].mean()
+    finally:
+        del built
+        build.destroy()
+
+
+def _last(results: list[Any]) -> Any:
+    found = [r for r in results if r is not None]
+    assert len(found) == 1
+    return found[0]
+
+
+# ---- logits equal transformers' in several layouts --------------------------------------------------
+CASES = [
+    ("llama", "tp=1,pp=1,dp=1"),
+    ("llama", "tp=2,pp=1,dp=1"),
+    ("llama", "tp=1,pp=2,dp=1,layers=2+1"),
+    ("llama", "tp=2,pp=2,dp=1,layers=1+2"),
+    ("qwen3", "tp=2,pp=1,dp=2"),
+    ("qwen3", "tp=1,pp=2,dp=2,layers=3+1"),
+    ("qwen3_moe", "tp=1,pp=1,dp=2,ep=2"),
+    ("qwen3_moe", "tp=1,pp=2,dp=2,ep=2"),
+]
+
+
+@pytest.mark.parametrize("kind,cfg_text", CASES, ids=[f"{k}-{c}" for k, c in CASES])
+def test_imported_logits_equal_transformers(pool: GlooPool, hf_models: dict, kind: str, cfg_text: str) -> None:
+    path = hf_models[kind]
+    spec = _spec(path)
+    tokens = _tokens()
+    logits, loss = _last(pool.run(logits_job, spec.to_dict(), cfg_text, str(path), tokens,
+                                  world=ParallelConfig.parse(cfg_text).world_size))
+    expected = _hf_logits(path, tokens)
+    assert logits.shape == expected.shape
+    assert (logits - expected).abs().max().item() <= 1e-4
+    # the training loss on this batch: megatron's per-token cross entropy against transformers'
+    assert abs(loss.item() - _hf_logits(path, tokens, labels=True).item()) <= 1e-5
+
+
+# ---- liveshard convert: import, export, round trip ------------------------------------------------
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "liveshard.runtime.cli", "convert", *args, "--no-progress"],
+                          capture_output=True, text=True, timeout=600)
+
+
+def _tensors(directory: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    out: dict[str, Any] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def test_convert_round_trip_is_bit_exact_and_loads_in_transformers(pool: GlooPool, hf_models: dict, tmp_path: Path) -> None:
+    for kind, layout in (("llama", "tp=2,pp=2,layers=2+1"), ("qwen3_moe", "pp=2,dp=2,ep=2")):
+        src = hf_models[kind]
+        ckpt, out = tmp_path / f"{kind}-megatron", tmp_path / f"{kind}-hf"
+        done = _cli("--from", f"hf:{src}", "--to", str(ckpt), "--parallel", layout)
+        assert done.returncode == 0, done.stderr[-2000:]
+        meta = json.loads((ckpt / "liveshard.json").read_text())
+        assert meta["contents"] == "model" and ParallelConfig.parse(meta["config"]) == ParallelConfig.parse(layout)
+        done = _cli("--from", str(ckpt), "--to", f"hf:{out}", "--max-shard-size", "60KB", "--procs", "2")
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert (out / "model.safetensors.index.json").exists()
+        before, after = _tensors(src), _tensors(out)
+        assert sorted(before) == sorted(after)
+        for name, t in before.items():
+            assert torch.equal(t, after[name]), name
+        tokens = _tokens()
+        assert torch.equal(_hf_logits(src, tokens), _hf_logits(out, tokens))
+        # the imported checkpoint loads with megatron-core into another layout: transformers' logits
+        spec = _spec(src)
+        other = "tp=1,pp=1,dp=1" if kind == "llama" else "tp=1,pp=1,dp=2,ep=2"
+        logits, _ = _last(pool.run(logits_job, spec.to_dict(), other, "", tokens, str(ckpt),
+                                   world=ParallelConfig.parse(other).world_size))
+        assert (logits - _hf_logits(src, tokens)).abs().max().item() <= 1e-4
+
+
+def test_print_model_gives_the_spec_of_the_weights(hf_models: dict) -> None:
+    import yaml
+
+    done = _cli("--from", f"hf:{hf_models['qwen3']}", "--print-model")
+    assert done.returncode == 0, done.stderr
+    model = yaml.safe_load(done.stdout)["model"]
+    spec = ModelSpec.from_dict({**model, "params_dtype": "fp32"})
+    assert spec == _spec(hf_models["qwen3"]).__class__(**{**_spec(hf_models["qwen3"]).to_dict(), "name": spec.name})
+
+
+@pytest.mark.parametrize("problem", ["architecture", "missing-shard", "shape", "tp-heads", "not-empty"])
+def test_bad_inputs_are_one_line_and_exit_2(hf_models: dict, tmp_path: Path, problem: str) -> None:
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(hf_models["llama"], src)
+    config = json.loads((src / "config.json").read_text())
+    target, extra = tmp_path / "out", []
+    if problem == "architecture":
+        config["architectures"] = ["GPT2LMHeadModel"]
+        expected = "architectures"
+    elif problem == "missing-shard":
+        names = list(_tensors(src))
+        (src / "model.safetensors").rename(src / "model-00001-of-00002.safetensors")
+        weight_map = {name: "model-00001-of-00002.safetensors" for name in names}
+        weight_map["model.norm.weight"] = "model-00002-of-00002.safetensors"  # a shard never downloaded
+        (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        expected = "model-00002-of-00002.safetensors"
+    elif problem == "shape":
+        config["intermediate_size"] = 96
+        expected = "has shape"
+    elif problem == "tp-heads":
+        extra = ["--parallel", "tp=4"]
+        expected = "tp"
+    else:
+        target.mkdir()
+        (target / "x").write_text("")
+        expected = "not empty"
+    (src / "config.json").write_text(json.dumps(config))
+    done = _cli("--from", f"hf:{src}", "--to", str(target), *extra)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("liveshard convert: error:")]
+    assert len(lines) == 1 and expected in lines[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+# ---- a job that starts from Hugging Face or megatron weights ----------------------------------------
+def test_a_job_starts_from_initial_weights_in_either_format_at_any_layout(hf_models: dict, tmp_path: Path) -> None:
+    """``spec.training.initialWeights``: the first world of ``run-local --job`` loads the weights
+    into its own layout. Hugging Face weights at tp=2 and the same weights converted to a megatron
+    checkpoint, loaded at pp=2, train to the same losses; random initial weights do not."""
+    import dataclasses
+
+    import yaml
+
+    src = hf_models["llama"]
+    ckpt = tmp_path / "llama-megatron"
+    assert _cli("--from", f"hf:{src}", "--to", str(ckpt), "--parallel", "dp=1").returncode == 0
+    model = {k: v for k, v in dataclasses.asdict(_spec(src)).items()
+             if k in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+                      "ffn_hidden_size", "vocab_size", "max_sequence_length", "gated_linear_unit", "normalization",
+                      "add_bias_linear", "position_embedding_type", "rotary_base", "rope_scaling",
+                      "rope_scaling_factor", "layernorm_epsilon", "share_embeddings_and_output_weights",
+                      "make_vocab_size_divisible_by")}
+    losses = {}
+    for name, weights, parallel in (("hf", {"format": "huggingface", "path": str(src)}, "tp=2,pp=1,dp=1"),
+                                    ("megatron", {"format": "megatron", "path": str(ckpt)}, "tp=1,pp=2,dp=1,layers=2+1"),
+                                    ("random", None, "tp=2,pp=1,dp=1")):
+        training = {"data": {"mock": True}, "trainIters": 3, "globalBatch": 4, "seqLength": 16, "precision": "fp32",
+                    "optimizer": {"lr": 1e-3}, "schedule": {"warmupIters": 1}}
+        if weights:
+            training["initialWeights"] = weights
+        job = {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob", "metadata": {"name": name},
+               "spec": {"model": model, "image": "local", "workers": {"max": 2, "gpusPerWorker": 1},
+                        "training": training}}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(job))
+        out = tmp_path / f"{name}.json"
+        done = subprocess.run([sys.executable, "-m", "liveshard.runtime.cli", "run-local", "--job",
+                               str(tmp_path / f"{name}.yaml"), "--workers", "2", "--parallel", parallel, "--quiet",
+                               "--workdir", str(tmp_path / name), "--out", str(out)],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        losses[name] = [s["loss"] for s in json.loads(out.read_text())["steps"]]
+    assert len(losses["hf"]) == 3
+    assert losses["hf"] == pytest.approx(losses["megatron"], rel=1e-5)
+    assert abs(losses["hf"][0] - losses["random"][0]) > 1e-3
