@@ -156,6 +156,7 @@ def _load_foreign(built: Any, trainer: Any, directory: Path, with_optimizer: boo
 
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
+    from megatron.core.dist_checkpointing.utils import extract_sharded_base
 
     from liveshard.runtime.agent.state import ensure_adam_state
 
@@ -164,9 +165,14 @@ def _load_foreign(built: Any, trainer: Any, directory: Path, with_optimizer: boo
     if with_optimizer:
         ensure_adam_state(built.optimizer)
         sd = _sharded_state_dict(built, is_loading=True)
+        # What the common state would have held (the optimizer's param_groups: hyperparameters
+        # and parameter indices) is this optimizer's own: the LR scheduler sets the values.
+        _, own_common = extract_sharded_base(sd)
         try:
             loaded = dist_checkpointing.load(sd, str(directory), sharded_strategy=TorchDistLoadShardedStrategy(),
                                              common_strategy=_NoCommonState())
+            _fill_missing(loaded, own_common)
+            _set_missing_adam_steps(loaded["optimizer"], step)
         except Exception as e:  # no optimizer state, or not in a reshardable format
             log.warning("%s: optimizer state not loaded (%s); continuing with fresh optimizer state",
                         directory, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
@@ -178,6 +184,38 @@ def _load_foreign(built: Any, trainer: Any, directory: Path, with_optimizer: boo
             return
     load_weights(built, directory)
     trainer.fast_forward(step if with_optimizer else 0)
+
+
+def _fill_missing(loaded: Any, own: Any) -> None:
+    """Put into ``loaded`` what only ``own`` has (nested dicts and lists walked in step)."""
+    from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject
+
+    if isinstance(loaded, dict) and isinstance(own, dict):
+        for key, value in own.items():
+            if isinstance(value, LocalNonpersistentObject):
+                value = value.unwrap()
+            if key not in loaded:
+                loaded[key] = value
+            else:
+                _fill_missing(loaded[key], value)
+    elif isinstance(loaded, list) and isinstance(own, list) and len(loaded) == len(own):
+        for a, b in zip(loaded, own):
+            _fill_missing(a, b)
+
+
+def _set_missing_adam_steps(tree: Any, step: int) -> None:
+    """Adam's per-parameter step counter is common state in megatron's format: set it where the
+    moments were read without it."""
+    import torch
+
+    if isinstance(tree, dict):
+        if "exp_avg" in tree and "step" not in tree:
+            tree["step"] = torch.tensor(float(step))
+        for value in tree.values():
+            _set_missing_adam_steps(value, step)
+    elif isinstance(tree, list):
+        for value in tree:
+            _set_missing_adam_steps(value, step)
 
 
 def _iteration(directory: Path) -> int:

@@ -111,7 +111,11 @@ class Trainer:
         self.step_count = int(progress["step"])
         self.consumed_samples = int(progress["consumed_samples"])
         self.skipped_steps = int(progress.get("skipped_steps", 0))
-        self.scheduler.load_state_dict(progress["scheduler"])
+        # The step count only: the schedule's shape (warm-up, decay, bounds) is this job's
+        # spec.training, also when it continues another run's checkpoint with other settings.
+        sched = progress["scheduler"]
+        self.scheduler.num_steps = 0
+        self.scheduler.step(increment=int(sched.get("num_steps", sched.get("num_iters", 0))))
         scalers = self._grad_scalers()
         saved = progress.get("grad_scalers") or []
         if scalers and saved:

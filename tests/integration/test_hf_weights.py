@@ -300,3 +300,66 @@ def test_a_job_starts_from_initial_weights_in_either_format_at_any_layout(hf_mod
     assert len(losses["hf"]) == 3
     assert losses["hf"] == pytest.approx(losses["megatron"], rel=1e-5)
     assert abs(losses["hf"][0] - losses["random"][0]) > 1e-3
+
+
+def _run_job(tmp_path: Path, name: str, spec: dict, parallel: str, events: str = "", mode: str | None = None) -> dict:
+    import yaml
+
+    job = {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob", "metadata": {"name": name},
+           "spec": {"image": "local", "workers": {"max": 2, "gpusPerWorker": 1}, **spec}}
+    (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(job))
+    out = tmp_path / f"{name}.json"
+    cmd = [sys.executable, "-m", "liveshard.runtime.cli", "run-local", "--job", str(tmp_path / f"{name}.yaml"),
+           "--workers", "2", "--parallel", parallel, "--quiet", "--workdir", str(tmp_path / name), "--out", str(out),
+           "--events", events]
+    if mode:
+        cmd += ["--mode", mode]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _training(**kw: Any) -> dict:
+    return {"data": {"mock": True}, "globalBatch": 4, "seqLength": 16, "precision": "fp32",
+            "optimizer": {"lr": 1e-3}, "schedule": {"warmupIters": 1, "decayStyle": "linear"}, **kw}
+
+
+def test_resume_continues_a_megatron_lm_save_with_its_optimizer_state(hf_models: dict, tmp_path: Path) -> None:
+    """``spec.training.resume`` on a Megatron-LM save root (``latest_checkpointed_iteration.txt``,
+    ``iter_NNNNNNN/``, no liveshard.json, common state not read): weights, Adam state, step and
+    LR schedule continue as a full liveshard restore does."""
+    import shutil
+
+    model = {"preset": "tiny-llama"}
+    first = _run_job(tmp_path, "first", {"model": model, "training": _training(trainIters=4)}, "tp=2,pp=1,dp=1")
+    final = Path(first["final_checkpoint"])
+    root = tmp_path / "megatron-lm"
+    shutil.copytree(final, root / "iter_0000004")
+    (root / "iter_0000004" / "liveshard.json").unlink()
+    (root / "iter_0000004" / "common.pt").write_bytes(b"not a pickle: never read")
+    (root / "latest_checkpointed_iteration.txt").write_text("4\n")
+    theirs = _run_job(tmp_path, "theirs", {"model": model, "training": _training(trainIters=7, resume={"path": str(root)})},
+                      "tp=1,pp=2,dp=1")
+    ours = _run_job(tmp_path, "ours", {"model": model, "training": _training(trainIters=7, resume={"path": str(final)})},
+                    "tp=1,pp=2,dp=1")
+    assert [s["step"] for s in theirs["steps"]] == [5, 6, 7]
+    assert [s["samples"] for s in theirs["steps"]] == [s["samples"] for s in ours["steps"]]
+    for a, b in zip(theirs["steps"], ours["steps"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6) and a["lr"] == pytest.approx(b["lr"], rel=1e-9)
+
+
+def test_export_after_a_live_reconfiguration_equals_export_of_the_checkpoint_path(tmp_path: Path) -> None:
+    """The same job through the same layout change, live and through a checkpoint: the final
+    weights exported as Hugging Face safetensors are bit for bit the same."""
+    spec = {"model": {"preset": "tiny-llama"}, "training": _training(trainIters=4)}
+    exported = {}
+    for mode in ("live", "checkpoint"):
+        run = _run_job(tmp_path, mode, spec, "tp=2,pp=1,dp=1", events="2:parallel=tp=1,pp=2,dp=1", mode=mode)
+        assert [e["outcome"] for e in run["events"]] == ["committed"]
+        out = tmp_path / f"{mode}-hf"
+        done = _cli("--from", run["final_checkpoint"], "--to", f"hf:{out}")
+        assert done.returncode == 0, done.stderr[-2000:]
+        exported[mode] = _tensors(out)
+    assert sorted(exported["live"]) == sorted(exported["checkpoint"])
+    for name, t in exported["live"].items():
+        assert torch.equal(t, exported["checkpoint"][name]), name
