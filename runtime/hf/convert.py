@@ -34,7 +34,9 @@ class ImportResult:
     local_bytes: int  # bytes of this rank's model parameters
     load_seconds: float
     save_seconds: float
-    peak_rss: int
+    peak_rss: int  # the process's peak resident memory (with the safetensors' mapped file pages)
+    base_anon: int  # anonymous (non-file) resident memory before the model was built
+    load_anon: int  # the same after reading the weights into it
 
 
 def check_output_dir(path: str | os.PathLike) -> Path:
@@ -58,30 +60,32 @@ def import_rank(rank: int, world: int, port: int, spec_dict: dict, parallel: str
         from megatron.core import dist_checkpointing
 
         from liveshard.runtime.hf.weights import load_hf
-        from liveshard.runtime.megatron.build import build_model, destroy
+        from liveshard.runtime.megatron.build import build_gpt_model, destroy
 
         spec = ModelSpec.from_dict(spec_dict)
         cfg = ParallelConfig.parse(parallel)
-        built = build_model(spec, cfg, perform_initialization=False, hidden_dropout=0.0, attention_dropout=0.0)
+        base = _anon()
+        _, model, _, _ = build_gpt_model(spec, cfg, perform_initialization=False)
         bar = _progress(f"rank {rank}: reading", show_progress and rank == 0)
         t0 = time.perf_counter()
-        nbytes = load_hf(built.model, spec, source, progress=bar)
+        nbytes = load_hf(model, spec, source, progress=bar)
         load_s = time.perf_counter() - t0
+        load_anon = _anon()
         dist.barrier()
         t1 = time.perf_counter()
-        dist_checkpointing.save({"model": built.model.sharded_state_dict()}, out)
+        dist_checkpointing.save({"model": model.sharded_state_dict()}, out)
         dist.barrier()
         save_s = time.perf_counter() - t1
         if rank == 0:
             meta = {"config": str(cfg), "model": spec.to_dict(), "step": 0, "consumed_samples": 0,
                     "contents": MODEL_ONLY, "source": f"hf:{source}"}
             (Path(out) / "liveshard.json").write_text(json.dumps(meta, indent=1))
-        local = sum(p.numel() * p.element_size() for p in built.model.parameters())
+        local = sum(p.numel() * p.element_size() for p in model.parameters())
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        del built
+        del model
         destroy()
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
-        return ImportResult(rank, nbytes, local, load_s, save_s, peak)
+        return ImportResult(rank, nbytes, local, load_s, save_s, peak, base, load_anon)
     finally:
         dist.destroy_process_group()
 
@@ -188,6 +192,18 @@ def _progress(label: str, enabled: bool) -> Any:
             bar["bar"].close()
 
     return update
+
+
+def _anon() -> int:
+    """Resident anonymous memory (``RssAnon``): the process's own, without mapped file pages."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _free_port() -> int:

@@ -75,11 +75,14 @@ def load_hf(model: Any, spec: ModelSpec, directory: str | os.PathLike,
                 raise ConfigError(f"model: {b.key}", "has no Hugging Face counterpart",
                                   "import supports Llama/Qwen-style models (RMSNorm, rope, SwiGLU)")
             view = b.param.data[tuple(slice(o, o + n) for o, n in zip(b.local_offset, b.local_shape))]
-            view.zero_()
             cols = slice(inner[1], inner[1] + b.local_shape[1]) if len(inner) > 1 else None
+            filled = 0
             for seg, hf_row, box_row, count in reads_for_box(segs, inner[0], b.local_shape[0]):
                 part = ckpt.read(seg.hf_name, slice(hf_row, hf_row + count), cols)
                 view[box_row:box_row + count].copy_(part)
+                filled += count
+            if filled < b.local_shape[0]:  # vocabulary padding: after the last real row
+                view[filled:].zero_()
             if progress is not None:
                 progress(i + 1, len(boxes))
     ckpt.close()

@@ -152,43 +152,13 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
     this model's instead of allocating fresh memory (a reconfiguration's commit).
     """
     compat.install()
-    from megatron.core import parallel_state, tensor_parallel
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer.module import Float16Module
 
-    config = transformer_config(spec, cfg, **config_overrides)
-    if init_parallel_state:
-        init_parallel(cfg)
-
-    random.seed(seed)
-    torch.manual_seed(seed)
-    tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
-
-    pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=True)
-    post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
-    layer_spec = get_gpt_layer_local_spec(
-        num_experts=spec.num_moe_experts,
-        qk_layernorm=spec.qk_layernorm,
-        normalization=spec.normalization,
-    )
-    with _skipping_tied_embedding_sync(GPTModel, not config.perform_initialization):
-        model = GPTModel(
-            config=config,
-            transformer_layer_spec=layer_spec,
-            vocab_size=spec.padded_vocab_size,
-            max_sequence_length=spec.max_sequence_length,
-            pre_process=pre_process,
-            post_process=post_process,
-            share_embeddings_and_output_weights=spec.share_embeddings_and_output_weights,
-            position_embedding_type=spec.position_embedding_type,
-            rotary_base=spec.rotary_base,
-            rope_scaling=spec.rope_scaling,
-            rope_scaling_factor=spec.rope_scaling_factor,
-        )
+    config, model, pre_process, post_process = build_gpt_model(
+        spec, cfg, seed, init_parallel_state=init_parallel_state, **config_overrides)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     module: Any = Float16Module(config, model) if (config.bf16 or config.fp16) else model
@@ -229,6 +199,47 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
         config.no_sync_func = ddp.no_sync
     return BuiltModel(spec=spec, cfg=cfg, config=config, model=model, ddp=ddp, optimizer=optimizer,
                       seed=seed, pre_process=pre_process, post_process=post_process)
+
+
+def build_gpt_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, init_parallel_state: bool = True,
+                    **config_overrides: Any) -> tuple[Any, Any, bool, bool]:
+    """This rank's bare ``GPTModel`` of ``spec`` under ``cfg`` (no DDP, no optimizer): what a
+    weights conversion fills and saves. Returns (config, model, pre_process, post_process)."""
+    compat.install()
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    config = transformer_config(spec, cfg, **config_overrides)
+    if init_parallel_state:
+        init_parallel(cfg)
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+
+    pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=True)
+    post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    layer_spec = get_gpt_layer_local_spec(
+        num_experts=spec.num_moe_experts,
+        qk_layernorm=spec.qk_layernorm,
+        normalization=spec.normalization,
+    )
+    with _skipping_tied_embedding_sync(GPTModel, not config.perform_initialization):
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=layer_spec,
+            vocab_size=spec.padded_vocab_size,
+            max_sequence_length=spec.max_sequence_length,
+            pre_process=pre_process,
+            post_process=post_process,
+            share_embeddings_and_output_weights=spec.share_embeddings_and_output_weights,
+            position_embedding_type=spec.position_embedding_type,
+            rotary_base=spec.rotary_base,
+            rope_scaling=spec.rope_scaling,
+            rope_scaling_factor=spec.rope_scaling_factor,
+        )
+    return config, model, pre_process, post_process
 
 
 def gradient_buffers(built: BuiltModel) -> list[torch.Tensor]:
@@ -339,4 +350,4 @@ def _recording_new_groups() -> Iterator[list[Any]]:
         dist.new_group = real  # type: ignore[assignment]
 
 
-__all__ = ["BuiltModel", "build_model", "destroy", "gradient_buffers", "init_parallel", "transformer_config"]
+__all__ = ["BuiltModel", "build_gpt_model", "build_model", "destroy", "gradient_buffers", "init_parallel", "transformer_config"]
