@@ -18,6 +18,9 @@ from liveshard.runtime.errors import ConfigError, UnsupportedModelError
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
 ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
+# megatron-core's layer implementations (TransformerConfig.transformer_impl); "auto": the worker
+# takes TransformerEngine's on a GPU where it is installed, else the local one.
+TRANSFORMER_IMPLS = ("auto", "local", "transformer_engine")
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -65,6 +68,10 @@ class ModelSpec:
     # never changes across reconfigurations (megatron-LM pads per TP degree instead).
     make_vocab_size_divisible_by: int = 128
     params_dtype: str = "bf16"
+    # Which megatron layer spec builds the model. The logical tensors (sharded_state_dict keys)
+    # are the same for both; parameter names and their order in the gradient buffers are not:
+    # TransformerEngine fuses each layernorm into the linear layer after it.
+    transformer_impl: str = "auto"
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -97,6 +104,9 @@ class ModelSpec:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(name, f"must be a positive number, got {value!r}")
+        if self.transformer_impl not in TRANSFORMER_IMPLS:
+            raise ConfigError("transformer_impl", f"unknown {self.transformer_impl!r}",
+                              f"use one of {', '.join(TRANSFORMER_IMPLS)}")
         if self.moe_router_score_function not in ROUTER_SCORE_FUNCTIONS:
             raise ConfigError("moe_router_score_function", f"unknown {self.moe_router_score_function!r}",
                               f"use one of {', '.join(ROUTER_SCORE_FUNCTIONS)}")
@@ -123,6 +133,11 @@ class ModelSpec:
                               "set on a dense model", "set num_moe_experts or drop this field")
 
     # ---- derived facts ----------------------------------------------------------------------
+    @property
+    def fused_layernorms(self) -> bool:
+        """TransformerEngine's layout: each layernorm a parameter of the linear layer after it."""
+        return self.transformer_impl == "transformer_engine"
+
     @property
     def is_moe(self) -> bool:
         return bool(self.num_moe_experts)

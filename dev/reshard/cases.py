@@ -15,8 +15,11 @@ from liveshard.runtime.vps.transition import plan_transition
 
 # bf16 weights bring the fp32 main-weight state: mixed dtypes in one transfer
 TINY_LLAMA_BF16 = ModelSpec(**{**PRESETS["tiny-llama"].to_dict(), "params_dtype": "bf16", "name": "tiny-llama-bf16"})
+# TransformerEngine's parameter names and order (norms fused into the next linear layer)
+TINY_LLAMA_TE = ModelSpec(**{**TINY_LLAMA_BF16.to_dict(), "transformer_impl": "transformer_engine",
+                             "name": "tiny-llama-te"})
 SPECS = {"tiny-llama": PRESETS["tiny-llama"], "tiny-gpt": PRESETS["tiny-gpt"], "tiny-moe": PRESETS["tiny-moe"],
-         "tiny-llama-bf16": TINY_LLAMA_BF16}
+         "tiny-llama-bf16": TINY_LLAMA_BF16, "tiny-llama-te": TINY_LLAMA_TE}
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ CASES = [
          join=3),
     Case("dist-opt-buckets", "tiny-gpt", "tp=1,pp=1,dp=4,dist_opt,bucket=3000", "tp=2,pp=1,dp=3,dist_opt",
          join=2, budget=6000),
+    Case("transformer-engine-layout", "tiny-llama-te", "tp=2,pp=1,dp=2,dist_opt", "tp=1,pp=2,dp=2,dist_opt",
+         leave="1", join=1, budget=4096),
     Case("everything-moves", "tiny-llama-bf16", "tp=2,pp=2,dp=2,dist_opt", "tp=1,pp=4,dp=1,layers=1+1+1+1",
          leave="0-3", budget=5000),
 ]

@@ -39,6 +39,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preallocate", choices=("auto", "all", "joiners"), default="auto",
                    help="who allocates its new tensors while training goes on: joiners, all members, "
                         "or auto (all on CPU, joiners on GPU)")
+    p.add_argument("--transformer-impl", choices=("auto", "local", "transformer_engine"), default=None,
+                   help="megatron layer modules: TransformerEngine's (GPU) or the local ones; default: the "
+                        "model's transformer_impl (auto: TransformerEngine where installed on a GPU)")
     p.add_argument("--collective-timeout", type=float, default=20.0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     p.add_argument("--result", default=None,
@@ -98,6 +101,9 @@ def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None
                               "gpusPerWorker must match the GPUs the pod gets (nvidia.com/gpu)")
         torch.cuda.set_device(local_rank)
     from liveshard.runtime.agent.worker import WorkerAgent, WorkerOptions
+    from liveshard.runtime.megatron.build import resolve_transformer_impl
+
+    spec = resolve_transformer_impl(spec, args.transformer_impl)
 
     wid = worker_id(args)
     result = lw.per_process_path(args.result, local_rank, local_size) if args.result else None

@@ -139,8 +139,10 @@ def _walk(spec: ModelSpec) -> Iterator[tuple[HFTensor, list[LogicalTensor]]]:
         if spec.qk_layernorm:
             for which in ("q", "k"):
                 yield whole(f"{p}.self_attn.{which}_norm.weight", f"{at}.{which}_layernorm.weight", (d,), (g,), (L,))
-        yield whole(f"{p}.post_attention_layernorm.weight", "decoder.layers.mlp.linear_fc1.layer_norm_weight",
-                    (h,), (g,), (L,))
+        # TransformerEngine's MoE layers keep the pre-MLP norm apart, under its own key
+        pre_mlp = ("decoder.layers.pre_mlp_layernorm.weight" if spec.fused_layernorms and spec.is_moe_layer(g)
+                   else "decoder.layers.mlp.linear_fc1.layer_norm_weight")
+        yield whole(f"{p}.post_attention_layernorm.weight", pre_mlp, (h,), (g,), (L,))
         if spec.is_moe_layer(g):
             yield whole(f"{p}.mlp.gate.weight", "decoder.layers.mlp.router.weight", (spec.num_moe_experts, h), (g,), (L,))
             for e in range(spec.num_moe_experts):

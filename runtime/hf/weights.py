@@ -39,7 +39,7 @@ from liveshard.runtime.hf.names import (
 from liveshard.runtime.spec import ModelSpec
 
 # ModelSpec fields that do not change a checkpoint's tensors or the forward pass.
-_NOT_COMPARED = ("name", "params_dtype", "max_sequence_length", "make_vocab_size_divisible_by")
+_NOT_COMPARED = ("name", "params_dtype", "max_sequence_length", "make_vocab_size_divisible_by", "transformer_impl")
 DEFAULT_SHARD_BYTES = 5 * 2**30  # transformers' save_pretrained default
 
 

@@ -141,7 +141,8 @@ def transformer_config(spec: ModelSpec, cfg: ParallelConfig, **overrides: Any) -
 def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: float = 1e-3,
                 weight_decay: float = 0.0, clip_grad: float = 1.0, grad_reduce_in_fp32: bool = True,
                 init_parallel_state: bool = True, spare_buffers: list[torch.Tensor] | None = None,
-                optimizer_options: dict[str, Any] | None = None, **config_overrides: Any) -> BuiltModel:
+                optimizer_options: dict[str, Any] | None = None, layer_spec: Any = None,
+                **config_overrides: Any) -> BuiltModel:
     """Build this rank's part of ``spec`` under ``cfg``: GPTModel, DDP, Adam optimizer.
 
     ``config_overrides`` go to ``TransformerConfig`` (e.g. ``hidden_dropout=0.0``);
@@ -158,7 +159,7 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
     from megatron.core.transformer.module import Float16Module
 
     config, model, pre_process, post_process = build_gpt_model(
-        spec, cfg, seed, init_parallel_state=init_parallel_state, **config_overrides)
+        spec, cfg, seed, init_parallel_state=init_parallel_state, layer_spec=layer_spec, **config_overrides)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     module: Any = Float16Module(config, model) if (config.bf16 or config.fp16) else model
@@ -201,14 +202,52 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
                       seed=seed, pre_process=pre_process, post_process=post_process)
 
 
+def transformer_engine_available() -> bool:
+    """TransformerEngine's PyTorch modules import and a GPU is there to run them."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:  # not installed, or built for another CUDA/torch
+        return False
+    return True
+
+
+def resolve_transformer_impl(spec: ModelSpec, choice: str | None = None) -> ModelSpec:
+    """``spec`` with ``transformer_impl`` decided: ``choice`` (a worker flag) over the spec's own;
+    ``auto`` is TransformerEngine where it is available, else megatron's local modules. Every rank
+    of a job resolves alike (one image, one GPU type), which the plan checksums confirm."""
+    import dataclasses
+
+    impl = choice or spec.transformer_impl
+    if impl == "auto":
+        impl = "transformer_engine" if transformer_engine_available() else "local"
+    elif impl == "transformer_engine" and not transformer_engine_available():
+        raise ConfigError("transformer_impl", "transformer_engine needs TransformerEngine and a GPU",
+                          "install transformer_engine[pytorch] in the image, or use local")
+    return dataclasses.replace(spec, transformer_impl=impl)
+
+
+def layer_spec_for(spec: ModelSpec) -> Any:
+    """megatron's layer spec for ``spec.transformer_impl`` (``auto`` counts as local here)."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if spec.transformer_impl == "transformer_engine":
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=spec.num_moe_experts, moe_grouped_gemm=False, qk_layernorm=spec.qk_layernorm)
+    return gpt_layer_specs.get_gpt_layer_local_spec(
+        num_experts=spec.num_moe_experts, qk_layernorm=spec.qk_layernorm, normalization=spec.normalization)
+
+
 def build_gpt_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, init_parallel_state: bool = True,
-                    **config_overrides: Any) -> tuple[Any, Any, bool, bool]:
+                    layer_spec: Any = None, **config_overrides: Any) -> tuple[Any, Any, bool, bool]:
     """This rank's bare ``GPTModel`` of ``spec`` under ``cfg`` (no DDP, no optimizer): what a
-    weights conversion fills and saves. Returns (config, model, pre_process, post_process)."""
+    weights conversion fills and saves. Returns (config, model, pre_process, post_process).
+    ``layer_spec``: a megatron ``ModuleSpec`` to use instead of ``layer_spec_for(spec)``; its
+    parameters must be named and ordered as ``spec.transformer_impl`` says (the Layout's)."""
     compat.install()
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     config = transformer_config(spec, cfg, **config_overrides)
     if init_parallel_state:
@@ -220,11 +259,8 @@ def build_gpt_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, i
 
     pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=True)
     post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
-    layer_spec = get_gpt_layer_local_spec(
-        num_experts=spec.num_moe_experts,
-        qk_layernorm=spec.qk_layernorm,
-        normalization=spec.normalization,
-    )
+    if layer_spec is None:
+        layer_spec = layer_spec_for(spec)
     with _skipping_tied_embedding_sync(GPTModel, not config.perform_initialization):
         model = GPTModel(
             config=config,
@@ -350,4 +386,4 @@ def _recording_new_groups() -> Iterator[list[Any]]:
         dist.new_group = real  # type: ignore[assignment]
 
 
-__all__ = ["BuiltModel", "build_gpt_model", "build_model", "destroy", "gradient_buffers", "init_parallel", "transformer_config"]
+__all__ = ["BuiltModel", "build_gpt_model", "build_model", "destroy", "gradient_buffers", "init_parallel", "layer_spec_for", "resolve_transformer_impl", "transformer_config"]

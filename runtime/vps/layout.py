@@ -209,18 +209,28 @@ class Layout:
         L = spec.num_layers
         n_experts = spec.num_moe_experts or 0
         local_experts = n_experts // cfg.ep if n_experts else 0
+        fused = spec.fused_layernorms
+
+        def layer_norm(name: str, key: str, g: int) -> Iterator[LocalParam]:
+            """A layer's norm: parameter ``{name}{weight,bias}``, logical ``decoder.layers.{key}{...}``."""
+            for s in norm_suffixes:
+                yield replicated(f"{name}{s}", f"decoder.layers.{key}{s}", (h,), (L,), (g,))
+
         for local_i in range(self._stage_layers[pp]):
             g = self._stage_offsets[pp] + local_i
             p = f"decoder.layers.{local_i}"
             gp, op = (L,), (g,)
-            for s in norm_suffixes:
-                yield replicated(f"{p}.input_layernorm.{s}",
-                                 f"decoder.layers.self_attention.linear_qkv.layer_norm_{s}", (h,), gp, op)
+            qkv, fc1 = "self_attention.linear_qkv.layer_norm_", "mlp.linear_fc1.layer_norm_"
+
+            if not fused:
+                yield from layer_norm(f"{p}.input_layernorm.", qkv, g)
             yield row(f"{p}.self_attention.linear_proj.weight", "decoder.layers.self_attention.linear_proj.weight",
                       h, spec.query_projection_size, gp, op)
             if spec.add_bias_linear:
                 yield replicated(f"{p}.self_attention.linear_proj.bias",
                                  "decoder.layers.self_attention.linear_proj.bias", (h,), gp, op)
+            if fused:  # TransformerEngine's LayerNormLinear registers its norm before its weight
+                yield from layer_norm(f"{p}.{qkv}", qkv, g)
             yield column(f"{p}.self_attention.linear_qkv.weight", "decoder.layers.self_attention.linear_qkv.weight",
                          spec.qkv_rows, h, gp, op)
             if spec.add_bias_linear or spec.add_qkv_bias:
@@ -232,10 +242,12 @@ class Layout:
                         yield replicated(f"{p}.self_attention.{which}_layernorm.{s}",
                                          f"decoder.layers.self_attention.{which}_layernorm.{s}",
                                          (spec.kv_channels,), gp, op)
-            for s in norm_suffixes:
-                yield replicated(f"{p}.pre_mlp_layernorm.{s}", f"decoder.layers.mlp.linear_fc1.layer_norm_{s}",
-                                 (h,), gp, op)
-            if not spec.is_moe_layer(g):
+            dense = not spec.is_moe_layer(g)
+            if fused and dense:
+                yield from layer_norm(f"{p}.{fc1}", fc1, g)
+            else:  # TransformerEngine's MoE layer keeps a separate norm, under its own key
+                yield from layer_norm(f"{p}.pre_mlp_layernorm.", "pre_mlp_layernorm." if fused else fc1, g)
+            if dense:
                 yield from mlp(f"{p}.mlp", "decoder.layers.mlp", spec.ffn_hidden_size, gp, op)
                 continue
             yield replicated(f"{p}.mlp.router.weight", "decoder.layers.mlp.router.weight", (n_experts, h), gp, op)

@@ -46,7 +46,10 @@ def pool():
 
 
 def _spec(preset: str, dtype: str | None) -> ModelSpec:
-    spec = PRESETS[preset]
+    name, _, impl = preset.partition("+")  # "tiny-llama+te": TransformerEngine's parameter layout
+    spec = PRESETS[name]
+    if impl:
+        spec = dataclasses.replace(spec, transformer_impl="transformer_engine")
     return spec if dtype is None else dataclasses.replace(spec, params_dtype=dtype)
 
 
@@ -54,7 +57,13 @@ def _spec(preset: str, dtype: str | None) -> ModelSpec:
 def layout_job(rank: int, world: int, spec_data: dict, cfg_text: str) -> dict[str, Any]:
     from liveshard.runtime.megatron import build, extract
 
-    built = build.build_model(ModelSpec.from_dict(spec_data), ParallelConfig.parse(cfg_text), seed=7)
+    spec = ModelSpec.from_dict(spec_data)
+    layer_spec = None
+    if spec.transformer_impl == "transformer_engine":  # TransformerEngine's structure, on CPU
+        from liveshard.dev.fused_layer_spec import fused_layer_spec
+
+        layer_spec = fused_layer_spec(spec)
+    built = build.build_model(spec, ParallelConfig.parse(cfg_text), seed=7, layer_spec=layer_spec)
     try:
         return {"regions": extract.live_regions(built, rank), "buffers": extract.grad_buffers(built)}
     finally:
@@ -204,6 +213,10 @@ LAYOUT_CASES = [
     ("tiny-moe", "ep=4,dp=4,dist_opt,bucket=1000", None),
     ("tiny-qwen-moe", "ep=2,dp=2,dist_opt", "bf16"),
     ("tiny-qwen-moe", "pp=2,ep=2,dp=2,dist_opt", None),
+    # TransformerEngine's structure (norms fused into the next linear layer), on CPU
+    ("tiny-gpt+te", "tp=2,dp=2,dist_opt,bucket=2000", None),
+    ("tiny-llama+te", "tp=2,pp=2,dist_opt", "bf16"),
+    ("tiny-qwen-moe+te", "ep=2,dp=2,dist_opt", None),
     # eight ranks
     ("tiny-gpt", "tp=2,pp=2,dp=2,dist_opt,bucket=4000", "bf16"),
     ("tiny-gpt", "tp=2,pp=4", None),
