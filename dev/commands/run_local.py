@@ -60,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
     from liveshard.runtime.data.datasets import check_data
 
     check_data(training, spec.vocab_size, spec.padded_vocab_size)  # a worker would fail alone, later
+    from liveshard.runtime.agent.checkpoint import check_start_weights
+
+    check_start_weights(spec, training)
     workers = args.workers
     if workers is None:
         if not args.job_file:

@@ -140,6 +140,33 @@ def load_weights(built: Any, directory: str | os.PathLike) -> None:
     built.optimizer.reload_model_params()
 
 
+def check_start_weights(spec: Any, training: Any) -> None:
+    """``spec.training.initialWeights`` / ``resume`` are there and fit the model (headers and
+    metadata only), so a bad path is one line before any process joins the job, not a crash
+    inside the first world's build."""
+    from liveshard.runtime.errors import ConfigError
+    from liveshard.runtime.hf.weights import megatron_checkpoint_dir
+
+    ref, field = training.initial_weights, "spec.training.initialWeights"
+    try:
+        if ref is not None and ref.format == "huggingface":
+            from liveshard.runtime.hf.checkpoint import HFCheckpoint
+            from liveshard.runtime.hf.names import hf_tensors
+            from liveshard.runtime.hf.weights import check_matches
+
+            ckpt = HFCheckpoint(ref.path)
+            check_matches(spec, ckpt.config, f"{ref.path}/config.json")
+            ckpt.check(hf_tensors(spec))
+            ckpt.close()
+        elif ref is not None:
+            megatron_checkpoint_dir(ref.path)
+        if training.resume:
+            field = "spec.training.resume"
+            megatron_checkpoint_dir(training.resume)
+    except ConfigError as e:
+        raise ConfigError(f"{field}: {e.field}", e.problem, e.fix) from None
+
+
 def load_initial_weights(built: Any, ref: Any) -> None:
     """``spec.training.initialWeights``: Hugging Face or megatron weights into this world's layout."""
     if ref.format == "huggingface":

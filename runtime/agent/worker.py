@@ -188,9 +188,11 @@ class WorkerAgent:
         """Pay the one-off costs before joining the job (``training.warm_up``) and open its
         datasets (building megatron's index cache if no process has yet); seconds."""
         seconds = training.warm_up(self._device)
+        from liveshard.runtime.agent.checkpoint import check_start_weights
         from liveshard.runtime.data.datasets import build_datasets, load_job_tokenizer
 
         t = self.training
+        check_start_weights(self.spec, t)
         tokenizer = load_job_tokenizer(t, self.spec.vocab_size, self.spec.padded_vocab_size)
         cache = t.data.cache_dir or (os.path.join(self.options.checkpoint_dir, "data-cache")
                                      if self.options.checkpoint_dir else None)

@@ -363,3 +363,17 @@ def test_export_after_a_live_reconfiguration_equals_export_of_the_checkpoint_pat
     assert sorted(exported["live"]) == sorted(exported["checkpoint"])
     for name, t in exported["live"].items():
         assert torch.equal(t, exported["checkpoint"][name]), name
+
+
+def test_initial_weights_of_another_model_are_one_line_before_any_process_starts(hf_models: dict, tmp_path: Path) -> None:
+    import yaml
+
+    job = {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob", "metadata": {"name": "wrong"},
+           "spec": {"model": {"preset": "tiny-llama"}, "image": "local", "workers": {"max": 1},
+                    "training": _training(trainIters=2, initialWeights={"path": str(hf_models["qwen3"])})}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    done = subprocess.run([sys.executable, "-m", "liveshard.runtime.cli", "run-local", "--job", str(tmp_path / "job.yaml"),
+                           "--workdir", str(tmp_path / "w"), "--quiet"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert "liveshard run-local: error: spec.training.initialWeights: model." in done.stderr
