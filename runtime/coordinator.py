@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -320,9 +321,18 @@ class Coordinator:
         self._report()
 
     def latest_checkpoint(self) -> dict | None:
-        """The newest complete checkpoint the workers reported (rank 0 writes it after a save)."""
-        info = self.store.get_json(Keys.CHECKPOINT)
-        return info if info else self._adopted_checkpoint
+        """The newest complete checkpoint the workers reported (rank 0 writes it after a save);
+        where this coordinator sees the job's volume, one that fails verification gives way to
+        the newest intact one there."""
+        info = self.store.get_json(Keys.CHECKPOINT) or self._adopted_checkpoint
+        if info and self.checkpoint_dir and os.path.isdir(str(info.get("path"))):
+            from liveshard.runtime.agent.checkpoint import newest_complete, verify
+
+            problem = verify(info["path"])
+            if problem is not None:
+                log.warning("checkpoint %s failed verification (%s): looking for an older one", info["path"], problem)
+                return newest_complete(self.checkpoint_dir)
+        return info
 
     def _publish(self, plan: WorldPlan) -> None:
         self.next_generation += 1

@@ -29,6 +29,10 @@ from liveshard.runtime.parallel import ParallelConfig
 _OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
+class CheckpointCorrupt(RuntimeError):
+    """A checkpoint's files are not those its save recorded: nothing of it is read."""
+
+
 def _sharded_state_dict(built: Any, is_loading: bool = False) -> dict:
     model_sd = built.model.sharded_state_dict()
     opt_sd = built.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=_OPT_METADATA)
@@ -62,7 +66,9 @@ def save(built: Any, trainer: Any, directory: str | os.PathLike, queue: Any = No
 
     def finish() -> None:  # after every rank's shards and the global metadata are written
         if dist.get_rank() == 0:
-            (path / "liveshard.json").write_text(meta)
+            tmp = path / ".liveshard.json.partial"
+            tmp.write_text(json.dumps({**json.loads(meta), "files": file_manifest(path)}))
+            os.replace(tmp, path / MARKER)
         if on_complete is not None:
             on_complete()
 
@@ -76,6 +82,58 @@ def save(built: Any, trainer: Any, directory: str | os.PathLike, queue: Any = No
     queue.schedule_async_request(request)
 
 
+MARKER = "liveshard.json"
+# Files up to this size get a sha256 in the manifest: megatron's metadata (``.metadata``, a pickle
+# torch DCP reads; ``common.pt``; ``metadata.json``) always does. Larger shard files are checked
+# by size: hashing them at finalize would stall training for a full read of the checkpoint.
+HASHED_BYTES = 64 << 20
+
+
+def file_manifest(directory: str | os.PathLike) -> dict[str, dict]:
+    """``{file: {size, sha256?}}`` for every file a save wrote (the marker itself excepted)."""
+    import hashlib
+
+    out: dict[str, dict] = {}
+    root = Path(directory)
+    for entry in sorted(root.rglob("*")):
+        if not entry.is_file() or entry.name in (MARKER, ".liveshard.json.partial"):
+            continue
+        size = entry.stat().st_size
+        item: dict[str, Any] = {"size": size}
+        if size <= HASHED_BYTES:
+            item["sha256"] = hashlib.sha256(entry.read_bytes()).hexdigest()
+        out[entry.relative_to(root).as_posix()] = item
+    return out
+
+
+def verify(directory: str | os.PathLike) -> str | None:
+    """Why ``directory`` is not a complete, intact checkpoint, or None when it is: the marker is
+    there and every file of its manifest has the size (and hash) the save recorded. A checkpoint
+    written before manifests existed passes on its marker alone."""
+    import hashlib
+
+    root = Path(directory)
+    try:
+        meta = read_meta(root)
+    except (OSError, ValueError):
+        return "incomplete (no liveshard.json)"
+    files = meta.get("files")
+    if files is None:
+        return None
+    if not isinstance(files, dict):
+        return "liveshard.json: files is not a mapping"
+    for name, item in files.items():
+        f = root / name
+        if ".." in Path(name).parts or not f.is_file():
+            return f"{name}: missing"
+        if f.stat().st_size != item.get("size"):
+            return f"{name}: {f.stat().st_size} bytes, the save wrote {item.get('size')}"
+        digest = item.get("sha256")
+        if digest is not None and hashlib.sha256(f.read_bytes()).hexdigest() != digest:
+            return f"{name}: content differs from what the save wrote (sha256)"
+    return None
+
+
 def is_complete(directory: str | os.PathLike, step: int | None = None) -> bool:
     """Whether ``directory`` holds a finished checkpoint (of ``step``, if given): rank 0 writes
     ``liveshard.json`` after every rank's shards are written."""
@@ -87,19 +145,26 @@ def is_complete(directory: str | os.PathLike, step: int | None = None) -> bool:
 
 
 def newest_complete(root: str | os.PathLike | None) -> dict | None:
-    """The newest complete checkpoint directly under ``root`` (``{path, step, config}``), or
-    None: what a job whose every process was replaced continues from."""
+    """The newest verified checkpoint directly under ``root`` (``{path, step, config}``), or
+    None: what a job whose every process was replaced continues from. A newer one that fails
+    verification (a torn write, a corrupted file) is skipped with a warning."""
+    import logging
+
     if not root or not os.path.isdir(root):
         return None
-    best: dict | None = None
+    found: list[dict] = []
     for entry in sorted(Path(root).iterdir()):
         if not entry.is_dir() or not is_complete(entry):
             continue
         meta = read_meta(entry)
-        step = int(meta.get("step", -1))
-        if best is None or step > best["step"]:
-            best = {"path": str(entry), "step": step, "config": meta.get("config")}
-    return best
+        found.append({"path": str(entry), "step": int(meta.get("step", -1)), "config": meta.get("config")})
+    for candidate in sorted(found, key=lambda c: c["step"], reverse=True):
+        problem = verify(candidate["path"])
+        if problem is None:
+            return candidate
+        logging.getLogger("liveshard.checkpoint").warning(
+            "checkpoint %s (step %d) skipped: %s", candidate["path"], candidate["step"], problem)
+    return None
 
 
 def read_meta(directory: str | os.PathLike) -> dict:
@@ -116,7 +181,11 @@ def load(built: Any, trainer: Any, directory: str | os.PathLike) -> None:
     from liveshard.runtime.hf.weights import megatron_checkpoint_dir
 
     directory = megatron_checkpoint_dir(directory)
-    meta = read_meta(directory) if (directory / "liveshard.json").exists() else None
+    meta = read_meta(directory) if (directory / MARKER).exists() else None
+    if meta is not None:
+        problem = verify(directory)
+        if problem is not None:  # before torch DCP unpickles its .metadata
+            raise CheckpointCorrupt(f"{directory}: {problem}")
     if meta is None or meta.get("contents") == "model":
         _load_foreign(built, trainer, directory, with_optimizer=meta is None)
         return

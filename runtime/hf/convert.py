@@ -77,9 +77,11 @@ def import_rank(rank: int, world: int, port: int, spec_dict: dict, parallel: str
         dist.barrier()
         save_s = time.perf_counter() - t1
         if rank == 0:
+            from liveshard.runtime.agent.checkpoint import MARKER, file_manifest
+
             meta = {"config": str(cfg), "model": spec.to_dict(), "step": 0, "consumed_samples": 0,
-                    "contents": MODEL_ONLY, "source": f"hf:{source}"}
-            (Path(out) / "liveshard.json").write_text(json.dumps(meta, indent=1))
+                    "contents": MODEL_ONLY, "source": f"hf:{source}", "files": file_manifest(out)}
+            (Path(out) / MARKER).write_text(json.dumps(meta, indent=1))
         local = sum(p.numel() * p.element_size() for p in model.parameters())
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         del model

@@ -236,3 +236,23 @@ def test_a_first_world_continues_the_newest_complete_checkpoint_on_the_jobs_volu
     _beat(fresh, "p1")
     fresh.tick()
     assert fresh.pending.plan.restore_from is None  # a new run starts from its initial weights
+
+
+def test_a_reported_checkpoint_that_fails_verification_gives_way_to_an_older_intact_one(tmp_path):
+    """The workers reported step 8, but its files are not the ones the save recorded: a loss with
+    no surviving copy restores step 4, the newest intact checkpoint on the job's volume."""
+    import json
+
+    from liveshard.runtime.agent.checkpoint import MARKER, file_manifest
+
+    for step in (4, 8):
+        d = tmp_path / f"step{step:08d}"
+        d.mkdir()
+        (d / ".metadata").write_bytes(b"metadata %d" % step)
+        (d / MARKER).write_text(json.dumps({"step": step, "config": "tp=2,pp=1,dp=1,ep=1", "files": file_manifest(d)}))
+    (tmp_path / "step00000008" / ".metadata").write_bytes(b"metadata 9")  # corrupted after the save
+    source = Requests()
+    c = Coordinator(JobStore(dist.HashStore()), PRESETS["tiny-gpt"], source, LOCAL, heartbeat_timeout=5.0,
+                    checkpoint_dir=str(tmp_path))
+    c.store.set_json(Keys.CHECKPOINT, {"path": str(tmp_path / "step00000008"), "step": 8, "config": "tp=2,pp=1,dp=1"})
+    assert c.latest_checkpoint()["path"] == str(tmp_path / "step00000004")

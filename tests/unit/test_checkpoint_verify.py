@@ -1,0 +1,56 @@
+"""A checkpoint is trusted only when its files are the ones its save recorded (liveshard.json's
+manifest): a torn or corrupted newest checkpoint is skipped for the previous intact one, and
+nothing of a corrupted one (torch DCP's pickled ``.metadata`` first) is read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from liveshard.runtime.agent.checkpoint import MARKER, file_manifest, newest_complete, verify
+
+
+def _save(root: Path, step: int, shard: bytes = b"x" * 1000) -> Path:
+    d = root / f"step-{step:06d}"
+    d.mkdir(parents=True)
+    (d / ".metadata").write_bytes(b"pickled metadata %d" % step)
+    (d / "__0_0.distcp").write_bytes(shard)
+    (d / "common.pt").write_bytes(b"common")
+    (d / MARKER).write_text(json.dumps({"step": step, "config": "tp=1,pp=1,dp=1", "files": file_manifest(d)}))
+    return d
+
+
+@pytest.mark.parametrize("damage", ["metadata-bytes", "truncated-shard", "missing-shard"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, damage: str) -> None:
+    _save(tmp_path, 4)
+    newest = _save(tmp_path, 8)
+    assert verify(newest) is None and newest_complete(tmp_path)["step"] == 8
+    if damage == "metadata-bytes":
+        (newest / ".metadata").write_bytes(b"pickled metadata 9")  # same size, other content
+        expected = "sha256"
+    elif damage == "truncated-shard":
+        (newest / "__0_0.distcp").write_bytes(b"x" * 10)
+        expected = "bytes"
+    else:
+        (newest / "__0_0.distcp").unlink()
+        expected = "missing"
+    assert expected in verify(newest)
+    assert newest_complete(tmp_path)["step"] == 4
+
+
+def test_a_manifest_cannot_point_outside_its_checkpoint(tmp_path: Path) -> None:
+    d = _save(tmp_path, 2)
+    (tmp_path / "outside").write_text("x")
+    meta = json.loads((d / MARKER).read_text())
+    meta["files"]["../outside"] = {"size": 1}
+    (d / MARKER).write_text(json.dumps(meta))
+    assert "missing" in verify(d)
+    assert newest_complete(tmp_path) is None
+
+
+def test_no_marker_is_incomplete(tmp_path: Path) -> None:
+    d = _save(tmp_path, 3)
+    (d / MARKER).unlink()
+    assert verify(d) is not None and newest_complete(tmp_path) is None
