@@ -116,6 +116,8 @@ def start_world(agent: WorkerAgent, plan: WorldPlan, load_dir: str | None = None
         else:
             checkpoint.load_initial_weights(agent.built, weights)
         phases["load"] = time.perf_counter() - t1
+        log.info("loaded %s from %s in %.2f s", f"initial weights ({weights.format})" if weights else "a checkpoint",
+                 load_dir or weights.path, phases["load"])
     agent.adopt(plan, rank)
     agent.report(plan.generation, MemberResult(ok=True, phases=phases, step=agent.trainer.step_count))
 

@@ -190,28 +190,32 @@ def _tensors(directory: Path) -> dict[str, Any]:
 
 
 def test_convert_round_trip_is_bit_exact_and_loads_in_transformers(pool: GlooPool, hf_models: dict, tmp_path: Path) -> None:
-    for kind, layout in (("llama", "tp=2,pp=2,layers=2+1"), ("qwen3_moe", "pp=2,dp=2,ep=2")):
-        src = hf_models[kind]
-        ckpt, out = tmp_path / f"{kind}-megatron", tmp_path / f"{kind}-hf"
-        done = _cli("--from", f"hf:{src}", "--to", str(ckpt), "--parallel", layout)
-        assert done.returncode == 0, done.stderr[-2000:]
-        meta = json.loads((ckpt / "liveshard.json").read_text())
-        assert meta["contents"] == "model" and ParallelConfig.parse(meta["config"]) == ParallelConfig.parse(layout)
-        done = _cli("--from", str(ckpt), "--to", f"hf:{out}", "--max-shard-size", "60KB", "--procs", "2")
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert (out / "model.safetensors.index.json").exists()
-        before, after = _tensors(src), _tensors(out)
-        assert sorted(before) == sorted(after)
-        for name, t in before.items():
-            assert torch.equal(t, after[name]), name
-        tokens = _tokens()
-        assert torch.equal(_hf_logits(src, tokens), _hf_logits(out, tokens))
-        # the imported checkpoint loads with megatron-core into another layout: transformers' logits
-        spec = _spec(src)
-        other = "tp=1,pp=1,dp=1" if kind == "llama" else "tp=1,pp=1,dp=2,ep=2"
-        logits, _ = _last(pool.run(logits_job, spec.to_dict(), other, "", tokens, str(ckpt),
-                                   world=ParallelConfig.parse(other).world_size))
-        assert (logits - _hf_logits(src, tokens)).abs().max().item() <= 1e-4
+    """Qwen3-MoE into pp=2 with expert parallelism and back through two writer processes and
+    several files; the import also loads with plain megatron-core into another layout."""
+    src = hf_models["qwen3_moe"]
+    ckpt, out = tmp_path / "megatron", tmp_path / "hf"
+    layout = "pp=2,dp=2,ep=2"
+    done = _cli("--from", f"hf:{src}", "--to", str(ckpt), "--parallel", layout)
+    assert done.returncode == 0, done.stderr[-2000:]
+    meta = json.loads((ckpt / "liveshard.json").read_text())
+    assert meta["contents"] == "model" and ParallelConfig.parse(meta["config"]) == ParallelConfig.parse(layout)
+    done = _cli("--from", str(ckpt), "--to", f"hf:{out}", "--max-shard-size", "60KB", "--procs", "2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "model.safetensors.index.json").exists()
+    _assert_same_tensors(src, out)
+    tokens = _tokens()
+    assert torch.equal(_hf_logits(src, tokens), _hf_logits(out, tokens))
+    other = "tp=1,pp=1,dp=2,ep=2"
+    logits, _ = _last(pool.run(logits_job, _spec(src).to_dict(), other, "", tokens, str(ckpt),
+                               world=ParallelConfig.parse(other).world_size))
+    assert (logits - _hf_logits(src, tokens)).abs().max().item() <= 1e-4
+
+
+def _assert_same_tensors(a: Path, b: Path) -> None:
+    before, after = _tensors(a), _tensors(b)
+    assert sorted(before) == sorted(after)
+    for name, t in before.items():
+        assert torch.equal(t, after[name]), name
 
 
 def test_print_model_gives_the_spec_of_the_weights(hf_models: dict) -> None:
@@ -260,48 +264,7 @@ def test_bad_inputs_are_one_line_and_exit_2(hf_models: dict, tmp_path: Path, pro
     assert "Traceback" not in done.stderr
 
 
-# ---- a job that starts from Hugging Face or megatron weights ----------------------------------------
-def test_a_job_starts_from_initial_weights_in_either_format_at_any_layout(hf_models: dict, tmp_path: Path) -> None:
-    """``spec.training.initialWeights``: the first world of ``run-local --job`` loads the weights
-    into its own layout. Hugging Face weights at tp=2 and the same weights converted to a megatron
-    checkpoint, loaded at pp=2, train to the same losses; random initial weights do not."""
-    import dataclasses
-
-    import yaml
-
-    src = hf_models["llama"]
-    ckpt = tmp_path / "llama-megatron"
-    assert _cli("--from", f"hf:{src}", "--to", str(ckpt), "--parallel", "dp=1").returncode == 0
-    model = {k: v for k, v in dataclasses.asdict(_spec(src)).items()
-             if k in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
-                      "ffn_hidden_size", "vocab_size", "max_sequence_length", "gated_linear_unit", "normalization",
-                      "add_bias_linear", "position_embedding_type", "rotary_base", "rope_scaling",
-                      "rope_scaling_factor", "layernorm_epsilon", "share_embeddings_and_output_weights",
-                      "make_vocab_size_divisible_by")}
-    losses = {}
-    for name, weights, parallel in (("hf", {"format": "huggingface", "path": str(src)}, "tp=2,pp=1,dp=1"),
-                                    ("megatron", {"format": "megatron", "path": str(ckpt)}, "tp=1,pp=2,dp=1,layers=2+1"),
-                                    ("random", None, "tp=2,pp=1,dp=1")):
-        training = {"data": {"mock": True}, "trainIters": 3, "globalBatch": 4, "seqLength": 16, "precision": "fp32",
-                    "optimizer": {"lr": 1e-3}, "schedule": {"warmupIters": 1}}
-        if weights:
-            training["initialWeights"] = weights
-        job = {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob", "metadata": {"name": name},
-               "spec": {"model": model, "image": "local", "workers": {"max": 2, "gpusPerWorker": 1},
-                        "training": training}}
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(job))
-        out = tmp_path / f"{name}.json"
-        done = subprocess.run([sys.executable, "-m", "liveshard.runtime.cli", "run-local", "--job",
-                               str(tmp_path / f"{name}.yaml"), "--workers", "2", "--parallel", parallel, "--quiet",
-                               "--workdir", str(tmp_path / name), "--out", str(out)],
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        losses[name] = [s["loss"] for s in json.loads(out.read_text())["steps"]]
-    assert len(losses["hf"]) == 3
-    assert losses["hf"] == pytest.approx(losses["megatron"], rel=1e-5)
-    assert abs(losses["hf"][0] - losses["random"][0]) > 1e-3
-
-
+# ---- jobs that start from Hugging Face or megatron weights (run-local --job) -------------------------
 def _run_job(tmp_path: Path, name: str, spec: dict, parallel: str, events: str = "", mode: str | None = None) -> dict:
     import yaml
 
@@ -324,45 +287,92 @@ def _training(**kw: Any) -> dict:
             "optimizer": {"lr": 1e-3}, "schedule": {"warmupIters": 1, "decayStyle": "linear"}, **kw}
 
 
-def test_resume_continues_a_megatron_lm_save_with_its_optimizer_state(hf_models: dict, tmp_path: Path) -> None:
+LLAMA_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+                "ffn_hidden_size", "vocab_size", "max_sequence_length", "gated_linear_unit", "normalization",
+                "add_bias_linear", "position_embedding_type", "rotary_base", "rope_scaling", "rope_scaling_factor",
+                "layernorm_epsilon", "share_embeddings_and_output_weights", "make_vocab_size_divisible_by")
+
+
+@pytest.fixture(scope="module")
+def llama_runs(hf_models: dict, tmp_path_factory) -> dict[str, Any]:
+    """The tiny Llama converted once to a megatron checkpoint, then three 4-step jobs: from the
+    Hugging Face weights at tp=2 switching live to pp=2 at step 2, the same switch through a
+    checkpoint, and from the converted checkpoint at pp=2 throughout."""
+    import dataclasses
+
+    tmp = tmp_path_factory.mktemp("llama-jobs")
+    src = hf_models["llama"]
+    converted = tmp / "llama-megatron"
+    done = _cli("--from", f"hf:{src}", "--to", str(converted), "--parallel", "dp=1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    model = {k: v for k, v in dataclasses.asdict(_spec(src)).items() if k in LLAMA_FIELDS}
+    hf_weights = {"format": "huggingface", "path": str(src)}
+    runs: dict[str, Any] = {"tmp": tmp, "model": model, "converted": converted}
+    for name, weights, parallel, events, mode in (
+            ("live", hf_weights, "tp=2,pp=1,dp=1", "2:parallel=tp=1,pp=2,dp=1,layers=2+1", "live"),
+            ("checkpoint", hf_weights, "tp=2,pp=1,dp=1", "2:parallel=tp=1,pp=2,dp=1,layers=2+1", "checkpoint"),
+            ("megatron", {"format": "megatron", "path": str(converted)}, "tp=1,pp=2,dp=1,layers=2+1", "", "live")):
+        runs[name] = _run_job(tmp, name, {"model": model, "training": _training(trainIters=4, initialWeights=weights)},
+                              parallel, events=events, mode=mode)
+        runs[name]["log"] = "".join(f.read_text() for f in sorted((tmp / name).glob("*w0.log")))
+    return runs
+
+
+def test_a_job_starts_from_initial_weights_in_either_format_at_any_layout(llama_runs: dict, hf_models: dict) -> None:
+    """``spec.training.initialWeights``: the first world loads them into its own layout. Hugging
+    Face weights at tp=2 and the same weights converted to a megatron checkpoint, at pp=2, train
+    to the same losses (a live switch on the way changes only the summation order)."""
+    hf, meg = llama_runs["live"], llama_runs["megatron"]
+    assert [s["step"] for s in hf["steps"]] == [1, 2, 3, 4]
+    assert "loaded initial weights (huggingface)" in hf["log"]
+    assert "loaded initial weights (megatron)" in meg["log"]
+    # step 1: the same weights in two layouts; later steps also carry Adam's amplification of
+    # summation-order differences (and a live switch)
+    assert hf["steps"][0]["loss"] == pytest.approx(meg["steps"][0]["loss"], rel=1e-6)
+    for a, b in zip(hf["steps"], meg["steps"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-3)
+    # the conversion the megatron job started from is itself bit-exact: back to Hugging Face
+    out = llama_runs["tmp"] / "converted-hf"
+    done = _cli("--from", str(llama_runs["converted"]), "--to", f"hf:{out}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    _assert_same_tensors(hf_models["llama"], out)
+
+
+def test_export_after_a_live_reconfiguration_equals_export_of_the_checkpoint_path(llama_runs: dict) -> None:
+    """The same job through the same layout change, live and through a checkpoint: the final
+    weights exported as Hugging Face safetensors are bit for bit the same."""
+    outs = []
+    for mode in ("live", "checkpoint"):
+        run = llama_runs[mode]
+        assert [e["outcome"] for e in run["events"]] == ["committed"]
+        out = llama_runs["tmp"] / f"{mode}-hf"
+        done = _cli("--from", run["final_checkpoint"], "--to", f"hf:{out}")
+        assert done.returncode == 0, done.stderr[-2000:]
+        outs.append(out)
+    _assert_same_tensors(*outs)
+
+
+def test_resume_continues_a_megatron_lm_save_with_its_optimizer_state(llama_runs: dict) -> None:
     """``spec.training.resume`` on a Megatron-LM save root (``latest_checkpointed_iteration.txt``,
-    ``iter_NNNNNNN/``, no liveshard.json, common state not read): weights, Adam state, step and
-    LR schedule continue as a full liveshard restore does."""
+    ``iter_NNNNNNN/``, no liveshard.json, common state never read): weights, Adam state, step and
+    LR schedule continue as a full liveshard restore of the same checkpoint does."""
     import shutil
 
-    model = {"preset": "tiny-llama"}
-    first = _run_job(tmp_path, "first", {"model": model, "training": _training(trainIters=4)}, "tp=2,pp=1,dp=1")
-    final = Path(first["final_checkpoint"])
-    root = tmp_path / "megatron-lm"
+    tmp, final = llama_runs["tmp"], Path(llama_runs["live"]["final_checkpoint"])
+    root = tmp / "megatron-lm"
     shutil.copytree(final, root / "iter_0000004")
     (root / "iter_0000004" / "liveshard.json").unlink()
     (root / "iter_0000004" / "common.pt").write_bytes(b"not a pickle: never read")
     (root / "latest_checkpointed_iteration.txt").write_text("4\n")
-    theirs = _run_job(tmp_path, "theirs", {"model": model, "training": _training(trainIters=7, resume={"path": str(root)})},
-                      "tp=1,pp=2,dp=1")
-    ours = _run_job(tmp_path, "ours", {"model": model, "training": _training(trainIters=7, resume={"path": str(final)})},
-                    "tp=1,pp=2,dp=1")
-    assert [s["step"] for s in theirs["steps"]] == [5, 6, 7]
+    model = llama_runs["model"]
+    runs = {name: _run_job(tmp, name, {"model": model, "training": _training(trainIters=6, resume={"path": path})},
+                           "tp=2,pp=1,dp=1")
+            for name, path in (("theirs", str(root)), ("ours", str(final)))}
+    theirs, ours = runs["theirs"], runs["ours"]
+    assert [s["step"] for s in theirs["steps"]] == [5, 6]
     assert [s["samples"] for s in theirs["steps"]] == [s["samples"] for s in ours["steps"]]
     for a, b in zip(theirs["steps"], ours["steps"]):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6) and a["lr"] == pytest.approx(b["lr"], rel=1e-9)
-
-
-def test_export_after_a_live_reconfiguration_equals_export_of_the_checkpoint_path(tmp_path: Path) -> None:
-    """The same job through the same layout change, live and through a checkpoint: the final
-    weights exported as Hugging Face safetensors are bit for bit the same."""
-    spec = {"model": {"preset": "tiny-llama"}, "training": _training(trainIters=4)}
-    exported = {}
-    for mode in ("live", "checkpoint"):
-        run = _run_job(tmp_path, mode, spec, "tp=2,pp=1,dp=1", events="2:parallel=tp=1,pp=2,dp=1", mode=mode)
-        assert [e["outcome"] for e in run["events"]] == ["committed"]
-        out = tmp_path / f"{mode}-hf"
-        done = _cli("--from", run["final_checkpoint"], "--to", f"hf:{out}")
-        assert done.returncode == 0, done.stderr[-2000:]
-        exported[mode] = _tensors(out)
-    assert sorted(exported["live"]) == sorted(exported["checkpoint"])
-    for name, t in exported["live"].items():
-        assert torch.equal(t, exported["checkpoint"][name]), name
 
 
 def test_initial_weights_of_another_model_are_one_line_before_any_process_starts(hf_models: dict, tmp_path: Path) -> None:
