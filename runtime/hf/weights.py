@@ -150,9 +150,11 @@ def load_logical(directory: str | os.PathLike, units: list[LogicalTensor], dtype
     by_key: dict[str, list[LogicalTensor]] = {}
     for u in units:
         by_key.setdefault(u.key, []).append(u)
+    keys = sorted(by_key)
     sd: dict[str, Any] = {}
     starts: dict[str, tuple[int, ...]] = {}
-    for i, (key, group) in enumerate(sorted(by_key.items())):
+    for i, key in enumerate(keys):
+        group = by_key[key]
         u0 = group[0]
         n = len(u0.index)
         lo = tuple(min(u.index[a] for u in group) for a in range(n))
@@ -168,7 +170,7 @@ def load_logical(directory: str | os.PathLike, units: list[LogicalTensor], dtype
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(str(directory), f"cannot be read as this model: {first[:300]}",
                           "give the model the checkpoint was trained with (--model)") from None
-    boxes = {key: loaded[f"t{i}"] for i, (key, _) in enumerate(sorted(by_key.items()))}
+    boxes = {key: loaded[f"t{i}"] for i, key in enumerate(keys)}
     return {(u.key, u.index): boxes[u.key][tuple(i - s for i, s in zip(u.index, starts[u.key]))] for u in units}
 
 
@@ -185,7 +187,8 @@ def export_hf(checkpoint: str | os.PathLike, spec: ModelSpec, out: str | os.Path
     tdtype = torch_dtype(dtype)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = plan_files(spec, torch.tensor([], dtype=tdtype).element_size(), max_shard_bytes)
+    itemsize = tdtype.itemsize
+    files = plan_files(spec, itemsize, max_shard_bytes)
     units = logical_units(spec)
     from safetensors.torch import save_file
 
@@ -209,7 +212,6 @@ def export_hf(checkpoint: str | os.PathLike, spec: ModelSpec, out: str | os.Path
         config = hf_config_from_spec(spec, {"fp32": "float32", "fp16": "float16"}.get(dtype, "bfloat16"))
         (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if len(files) > 1:
-            itemsize = torch.tensor([], dtype=tdtype).element_size()
             index = {"metadata": {"total_size": sum(t.numel * itemsize for f in files for t in f.tensors)},
                      "weight_map": {t.name: f.name for f in files for t in f.tensors}}
             (out_dir / INDEX).write_text(json.dumps(index, indent=2) + "\n")
