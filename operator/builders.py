@@ -1,5 +1,6 @@
 """The Kubernetes objects a job owns, as plain dicts: worker pods, the coordinator pod, the
-headless Service, a NetworkPolicy, and the ServiceAccount/Role/RoleBinding the job's pods use.
+headless Service, NetworkPolicies, the coordinator's ServiceAccount/Role/RoleBinding and the
+workers' ServiceAccount (bound to nothing).
 
 Pure: the handlers create these; tests inspect them. Every object carries the job's labels and
 an owner reference to the job, so deleting the job removes them all.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from liveshard.operator.policy import DNS_ANY, DNS_PORT, KUBE_DNS_LABELS, Egress
 from liveshard.runtime.contract.crd import (
     API_VERSION,
     DEFAULT_COORDINATOR_PORT,
@@ -49,8 +51,15 @@ def service_name(job: str) -> str:
     return job
 
 
-def account_name(job: str) -> str:
-    return f"{job}-liveshard"
+def coordinator_account_name(job: str) -> str:
+    """The coordinator's ServiceAccount, and its Role and RoleBinding (it reads the job and
+    writes its status)."""
+    return f"{job}-coordinator"
+
+
+def worker_account_name(job: str) -> str:
+    """The workers' ServiceAccount: bound to no Role, and its token is never mounted."""
+    return f"{job}-worker"
 
 
 def secret_name(job: str) -> str:
@@ -174,7 +183,7 @@ def worker_pod(job: dict[str, Any], spec: JobSpec, index: int) -> dict[str, Any]
         "restartPolicy": "Never",
         "hostname": worker_name(name, index),
         "subdomain": service_name(name),
-        "serviceAccountName": account_name(name),
+        "serviceAccountName": worker_account_name(name),
         # Workers never call the API: no token in their pods (the coordinator's pod has one).
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": tpl.get("terminationGracePeriodSeconds", 120),
@@ -212,7 +221,7 @@ def coordinator_pod(job: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
         "restartPolicy": "Always",  # stateless: it rebuilds its state from the job's status
         "hostname": coordinator_name(name),
         "subdomain": service_name(name),
-        "serviceAccountName": account_name(name),
+        "serviceAccountName": coordinator_account_name(name),
         "containers": [container],
         "volumes": volumes,
         "affinity": affinity,
@@ -237,31 +246,59 @@ def headless_service(job: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
     }}
 
 
-def network_policy(job: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
-    """Only the job's own pods may reach its coordinator (its TCPStore accepts any client)."""
+def _egress(job_name: str, egress: Egress, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Egress rules every job pod gets (its own pods, DNS) plus ``extra``."""
+    dns_ports = [{"protocol": proto, "port": DNS_PORT} for proto in ("UDP", "TCP")]
+    dns: dict[str, Any] = {"ports": dns_ports}
+    if egress.dns != DNS_ANY:
+        dns["to"] = [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(KUBE_DNS_LABELS)}}]
+    # the job's own pods on any port: gloo and NCCL listen on ephemeral ports
+    return [{"to": [{"podSelector": {"matchLabels": {LABEL_JOB: job_name}}}]}, dns, *extra]
+
+
+def _policy_types(egress: Egress) -> list[str]:
+    return ["Ingress", "Egress"] if egress.enabled else ["Ingress"]
+
+
+def network_policy(job: dict[str, Any], spec: JobSpec, egress: Egress | None = None) -> dict[str, Any]:
+    """Only the job's own pods may reach its coordinator (its TCPStore accepts any client); the
+    coordinator reaches only the job's pods, DNS and the API server."""
+    egress = egress or Egress()
     name = job["metadata"]["name"]
     port = (spec.raw.get("coordinator") or {}).get("port", DEFAULT_COORDINATOR_PORT)
+    policy: dict[str, Any] = {
+        "podSelector": {"matchLabels": {LABEL_JOB: name, LABEL_ROLE: ROLE_COORDINATOR}},
+        "policyTypes": _policy_types(egress),
+        "ingress": [{"from": [{"podSelector": {"matchLabels": {LABEL_JOB: name}}}],
+                     "ports": [{"protocol": "TCP", "port": port}]},
+                    # Prometheus, wherever it runs: the metrics endpoint serves read-only gauges.
+                    {"ports": [{"protocol": "TCP", "port": DEFAULT_METRICS_PORT}]}],
+    }
+    if egress.enabled:
+        api_server = {"to": [{"ipBlock": {"cidr": cidr}} for cidr in egress.api_server_cidrs],
+                      "ports": [{"protocol": "TCP", "port": p} for p in egress.api_server_ports]}
+        policy["egress"] = _egress(name, egress, [api_server])
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": _meta(job, coordinator_name(name)), "spec": {
-                "podSelector": {"matchLabels": {LABEL_JOB: name, LABEL_ROLE: ROLE_COORDINATOR}},
-                "policyTypes": ["Ingress"],
-                "ingress": [{"from": [{"podSelector": {"matchLabels": {LABEL_JOB: name}}}],
-                             "ports": [{"protocol": "TCP", "port": port}]},
-                            # Prometheus, wherever it runs: the metrics endpoint serves read-only gauges.
-                            {"ports": [{"protocol": "TCP", "port": DEFAULT_METRICS_PORT}]}],
-            }}
+            "metadata": _meta(job, coordinator_name(name)), "spec": policy}
 
 
-def worker_network_policy(job: dict[str, Any]) -> dict[str, Any]:
+def worker_network_policy(job: dict[str, Any], spec: JobSpec | None = None,
+                          egress: Egress | None = None) -> dict[str, Any]:
     """Only the job's own pods may reach its workers (gloo and NCCL listen on ephemeral ports,
-    so the rule names pods, not ports)."""
+    so the rule names pods, not ports); workers reach the job's pods, DNS, and what
+    ``spec.network.extraEgress`` adds."""
+    egress = egress or Egress()
     name = job["metadata"]["name"]
+    policy: dict[str, Any] = {
+        "podSelector": {"matchLabels": {LABEL_JOB: name, LABEL_ROLE: ROLE_WORKER}},
+        "policyTypes": _policy_types(egress),
+        "ingress": [{"from": [{"podSelector": {"matchLabels": {LABEL_JOB: name}}}]}],
+    }
+    if egress.enabled:
+        extra = [json.loads(json.dumps(r)) for r in spec.network.extra_egress] if spec is not None else []
+        policy["egress"] = _egress(name, egress, extra)
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": _meta(job, f"{name}-workers"), "spec": {
-                "podSelector": {"matchLabels": {LABEL_JOB: name, LABEL_ROLE: ROLE_WORKER}},
-                "policyTypes": ["Ingress"],
-                "ingress": [{"from": [{"podSelector": {"matchLabels": {LABEL_JOB: name}}}]}],
-            }}
+            "metadata": _meta(job, f"{name}-workers"), "spec": policy}
 
 
 def job_secret(job: dict[str, Any], token: str) -> dict[str, Any]:
@@ -271,16 +308,24 @@ def job_secret(job: dict[str, Any], token: str) -> dict[str, Any]:
             "metadata": _meta(job, secret_name(job["metadata"]["name"])), "stringData": {SECRET_KEY: token}}
 
 
-def service_account(job: dict[str, Any]) -> dict[str, Any]:
+def coordinator_service_account(job: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": _meta(job, account_name(job["metadata"]["name"]))}
+            "metadata": _meta(job, coordinator_account_name(job["metadata"]["name"]), ROLE_COORDINATOR)}
+
+
+def worker_service_account(job: dict[str, Any]) -> dict[str, Any]:
+    """The workers' own account: no RoleBinding names it, and no pod mounts its token (the
+    account says so too, so a pod that forgets still gets none)."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": _meta(job, worker_account_name(job["metadata"]["name"]), ROLE_WORKER),
+            "automountServiceAccountToken": False}
 
 
 def role(job: dict[str, Any]) -> dict[str, Any]:
-    """Read this job, write only its status: nothing else in the namespace."""
+    """Read this job, write only its status: nothing else in the namespace (the coordinator's)."""
     name = job["metadata"]["name"]
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": _meta(job, account_name(name)), "rules": [
+            "metadata": _meta(job, coordinator_account_name(name), ROLE_COORDINATOR), "rules": [
                 # list/watch with resourceNames need a metadata.name field selector on the request.
                 {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [name],
                  "verbs": ["get", "list", "watch"]},
@@ -290,16 +335,19 @@ def role(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def role_binding(job: dict[str, Any]) -> dict[str, Any]:
+    """The job's Role, for the coordinator's account only."""
     name = job["metadata"]["name"]
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": _meta(job, account_name(name)),
-            "subjects": [{"kind": "ServiceAccount", "name": account_name(name),
+            "metadata": _meta(job, coordinator_account_name(name), ROLE_COORDINATOR),
+            "subjects": [{"kind": "ServiceAccount", "name": coordinator_account_name(name),
                           "namespace": job["metadata"]["namespace"]}],
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account_name(name)}}
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                        "name": coordinator_account_name(name)}}
 
 
-def job_children(job: dict[str, Any], spec: JobSpec, token: str) -> list[dict[str, Any]]:
-    """Everything but the pods, in creation order (the account and the secret before what
+def job_children(job: dict[str, Any], spec: JobSpec, token: str, egress: Egress | None = None) -> list[dict[str, Any]]:
+    """Everything but the pods, in creation order (the accounts and the secret before what
     uses them); ``token``: the store secret, if the job has none yet."""
-    return [job_secret(job, token), service_account(job), role(job), role_binding(job),
-            headless_service(job, spec), network_policy(job, spec), worker_network_policy(job)]
+    return [job_secret(job, token), coordinator_service_account(job), worker_service_account(job), role(job),
+            role_binding(job), headless_service(job, spec), network_policy(job, spec, egress),
+            worker_network_policy(job, spec, egress)]

@@ -3,11 +3,16 @@
 The kubernetes client is synchronous; every call goes through a small thread pool so kopf's
 event loop never blocks. Errors a reconcile expects (already exists, already gone) are
 answered here; a stale resourceVersion raises ``Conflict`` so the caller re-reads and retries.
+
+Writes are fenced: with leader election on, ``fence`` says whether this replica still holds the
+lease, and a write is refused (``NotLeader``) once it does not, so a replica that lost the lease
+changes nothing while it shuts down.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,9 +26,14 @@ class Conflict(Exception):
     """The object changed since it was read."""
 
 
+class NotLeader(Exception):
+    """This replica no longer holds the leader lease: it must not write."""
+
+
 class Kube:
     def __init__(self, api: k8s.ApiClient, workers: int = 16) -> None:
         self.api = api
+        self.fence: Callable[[], bool] | None = None  # None: the only replica, always allowed
         self.core = k8s.CoreV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
         self.rbac = k8s.RbacAuthorizationV1Api(api)
@@ -33,6 +43,10 @@ class Kube:
     async def _call(self, fn, *args, **kwargs) -> Any:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    def _check_fence(self) -> None:
+        if self.fence is not None and not self.fence():
+            raise NotLeader("this operator replica does not hold the leader lease")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -49,6 +63,7 @@ class Kube:
 
     async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any],
                                resource_version: str | None) -> dict[str, Any]:
+        self._check_fence()
         body: dict[str, Any] = {"status": status}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
@@ -63,6 +78,7 @@ class Kube:
     # ---- children ---------------------------------------------------------------------------
     async def create(self, obj: dict[str, Any]) -> bool:
         """Create ``obj``; False if it already exists."""
+        self._check_fence()
         ns = obj["metadata"]["namespace"]
         create = {
             "Pod": self.core.create_namespaced_pod,
@@ -82,6 +98,7 @@ class Kube:
             raise
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
+        self._check_fence()
         try:
             await self._call(self.core.delete_namespaced_pod, name, namespace)
             return True

@@ -22,15 +22,18 @@ from typing import Any
 from liveshard.operator import builders, signals
 from liveshard.operator.conditions import condition, set_condition
 from liveshard.operator.observed import Worker, observe_workers
+from liveshard.operator.policy import DEFAULT_POLICY, JobPolicy, refusal
 from liveshard.operator.signals import Signal
 from liveshard.runtime.contract.causes import LOSSES, Cause
 from liveshard.runtime.contract.crd import LABEL_ROLE, ROLE_COORDINATOR
 from liveshard.runtime.contract.jobspec import JobSpec, read_spec
 from liveshard.runtime.contract.status import (
+    CheckpointReport,
     Finished,
     InvalidStatus,
     PlanAbort,
     PlanAck,
+    RuntimeFailure,
     StatusPlan,
     Telemetry,
 )
@@ -44,7 +47,17 @@ ABORT_RETRY_SECONDS = 30.0
 ACK_GRACE_SECONDS = 60.0  # after a plan's deadline, before the operator plans again without an ack
 IDLE_REQUEUE_SECONDS = 30.0
 UNACKED_REQUEUE_SECONDS = 5.0
+COUNTED_FAILURES_LIMIT = 50  # UIDs kept in status.countedFailures
+# A failed worker pod is re-created after a back-off that doubles with each failure of the job's
+# pods (as a Kubernetes Job's pods are), so a crash loop costs little API and scheduler work.
+POD_BACKOFF_BASE_SECONDS = 10.0
+POD_BACKOFF_MAX_SECONDS = 300.0
+FAILED_REQUEUE_SECONDS = 300.0
 
+
+def pod_backoff_seconds(pod_failures: int) -> float:
+    """The wait before re-creating a pod after the job's ``pod_failures``-th failed pod."""
+    return min(POD_BACKOFF_BASE_SECONDS * 2 ** max(0, pod_failures - 1), POD_BACKOFF_MAX_SECONDS)
 
 
 @dataclass
@@ -74,8 +87,9 @@ def _generation_of(plan: Any) -> int:
 # ---- the decision -----------------------------------------------------------------------------
 def reconcile(job: dict[str, Any], pods: list[dict[str, Any]], nodes: Mapping[str, Signal | None],
               now: datetime, *, node_labels: Mapping[str, Mapping[str, str]] | None = None,
-              scale_up_checked: Hashable | None = None) -> Decision:
-    return _Reconciler(job, pods, nodes, node_labels or {}, now, scale_up_checked).run()
+              scale_up_checked: Hashable | None = None, policy: JobPolicy = DEFAULT_POLICY) -> Decision:
+    """``policy``: what this operator allows jobs (``liveshard operator`` flags)."""
+    return _Reconciler(job, pods, nodes, node_labels or {}, now, scale_up_checked, policy).run()
 
 
 @dataclass
@@ -93,8 +107,9 @@ class _Reconciler:
     """One pass over one job, in phases: read the spec, the coordinator pod, the runtime's
     answer to the current plan, who is leaving, whether to plan anew, pods, conditions."""
 
-    def __init__(self, job, pods, nodes, node_labels, now, scale_up_checked) -> None:
+    def __init__(self, job, pods, nodes, node_labels, now, scale_up_checked, policy=DEFAULT_POLICY) -> None:
         self.job = job
+        self.policy = policy
         self.meta = job.get("metadata") or {}
         self.name = self.meta.get("name", "")
         self.status: dict[str, Any] = dict(job.get("status") or {})
@@ -115,7 +130,7 @@ class _Reconciler:
         old = condition(self.conditions, ctype)
         was = bool(old and old.get("status") == "True")
         self.conditions = set_condition(self.conditions, ctype, status, reason, message, self.now)
-        if status and not was and ctype in ("Suspended", "Degraded"):
+        if status and not was and ctype in ("Suspended", "Degraded", "CheckpointFailing", "CheckpointUnavailable"):
             self.event("Warning", reason, message)
 
     def run(self) -> Decision:
@@ -138,6 +153,14 @@ class _Reconciler:
         if any(settling):  # look again when the youngest withdrawable signal has held long enough
             self.d.requeue_after = min(self.d.requeue_after, min(x for x in settling if x) + 0.1)
         self.by_name = {w.name: w for w in workers}
+        if self._failure_budget_spent(workers):
+            self._failed(workers)
+            return d
+        failure = self._status_part(RuntimeFailure.from_status, None)
+        if failure is not None:
+            self._runtime_failed(failure, workers)
+            return d
+        self._checkpoint_conditions()
         plan = self.plan
         acked = plan is None or self.ack.generation >= plan.generation
         members = list(plan.members) if plan else []
@@ -195,6 +218,94 @@ class _Reconciler:
         st["history"] = self.history[-HISTORY_LIMIT:]
         d.requeue_after = max(d.requeue_after, 300.0)
 
+    # -- failed pods and the job's budget for them --
+    def _failure_budget_spent(self, workers: list[Worker]) -> bool:
+        """Note the worker pods that crashed since the last pass; whether, with them, more have
+        failed than ``spec.elasticity.maxPodFailures`` allows."""
+        counted = set(self.status.get("countedFailures") or [])
+        self.pod_failures = _count(self.status.get("podFailures"))
+        self.crashed = [w for w in workers if w.dead and not w.deleting and w.signal is not None
+                        and w.signal.kind == Cause.POD_FAILED and w.signal.failure and w.uid not in counted]
+        limit = self.spec.elasticity.max_pod_failures
+        return limit is not None and self.pod_failures + len(self.crashed) > limit
+
+    def _failed(self, workers: list[Worker]) -> None:
+        """More worker pods failed than the job allows: the job has failed. Nothing is planned or
+        created; pods still running or pending are deleted (their GPUs are released), failed ones
+        are kept for their logs. Raising ``maxPodFailures`` (or removing it) resumes the job."""
+        st, d = self.d.status, self.d
+        total = self.pod_failures + len(self.crashed)
+        if self.crashed:
+            counted = [*(self.status.get("countedFailures") or []), *(w.uid for w in self.crashed)]
+            d.new_failures = len(self.crashed)
+            st["failures"] = _count(self.status.get("failures")) + len(self.crashed)
+            st["countedFailures"] = counted[-COUNTED_FAILURES_LIMIT:]
+            st["podFailures"] = total
+        limit = self.spec.elasticity.max_pod_failures
+        message = (f"{total} worker pods failed, more than spec.elasticity.maxPodFailures={limit}: the job "
+                   "has failed and its running pods are deleted (raise maxPodFailures to resume it)")
+        old = condition(self.conditions, "Failed")
+        if not (old and old.get("status") == "True"):
+            last = "; ".join(f"{w.name}: {w.signal.reason}" for w in self.crashed if w.signal)
+            self.event("Warning", "PodFailureBudgetExceeded", message + (f"; last: {last}" if last else ""))
+        st["phase"] = "Failed"
+        st["message"] = message
+        self.cond("Failed", True, "PodFailureBudgetExceeded", message)
+        self.cond("Ready", False, "PodFailureBudgetExceeded", message)
+        self.cond("Reconfiguring", False, "Idle", "")
+        d.create_coordinator = False
+        for w in workers:
+            if not w.deleting and not w.dead:
+                d.delete_pods.append(w.name)
+        for p in self.pods:
+            meta = p.get("metadata") or {}
+            if (meta.get("labels") or {}).get(LABEL_ROLE) == ROLE_COORDINATOR and not meta.get("deletionTimestamp"):
+                d.delete_pods.append(meta["name"])
+        st["replicas"] = sum(1 for w in workers if not w.deleting and w.name not in d.delete_pods)
+        st["conditions"] = self.conditions
+        st["history"] = self.history[-HISTORY_LIMIT:]
+        d.requeue_after = FAILED_REQUEUE_SECONDS
+
+    def _runtime_failed(self, failure: RuntimeFailure, workers: list[Worker]) -> None:
+        """The runtime reported that the run cannot go on (e.g. state lost with no surviving
+        copy and no checkpoint): the job has failed. Its workers were told to stop; their pods
+        and the coordinator's are deleted (the GPUs are released), and nothing is created."""
+        st, d = self.d.status, self.d
+        message = f"{failure.message} (the runtime cannot continue the run)"
+        old = condition(self.conditions, "Failed")
+        if not (old and old.get("status") == "True"):
+            self.event("Warning", failure.reason, message)
+        st["phase"] = "Failed"
+        st["message"] = message
+        self.cond("Failed", True, failure.reason, message)
+        self.cond("Ready", False, failure.reason, message)
+        self.cond("Reconfiguring", False, "Idle", "")
+        d.create_coordinator = False
+        d.delete_pods.extend(w.name for w in workers if not w.deleting)
+        for p in self.pods:
+            meta = p.get("metadata") or {}
+            if (meta.get("labels") or {}).get(LABEL_ROLE) == ROLE_COORDINATOR and not meta.get("deletionTimestamp"):
+                d.delete_pods.append(meta["name"])
+        st["conditions"] = self.conditions
+        st["history"] = self.history[-HISTORY_LIMIT:]
+        d.requeue_after = FAILED_REQUEUE_SECONDS
+
+    def _checkpoint_conditions(self) -> None:
+        """``CheckpointUnavailable`` and ``CheckpointFailing`` from the runtime's checkpoint
+        report: training goes on either way, but a loss with no surviving copy would roll back
+        further than the job's schedule promises (or, with no checkpoint at all, fail the job)."""
+        report = self._status_part(CheckpointReport.from_status, CheckpointReport())
+        if report.unavailable or condition(self.conditions, "CheckpointUnavailable"):
+            self.cond("CheckpointUnavailable", bool(report.unavailable),
+                      "DirectoryUnusable" if report.unavailable else "DirectoryUsable",
+                      f"{report.unavailable}; mount a shared writable volume (spec.checkpoint)"
+                      if report.unavailable else "")
+        if report.failed_saves or condition(self.conditions, "CheckpointFailing"):
+            failing = report.failing
+            self.cond("CheckpointFailing", failing, "SaveFailed" if failing else "SaveSucceeded",
+                      f"{report.failed_saves} failed save(s), last: {report.last_failure}" if failing
+                      else f"checkpoint of step {report.latest_step} complete")
+
     # -- phase 0: inputs --
     def _read_inputs(self) -> bool:
         """The spec and the runtime's part of the status; False (and a Failed job) if the spec
@@ -203,11 +314,16 @@ class _Reconciler:
         try:
             spec = read_spec(self.job.get("spec"))
         except ConfigError as e:
+            problem, reason = e, "InvalidSpec"
+        else:
+            problem, reason = refusal(self.job.get("spec") or {}, self.policy), "RefusedByOperator"
+        if problem is not None:
+            # Not terminal: once the spec (or the operator's flags) changes, the job starts.
             st["phase"] = "Failed"
-            st["message"] = str(e)
-            self.cond("Ready", False, "InvalidSpec", str(e))
-            if self.status.get("message") != str(e):
-                self.event("Warning", "InvalidSpec", str(e))
+            st["message"] = str(problem)
+            self.cond("Ready", False, reason, str(problem))
+            if self.status.get("message") != str(problem):
+                self.event("Warning", reason, str(problem))
             return False
         self.d.spec = self.spec = spec
         self.plan = self._status_part(StatusPlan.from_status, None)
@@ -363,6 +479,12 @@ class _Reconciler:
     def _pods(self, workers: list[Worker], members: list[str], acked: bool) -> None:
         d, st = self.d, self.d.status
         counted = list(self.status.get("countedFailures") or [])
+        crashed = {w.uid for w in self.crashed}
+        pod_failures = self.pod_failures
+        old_backoff = self.status.get("podBackoff")
+        old_backoff = old_backoff if isinstance(old_backoff, dict) else {}
+        backoff = dict(old_backoff)
+        limit = self.spec.elasticity.max_pod_failures
         for w in workers:
             why = self._leaving(w)
             if w.deleting or why is None:
@@ -373,15 +495,39 @@ class _Reconciler:
             if why.failure and w.uid not in counted:
                 counted.append(w.uid)
                 d.new_failures += 1
+                if w.uid in crashed:
+                    pod_failures += 1
+                    wait = pod_backoff_seconds(pod_failures)
+                    backoff[w.name] = iso(self.now + timedelta(seconds=wait))
+                    allowed = f" of {limit} allowed" if limit is not None else ""
+                    self.event("Warning", "WorkerFailed", f"{w.name} failed: {why.reason}; pod failure "
+                               f"{pod_failures}{allowed}; re-created in {wait:.0f}s")
             self.event("Normal", "WorkerRemoved", f"deleting {w.name}: {why.reason}")
         if d.new_failures:
-            st["failures"] = int(self.status.get("failures") or 0) + d.new_failures
-            st["countedFailures"] = counted[-50:]
+            st["failures"] = _count(self.status.get("failures")) + d.new_failures
+            st["countedFailures"] = counted[-COUNTED_FAILURES_LIMIT:]
+        if pod_failures != self.pod_failures:
+            st["podFailures"] = pod_failures
         existing = {w.name for w in workers}
         for i in range(self.spec.workers.replicas):
-            if builders.worker_name(self.name, i) not in existing:
-                d.create_workers.append(i)
+            name = builders.worker_name(self.name, i)
+            if name in existing:
+                continue
+            wait = self._backoff_left(backoff.get(name))
+            if wait > 0:  # a failed pod's replacement waits out its back-off
+                d.requeue_after = min(d.requeue_after, wait + 0.1)
+                continue
+            d.create_workers.append(i)
+        # A merge patch: new entries are written, those whose time has passed removed (null).
+        changes = {n: t for n, t in backoff.items() if old_backoff.get(n) != t}
+        changes.update({n: None for n, t in backoff.items() if n in old_backoff and self._backoff_left(t) <= 0})
+        if changes:
+            st["podBackoff"] = changes
         st["replicas"] = sum(1 for w in workers if not w.deleting and w.name not in d.delete_pods)
+
+    def _backoff_left(self, until: Any) -> float:
+        at = parse_time(until)
+        return 0.0 if at is None else (at - self.now).total_seconds()
 
     # -- planning --
     def _try_plan(self, candidates: list[Candidate], current: StatusPlan | None
@@ -523,6 +669,16 @@ class _Reconciler:
             degraded, reason = True, "BelowDesiredSize"
             message = f"training on {len(members)} of {desired} desired worker pods"
         self.cond("Degraded", degraded, reason, message)
+        if condition(self.conditions, "Failed") is not None:  # resumed: maxPodFailures was raised
+            self.cond("Failed", False, "WithinPodFailureBudget", "")
+
+
+def _count(value: Any) -> int:
+    """A counter from the status; a malformed one reads as 0 (never raised)."""
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 __all__ = ["Decision", "reconcile"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from liveshard.runtime.contract.causes import Cause
-from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.contract.keys import COMMITTED, Keys
 from liveshard.runtime.contract.status import pod_of
 from liveshard.runtime.contract.times import iso
 from liveshard.runtime.contract.training import TrainingSpec
@@ -155,7 +155,10 @@ class Coordinator:
         self._last_report = 0.0
         self.report_interval = 2.0
         self._first_seen: dict[str, float] = {}
+        self._broken_since: dict[str, float] = {}  # current members reporting a broken world
+        self._dead_incarnation: dict[str, str | None] = {}  # the process each dead member was
         self.finished: dict | None = None  # rank 0's report at trainIters (Keys.FINISHED)
+        self.failure: dict | None = None  # why the run cannot go on (terminal), see _fail
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self, stop_after: float | None = None, period: float = 0.02, idle_period: float = 0.2) -> None:
@@ -252,7 +255,11 @@ class Coordinator:
             if no_copy is not None:  # the last checkpoint is the way back
                 checkpoint = self.latest_checkpoint()
                 if checkpoint is None:
-                    self._reject(request, f"{no_copy} (and no checkpoint to restore from)")
+                    why = f"{no_copy} (and no checkpoint to restore from)"
+                    if any(m in self.dead for m in self.current.members):
+                        self._fail("NoSurvivingCopy", why)  # the state is gone: nothing can continue the run
+                    else:
+                        self._reject(request, why)  # a plan the running world need not take
                     return
                 log.warning("%s: restoring step %s from %s", no_copy, checkpoint.get("step"), checkpoint["path"])
                 plan = replace(plan, restore_from=checkpoint["path"])
@@ -315,6 +322,15 @@ class Coordinator:
         )
         self._publish(plan)
 
+    def _fail(self, reason: str, message: str) -> None:
+        """The run cannot go on (state lost with no copy and no checkpoint): a terminal status
+        the operator turns into a Failed job, and a stop for every worker still waiting."""
+        log.error("the job cannot continue: %s", message)
+        self.failure = {"reason": reason, "message": message, "time": time.time()}
+        self.history.append({"generation": None, "reason": "recovery", "outcome": f"failed: {message}"})
+        self.store.set(Keys.STOP, "1")
+        self._report()
+
     def _reject(self, request: PlanRequest, why: str) -> None:
         log.error("plan request rejected (%s): %s", request.reason, why)
         self.history.append({"generation": None, "reason": request.reason, "outcome": f"rejected: {why}"})
@@ -359,17 +375,29 @@ class Coordinator:
         # a dead source (an old member that is leaving) fails the transition as a dead new member does
         lost = [m for m in (*plan.members, *transition_members(self.current, plan)) if m in self.dead] \
             if self.current else [m for m in plan.members if m in self.dead]
-        if failed or lost or timed_out or len(gen.results) == len(involved):
-            if failed:
-                outcome = f"aborted: {failed[0]}: {gen.results[failed[0]].error}"
-            elif lost:
-                outcome = f"aborted: member {lost[0]} died during the transition"
-            elif timed_out and len(gen.results) < len(involved):
-                missing = sorted(set(involved) - set(gen.results))
-                outcome = f"aborted: no result from {', '.join(missing[:3])} in {self.transition_timeout:.0f} s"
-            else:
-                outcome = "committed"
-            self._finish(gen, outcome)
+        complete = len(gen.results) == len(involved)
+        why = None
+        if failed:
+            why = f"aborted: {failed[0]}: {gen.results[failed[0]].error}"
+        elif lost:
+            why = f"aborted: member {lost[0]} died during the transition"
+        elif timed_out and not complete:
+            missing = sorted(set(involved) - set(gen.results))
+            why = f"aborted: no result from {', '.join(missing[:3])} in {self.transition_timeout:.0f} s"
+        if self.current is not None and plan.is_live_transition:
+            # The commit point is the generation's decision in the store, written once by
+            # whoever comes first: the last member ready ("committed") or a failure
+            # ("aborted"); the coordinator writes it on a death, a failure or a timeout.
+            decision = self.store.get(Keys.decision(plan.generation))
+            if decision is None and why is not None:
+                decision = self.store.decide(Keys.decision(plan.generation), why) or why
+            if decision is None:
+                return
+            if decision == COMMITTED and not (complete or why is not None):
+                return  # the members' reports (phase timings) follow at once
+            self._finish(gen, decision)
+        elif why is not None or complete:
+            self._finish(gen, why or COMMITTED)
 
     def _finish(self, gen: Generation, outcome: str) -> None:
         plan = gen.plan
@@ -394,23 +422,23 @@ class Coordinator:
         self.history.append(entry)
         if self.metrics is not None:
             self.metrics.observe_generation(outcome, phases)
-        if outcome == "committed":
+        if outcome == COMMITTED:
             self.current = plan
         self.pending = None
         log.info("generation %d %s", plan.generation, outcome)
         self._report()
-        if outcome != "committed" and self.current is not None:
-            alive_missing = [m for m in self.current.members if m in self.dead]
-            if alive_missing:
-                self._recover()
+        if self.current is not None and any(m in self.dead for m in self.current.members):
+            self._recover()  # the world lost a member (before this generation, or after its commit point)
 
     # ---- health ------------------------------------------------------------------------------
     def _watch_heartbeats(self) -> None:
         watched: set[str] = set()
         if self.current:
-            watched |= set(self.current.members)
+            watched |= {*self.current.members, *self.current.standbys}
         if self.pending:
-            watched |= set(self.pending.plan.members)
+            # every process the transition waits for: its sources, new members, joiners
+            plan = self.pending.plan
+            watched |= {*plan.members, *(transition_members(self.current, plan) if self.current else ())}
         now = time.time()
         newly_dead = []
         for m in sorted(watched - self.dead):
@@ -429,10 +457,14 @@ class Coordinator:
             self.telemetry[m] = hb
             if hb.get("state") in ("exited", "finished"):
                 continue
+            self._note_broken(m, hb, now)
             if now - hb["time"] > self.heartbeat_timeout:
                 newly_dead.append(m)
+        self._readmit(now)
         if not newly_dead:
             return
+        for m in newly_dead:
+            self._dead_incarnation[m] = (self.telemetry.get(m) or self.store.get_json(Keys.member(m)) or {}).get("incarnation")
         self.dead.update(newly_dead)
         log.warning("members without heartbeat: %s", ", ".join(newly_dead))
         if self.pending is not None:
@@ -440,10 +472,41 @@ class Coordinator:
         if self.current and any(m in self.current.members for m in newly_dead):
             self._recover()
 
-    def _recover(self) -> None:
+    def _readmit(self, now: float) -> None:
+        """A dead member's id heartbeating again as another incarnation is a new process (a
+        replacement pod, or the old process that found itself excluded and dropped its state):
+        it may join again. The same incarnation heartbeating is the old process, still holding
+        stale state: it stays out until it rejoins."""
+        for m in sorted(self.dead):
+            hb = self.store.get_json(Keys.heartbeat(m))
+            if (hb and now - hb.get("time", 0) <= self.heartbeat_timeout and hb.get("incarnation")
+                    and hb["incarnation"] != self._dead_incarnation.get(m)):
+                self.dead.discard(m)
+                self._dead_incarnation.pop(m, None)
+                self.telemetry[m] = hb
+                log.warning("%s is back as a new member (incarnation %s)", m, hb["incarnation"])
+
+    def _note_broken(self, member: str, hb: dict, now: float) -> None:
+        """Track members of the current world that report it broken while none of its members
+        is dead: a collective that failed without a death, or a generation aborted after its
+        vote (the members hold the old state but its groups are gone)."""
+        current = self.current
+        if current is None or hb.get("state") != "broken" or hb.get("generation") != current.generation:
+            self._broken_since.pop(member, None)
+            return
+        since = self._broken_since.setdefault(member, now)
+        # a death is detected within heartbeat_timeout: give it that long to be the cause
+        if (self.pending is None and now - since > self.heartbeat_timeout
+                and not any(m in self.dead for m in current.members)):
+            log.warning("the world of generation %d is broken (%s) with every member alive: recovering",
+                        current.generation, member)
+            self._broken_since.clear()
+            self._recover(reason=f"world of generation {current.generation} broken without a death")
+
+    def _recover(self, reason: str | None = None) -> None:
         assert self.current is not None
         survivors = tuple(m for m in (*self.current.members, *self.current.standbys) if m not in self.dead)
-        self._start(PlanRequest(members=survivors, reason=f"lost {', '.join(sorted(self.dead))} without notice",
+        self._start(PlanRequest(members=survivors, reason=reason or f"lost {', '.join(sorted(self.dead))} without notice",
                                 cause=Cause.LOST_WITHOUT_NOTICE))
 
     # ---- status ------------------------------------------------------------------------------
@@ -460,7 +523,23 @@ class Coordinator:
             "health": summarize(self.telemetry, self._step_history),
             "progress": self.progress(),
             "finished": self.finished,
+            "failure": self.failure,
+            "checkpoints": self._checkpoints(),
         }
+
+    def _checkpoints(self) -> dict:
+        """What the workers reported about the job's checkpoints: the newest complete one, the
+        last failed save, why the directory is unusable (each None when there is nothing)."""
+        out = {}
+        for name, key in (("latest", Keys.CHECKPOINT), ("failed", Keys.CHECKPOINT_FAILED),
+                          ("unavailable", Keys.CHECKPOINT_UNAVAILABLE)):
+            try:
+                out[name] = self.store.get_json(key)
+            except Exception:  # a value that is not JSON is reported as absent, never raised
+                out[name] = None
+        if out["latest"] is None and self._adopted_checkpoint is not None:
+            out["latest"] = self._adopted_checkpoint
+        return out
 
     def progress(self) -> dict | None:
         """Where training is, from the members' heartbeats: step, samples, last loss, tokens/s, ETA."""
@@ -495,6 +574,8 @@ class Coordinator:
         best: WorldPlan | None = None
         for m in self.store.members():
             info = self.store.get_json(Keys.member(m)) or {}
+            # never reuse a generation a worker has seen (it may have prepared that plan)
+            self.next_generation = max(self.next_generation, int(info.get("latest_seen", -1)) + 1)
             ckpt = info.get("checkpoint")
             if ckpt and (self._adopted_checkpoint is None or ckpt["step"] > self._adopted_checkpoint["step"]):
                 self._adopted_checkpoint = ckpt
@@ -517,5 +598,7 @@ class Coordinator:
     def _report(self) -> None:
         self._last_report = time.monotonic()
         status = self.status()
+        if self.metrics is not None:
+            self.metrics.observe_checkpoints(status["checkpoints"])
         self.source.report(status)
         self.store.set(Keys.COORDINATOR_STATUS, json.dumps(status, sort_keys=True, default=str))

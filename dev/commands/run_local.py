@@ -21,7 +21,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="workers (one process each) at the start (default: the job's workers.max x gpusPerWorker)")
     p.add_argument("--parallel", default=None,
                    help="the starting config, e.g. tp=2,pp=1,dp=2 (default: the planner's choice for --workers)")
-    p.add_argument("--events", default="", help='e.g. "5:leave=1 10:join=1 15:kill=0 20:parallel=tp=2,pp=1,dp=1"')
+    p.add_argument("--events", default="", help='e.g. "5:leave=1 10:join=1 15:kill=0 20:parallel=tp=2,pp=1,dp=1"; faults: '
+                   '"3:kill=1@commit 4:join=1" (kill at a phase of the next change), "6:sigstop=1 8:sigcont=all"')
     p.add_argument("--mode", choices=("live", "checkpoint"), default="live")
     p.add_argument("--checkpoint-every", type=int, default=0, help="periodic checkpoint interval (steps)")
     p.add_argument("--verify", action="store_true", help="checksum every transferred region")

@@ -9,6 +9,9 @@ and the kubernetes client rely on, as kube-apiserver does it:
 * patches: JSON patch (a failed ``test`` op is 422) and merge patch (strategic merge is treated
   as merge: lists replace); a stale ``metadata.resourceVersion`` is 409 Conflict; no-op patches
   change nothing; ``generation`` bumps when ``spec`` changes;
+* PUT (replace) of a named object, e.g. a ``coordination.k8s.io`` Lease: the body replaces the
+  object; a stale ``resourceVersion`` is 409 Conflict, none is an unconditional update, a name
+  that differs from the URL's is 400, a missing object 404;
 * the ``status`` subresource: ``/status`` writes only status, the main endpoint ignores status;
 * the ``scale`` subresource of a registered CRD (``kubectl scale``, HPA): GET/PATCH/PUT;
 * finalizers and ``deletionTimestamp``; background garbage collection by ownerReferences;
@@ -19,7 +22,7 @@ and the kubernetes client rely on, as kube-apiserver does it:
 Namespaces are not objects here: ``/api/v1/namespaces`` lists ``default`` and every namespace
 in use. Still missing (don't depend on it): label and field selectors (filter client-side), watch
 resumption from a resourceVersion (every watch replays all objects), server-side timeouts,
-PUT on plain objects, kubelet/scheduler behaviour (pods stay Pending until a test patches them),
+kubelet/scheduler behaviour (pods stay Pending until a test patches them),
 pods are removed at once on delete (no graceful termination).
 
 ``KubeEmulator`` runs it on a free loopback port in a background thread::
@@ -154,6 +157,10 @@ class Emulator(kmock.KubernetesEmulator):
             return await super()._handle(request)
         if request.subresource == "scale" and request.name:
             return aiohttp.web.json_response(await self._scale(request))
+        if request.method == kmock.method.PUT and request.name and request.subresource in (None, "status"):
+            async with self._lock:
+                body = await self._put(request)
+            return aiohttp.web.json_response(body, status=200)
         if request.action in _ACTIONS and request.subresource in (None, "status"):
             async with self._lock:
                 if request.action == kmock.action.CREATE:
@@ -222,6 +229,38 @@ class Emulator(kmock.KubernetesEmulator):
             new = {k: v for k, v in new.items() if k != "status"}
             if "status" in old:
                 new["status"] = old["status"]
+        return await self._replace(key, old, new)
+
+    async def _put(self, request: kmock.Request) -> dict[str, Any]:
+        """PUT: the body is the whole new object (``/status``: only its status counts)."""
+        key = (request.resource, request.namespace, request.name)
+        body = copy.deepcopy(request.data) if isinstance(request.data, dict) else None
+        if body is None:
+            raise _error(400, "BadRequest", "the request body is not a JSON object")
+        name = (body.get("metadata") or {}).get("name")
+        if name is not None and name != request.name:
+            raise _error(400, "BadRequest", f"the name of the object ({name}) does not match the name on the URL "
+                         f"({request.name})")
+        old = self._existing(key)
+        if request.subresource == "status":
+            new = {k: v for k, v in old.items() if k != "status"}
+            if "status" in body:
+                new["status"] = body["status"]
+        else:
+            new = body
+            if self._has_status(request.resource):
+                new.pop("status", None)
+                if "status" in old:
+                    new["status"] = old["status"]
+        sent = dict(body.get("metadata") or {})
+        if request.subresource == "status":  # of the body's metadata only the resourceVersion counts
+            new["metadata"] = {k: v for k, v in old["metadata"].items() if k != "resourceVersion"}
+            if "resourceVersion" in sent:
+                new["metadata"]["resourceVersion"] = sent["resourceVersion"]
+        else:  # what the body's metadata says goes; the server's own fields are kept (_replace)
+            new["metadata"] = sent
+        new.setdefault("kind", old.get("kind"))
+        new.setdefault("apiVersion", old.get("apiVersion"))
         return await self._replace(key, old, new)
 
     async def _replace(self, key: Any, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

@@ -137,6 +137,12 @@ class LocalRun:
         self.procs = Procs()
         self.started = time.time()
         self.history: dict[int, dict] = {}
+        self.armed: list[str] = []  # workers to kill at a phase of the next reconfiguration
+        self.armed_at: str | None = None
+        self.stopped: list[str] = []  # frozen (SIGSTOP) workers
+        self.restarts = 0  # restart=all events so far
+        self.faults: list[dict] = []  # per phase kill: what happened, how long the recovery took
+        self._fault_generations: set[int] = set()  # recoveries after a phase kill (no event of their own)
 
     # ---- processes ---------------------------------------------------------------------------
     def _env(self) -> dict:
@@ -155,7 +161,8 @@ class LocalRun:
     def start_coordinator(self, port: int) -> None:
         r = self.run
         cmd = [*_cli(), "coordinator", "--host", "127.0.0.1", "--port", str(port),
-               "--heartbeat-timeout", str(r.heartbeat_timeout), "--objective", FEWEST_CHANGES]
+               "--heartbeat-timeout", str(r.heartbeat_timeout), "--objective", FEWEST_CHANGES,
+               "--checkpoint-dir", str(self.dir / "checkpoints" / "periodic")]
         self.procs.coordinator = subprocess.Popen(cmd, stdout=self._logfile("coordinator"), stderr=subprocess.STDOUT,
                                                   env=self._env(), start_new_session=True)
 
@@ -166,6 +173,8 @@ class LocalRun:
         r = self.run
         safe = wid.replace("/", "_")
         base = [*_held_worker_cli(), "--hold-at-steps", ",".join(map(str, holds))] if holds else [*_cli(), "worker"]
+        if holds and any(e.phase for e in r.events):
+            base.append("--phase-holds")
         cmd = [*base, "--id", wid, "--coordinator", f"127.0.0.1:{port}", "--collective-timeout", str(r.collective_timeout),
                "--result", str(self.dir / f"{safe}.json"), "--local-workers", "1", *(extra or [])]
         # Safety checkpoints (every --checkpoint-every steps) and the checkpoint a stop saves.
@@ -217,6 +226,8 @@ class LocalRun:
             cur_members = tuple(status["members"])
             standbys = [m for m in status.get("standbys", [])]
             gen = status["generation"]
+            # the next plan's generation (aborted generations of earlier faults count too)
+            nxt = store.latest_generation() + 1
             if ev.kind == "coordinator":
                 self.procs.coordinator.send_signal(signal.SIGKILL)
                 self.procs.coordinator.wait()
@@ -229,17 +240,39 @@ class LocalRun:
             if ev.kind == "stop":
                 config_before = status["config"]
                 self._apply(store, PlanRequest(members=(), config="", reason="stop", switch_at_step=ev.step),
-                            gen + 1, ev.step, f"step {ev.step}: stop (checkpoint, every worker waits)", f"event {ev}")
+                            nxt, ev.step, f"step {ev.step}: stop (checkpoint, every worker waits)", f"event {ev}")
                 status = self._apply(store, PlanRequest(members=cur_members + tuple(standbys), config=config_before,
                                                         reason="resume after the stop"),
-                                     gen + 2, None, f"resume: {config_before} from the checkpoint",
+                                     nxt + 1, None, f"resume: {config_before} from the checkpoint",
                                      f"resuming after {ev}")
+                continue
+            if ev.kind == "kill" and ev.phase:
+                self.armed = [cur_members[rank] for rank in ev.ranks] + [joiners[next_joiner + k - 1] for k in ev.joiners]
+                self.armed_at = ev.phase
+                for wid in self.armed:
+                    store.set(Keys.hold_phase(wid), ev.phase)
+                store.set(Keys.release(ev.step), "1")
+                self.say(f"step {ev.step}: {', '.join(self.armed)} to be killed at phase {ev.phase} of the next change")
+                continue
+            if ev.kind == "restart":
+                status = self._restart_everything(store, ev, port, cur_members, status["config"])
+                store = self.connect(port)
+                continue
+            if ev.kind == "sigstop":
+                victims = [cur_members[rank] for rank in ev.ranks]
+                self.kill_at_step(store, victims, ev.step, sig=signal.SIGSTOP)
+                self.stopped += victims
+                self.say(f"step {ev.step}: SIGSTOP of rank(s) {list(ev.ranks)} ({', '.join(victims)})")
+                status = self._wait_generation(store, nxt)
+                continue
+            if ev.kind == "sigcont":
+                status = self._resume_stopped(store, ev, nxt, cur_members + tuple(standbys))
                 continue
             if ev.kind == "kill":
                 self.kill_at_step(store, [cur_members[rank] for rank in ev.ranks], ev.step)
                 self.say(f"step {ev.step}: kill -9 of rank(s) {list(ev.ranks)} "
                          f"({', '.join(cur_members[k] for k in ev.ranks)}) without notice")
-                status = self._wait_generation(store, gen + 1)
+                status = self._wait_generation(store, nxt)
                 continue
             if ev.kind == "leave":
                 gone = {cur_members[i] for i in ev.ranks}
@@ -257,7 +290,10 @@ class LocalRun:
                                       ordered=False)
             # A leave or a join leaves the config to the coordinator, which asks the planner
             # (world.plan_world, objective fewest-changes: the same call checkpoint mode makes).
-            status = self._apply(store, request, gen + 1, ev.step,
+            if self.armed:
+                status = self._apply_with_kills(store, request, nxt, ev)
+                continue
+            status = self._apply(store, request, nxt, ev.step,
                                  f"step {ev.step}: {ev.kind} -> {request.config or 'planned'} ({request.reason})",
                                  f"event {ev}")
         self._wait_workers(timeout=600, only=tuple(status.get("members") or ()))
@@ -284,9 +320,104 @@ class LocalRun:
             raise RuntimeError(f"{what} ended {status.get('last_outcome')}")
         return status
 
-    def kill_at_step(self, store, victims: list[str], step: int, timeout: float = 600.0) -> None:
-        """Kill ``victims`` without notice exactly at ``step``: wait until each is held there,
-        SIGKILL its process group, wait for it to die, then release the step for the others."""
+    def _apply_with_kills(self, store, request, gen: int, ev, timeout: float = 300.0) -> dict:
+        """Post ``request`` and kill each armed victim when it is held at the armed phase of
+        that reconfiguration; then wait until the job trains again without them (the
+        generation committed without them, or a recovery after it did)."""
+        from liveshard.runtime.coordinator import StorePlanSource
+
+        victims, phase = self.armed, self.armed_at
+        self.armed, self.armed_at = [], None
+        StorePlanSource.post(store, request)
+        self._wait_published(store, gen)
+        store.set(Keys.release(ev.step), "1")
+        self.say(f"step {ev.step}: {ev.kind} ({request.reason}); killing {', '.join(victims)} at phase {phase}")
+        end = time.monotonic() + timeout
+        killed: dict[str, float] = {}
+        while len(killed) < len(victims):
+            for wid in victims:
+                if wid not in killed and store.get(Keys.at_phase(wid)) is not None:
+                    proc = self.procs.workers[wid]
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=60)
+                    killed[wid] = time.time()
+                    self.say(f"{wid} killed at phase {phase} of generation {gen}")
+            if time.monotonic() > end:
+                raise TimeoutError(f"{', '.join(set(victims) - set(killed))} never reached phase {phase}")
+            self._check_alive()
+            time.sleep(0.005)
+        t_kill = max(killed.values())
+        while True:
+            # recovered: the generation is decided, and a world without the victims trains past
+            # the step (the old one, if the generation aborted before its vote; else a recovery)
+            st = self._status(store)
+            hist = [h for h in st.get("history", []) if h.get("generation") is not None and h["generation"] >= gen]
+            if (st.get("pending") is None and hist and not set(victims) & set(st.get("members") or ())
+                    and ((st.get("progress") or {}).get("step") or 0) > ev.step):
+                break
+            if time.monotonic() > end:
+                raise TimeoutError(f"the job did not recover from the kill at phase {phase} in {timeout:.0f} s")
+            self._check_alive(st)
+            time.sleep(0.05)
+        recovered = time.time()
+        self.faults.append({"event": f"kill={','.join(victims)}@{phase}", "step": ev.step, "phase": phase,
+                            "victims": victims, "generations": [{"generation": h["generation"], "outcome": h["outcome"],
+                                                                 "reason": h.get("reason")} for h in hist],
+                            "recovery_seconds": recovered - t_kill})
+        self._fault_generations.update(h["generation"] for h in hist[1:])
+        self.say(f"recovered in {recovered - t_kill:.1f} s: generation {st['generation']} ({st['config']}); "
+                 + "; ".join(f"{h['generation']}: {h['outcome']}" for h in hist))
+        return st
+
+    def _restart_everything(self, store, ev, port: int, members: tuple[str, ...], config: str) -> dict:
+        """Every process of the job gone at once (a whole spot pool, a cluster restart): kill the
+        workers held at the step and the coordinator, start new ones on the same checkpoint
+        directory. The new coordinator's first world continues the newest complete checkpoint."""
+        from liveshard.runtime.coordinator import PlanRequest, StorePlanSource
+
+        self.kill_at_step(store, list(members), ev.step)
+        self.procs.coordinator.send_signal(signal.SIGKILL)
+        self.procs.coordinator.wait()
+        self.restarts += 1
+        self.say(f"step {ev.step}: coordinator and every worker killed; starting new ones")
+        self.start_coordinator(port)
+        store = self.connect(port)
+        fresh = tuple(f"{m}r{self.restarts}" for m in members)  # new processes: new ids, new result files
+        holds = tuple(e.step for e in self.run.events if e.step > ev.step)
+        for wid in fresh:
+            self.start_worker(wid, port, holds=holds)
+        StorePlanSource.post(store, PlanRequest(members=fresh, config=config, reason="start after a restart"))
+        status = self._wait_generation(store, 0)
+        if status.get("last_outcome") != "committed":
+            raise RuntimeError(f"the restarted job did not start: {status.get('last_outcome')}")
+        return status
+
+    def _resume_stopped(self, store, ev, gen: int, members: tuple[str, ...], timeout: float = 120.0) -> dict:
+        """SIGCONT every frozen worker, wait until the coordinator counts each as a new member
+        (it found itself excluded and rejoined), then admit them as a join at this step."""
+        from liveshard.runtime.coordinator import PlanRequest
+
+        back, self.stopped = self.stopped, []
+        for wid in back:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.procs.workers[wid].pid, signal.SIGCONT)
+        self.say(f"step {ev.step}: SIGCONT of {', '.join(back)}")
+        end = time.monotonic() + timeout
+        while set(back) & set(self._status(store).get("dead") or ()):
+            if time.monotonic() > end:
+                raise TimeoutError(f"{', '.join(back)} did not come back as new members in {timeout:.0f} s")
+            self._check_alive()
+            time.sleep(0.05)
+        request = PlanRequest(members=members + tuple(back), reason=f"{', '.join(back)} back after a freeze",
+                              switch_at_step=ev.step)
+        return self._apply(store, request, gen, ev.step, f"step {ev.step}: {', '.join(back)} rejoin", f"event {ev}")
+
+    def kill_at_step(self, store, victims: list[str], step: int, timeout: float = 600.0,
+                     sig: int = signal.SIGKILL) -> None:
+        """Kill (or freeze, ``sig``) ``victims`` without notice exactly at ``step``: wait until
+        each is held there, signal its process group (a kill: wait for it to die), then release
+        the step for the others."""
         end = time.monotonic() + timeout
         for wid in victims:
             while store.get(Keys.held(step, wid)) is None:
@@ -299,8 +430,9 @@ class LocalRun:
         for wid in victims:
             proc = self.procs.workers[wid]
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=60)
+                os.killpg(proc.pid, sig)
+            if sig == signal.SIGKILL:
+                proc.wait(timeout=60)
         store.set(Keys.release(step), "1")
 
     def _status(self, store) -> dict:
@@ -333,7 +465,7 @@ class LocalRun:
                 self.say(f"generation {done[-1]['generation']}: {done[-1]['outcome']} "
                          f"({done[-1]['config']}, {done[-1]['world_size']} ranks)")
                 return st
-            self._check_alive()
+            self._check_alive(st)
             time.sleep(0.05)
         raise TimeoutError(f"generation {gen} was not decided in {timeout:.0f} s")
 
@@ -345,7 +477,11 @@ class LocalRun:
             self._check_alive()
             time.sleep(0.01)
 
-    def _check_alive(self) -> None:
+    def _check_alive(self, status: dict | None = None) -> None:
+        """Raise if the coordinator exited, or reported that the run cannot go on."""
+        failure = (status or {}).get("failure")
+        if failure:
+            raise RuntimeError(f"the job failed ({failure.get('reason')}): {failure.get('message')}")
         c = self.procs.coordinator
         if c is not None and c.poll() is not None:
             raise RuntimeError(f"the coordinator exited with {c.returncode} (see {self.dir}/coordinator.log)")
@@ -425,6 +561,7 @@ class LocalRun:
             "final_checkpoint": next((res.get("final_checkpoint") for res in results.values()
                                       if res.get("final_checkpoint")), None),
             "events": events,
+            "faults": self.faults,
             "checksums": {k: f"{v:016x}" for k, v in sorted(checksums.items())},
             "workdir": str(self.dir),
         }
@@ -449,11 +586,17 @@ class LocalRun:
             for r in res.get("ready", []):
                 gen = segment if segment is not None else r["generation"]
                 ready[gen] = max(ready.get(gen, 0.0), r["time"])
-        changes = [h for h in history if h.get("generation") and "adopted" not in h.get("reason", "")]
+        changes = [h for h in history if h.get("generation") and "adopted" not in h.get("reason", "")
+                   and h["generation"] not in self._fault_generations]
         out = []
         for ev in self.run.events:
-            if ev.kind == "coordinator":
+            if ev.kind in ("coordinator", "restart"):
                 out.append({"event": str(ev), "kind": ev.kind, "step": ev.step, "outcome": "restarted"})
+                continue
+            if ev.kind == "kill" and ev.phase:
+                fault = next((f for f in self.faults if f["step"] > ev.step), None)
+                out.append({"event": str(ev), "kind": ev.kind, "step": ev.step, "phase": ev.phase,
+                            "outcome": "armed", **({"fault": fault} if fault else {})})
                 continue
             if not changes:
                 break
@@ -465,7 +608,7 @@ class LocalRun:
                 gen = resumed.get("generation")
             last = max((s for s in times if s <= ev.step), default=None)
             # the last step the old world completed (a kill may land after the event's step)
-            if ev.kind == "kill":
+            if ev.kind in ("kill", "sigstop"):
                 last = max((s["step"] for s in steps if s["generation"] < gen), default=last)
             t_last = times.get(last)
             t_ready = ready.get(gen)

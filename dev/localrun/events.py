@@ -5,17 +5,30 @@ of the world current at that step; ``join`` adds ``K`` new workers; ``parallel``
 config on the same workers; ``coordinator=restart`` kills the coordinator and starts a new one
 (training must not notice, and later changes must still work); ``stop=resume`` stops the job
 (the world saves a checkpoint, every worker waits) and resumes it at once on the same workers
-from that checkpoint, the way a job that fell below its minimum comes back. Pure.
+from that checkpoint, the way a job that fell below its minimum comes back.
+
+``kill=R@PHASE`` kills during a reconfiguration instead of at a step: at ``STEP`` the victims
+are armed, and the next event's reconfiguration (a leave, join or parallel event, which must
+follow) kills each when it reaches ``PHASE`` (``prepare``, ``transfer``, ``commit``, ``built``,
+``committed``: ``protocol.PHASES``). ``R`` is a rank of the current world, or ``+K`` for the
+K-th worker the next join adds.
+
+``sigstop=R`` freezes ranks (SIGSTOP) at the step: to the job they are lost without notice.
+``sigcont=all`` lets every frozen worker go on (SIGCONT): it finds the job went on without it,
+drops its stale state and comes back as a new member, which the driver then admits as a join.
+``restart=all`` kills the coordinator and every worker at once and starts new ones on the same
+checkpoint directory: the job continues from its newest complete checkpoint. Pure.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from liveshard.runtime.control.protocol import PHASES
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 
-KINDS = ("leave", "join", "kill", "parallel", "coordinator", "stop")
+KINDS = ("leave", "join", "kill", "parallel", "coordinator", "stop", "sigstop", "sigcont", "restart")
 
 
 @dataclass(frozen=True)
@@ -25,9 +38,17 @@ class Event:
     ranks: tuple[int, ...] = ()  # leave, kill
     count: int = 0  # join
     config: str | None = None  # parallel; for "coordinator" and "stop" the action ("restart", "resume")
+    phase: str | None = None  # kill: during this phase of the next reconfiguration
+    joiners: tuple[int, ...] = ()  # kill: the next join's K-th workers (1-based)
+
+    @property
+    def victims(self) -> str:
+        return ",".join([*map(str, self.ranks), *(f"+{k}" for k in self.joiners)])
 
     def __str__(self) -> str:
-        arg = {"leave": ",".join(map(str, self.ranks)), "kill": ",".join(map(str, self.ranks)),
+        kill = self.victims + (f"@{self.phase}" if self.phase else "")
+        arg = {"leave": ",".join(map(str, self.ranks)), "kill": kill, "sigstop": ",".join(map(str, self.ranks)),
+               "sigcont": "all", "restart": "all",
                "join": str(self.count), "parallel": self.config, "coordinator": self.config,
                "stop": self.config}[self.kind]
         return f"{self.step}:{self.kind}={arg}"
@@ -49,7 +70,13 @@ def parse_events(text: str | None) -> list[Event]:
             raise ConfigError("--events", f"{step_s!r} in {item!r} is not a step number") from None
         if kind not in KINDS:
             raise ConfigError("--events", f"unknown event kind {kind!r} in {item!r}", f"use one of {', '.join(KINDS)}")
-        if kind in ("leave", "kill"):
+        if kind == "kill":
+            out.append(_kill(step, arg, item))
+        elif kind in ("sigcont", "restart"):
+            if arg != "all":
+                raise ConfigError("--events", f"{kind} events take 'all', got {arg!r}", f"write {step_s}:{kind}=all")
+            out.append(Event(step, kind))
+        elif kind in ("leave", "sigstop"):
             try:
                 ranks = tuple(sorted({int(r) for r in arg.split(",")}))
             except ValueError:
@@ -72,4 +99,33 @@ def parse_events(text: str | None) -> list[Event]:
         raise ConfigError("--events", "steps must be strictly increasing", "one event per step, in order")
     if any(s < 1 for s in steps):
         raise ConfigError("--events", "event steps start at 1 (after the first optimizer step)")
+    for i, ev in enumerate(out):
+        if ev.kind != "kill" or ev.phase is None:
+            continue
+        following = out[i + 1] if i + 1 < len(out) else None
+        if following is None or following.kind not in ("leave", "join", "parallel"):
+            raise ConfigError("--events", f"{ev} needs a reconfiguration to kill in",
+                              f"follow it with a leave, join or parallel event, e.g. {ev.step + 1}:join=1")
+        if ev.joiners and (following.kind != "join" or max(ev.joiners) > following.count):
+            raise ConfigError("--events", f"{ev} names joiners the next event does not add",
+                              f"follow it with {ev.step + 1}:join={max(ev.joiners)}")
     return out
+
+
+def _kill(step: int, arg: str, item: str) -> Event:
+    """``kill=R,R`` (at the step) or ``kill=R,+K@PHASE`` (during the next reconfiguration)."""
+    who, at, phase = arg.partition("@")
+    if at and phase not in PHASES:
+        raise ConfigError("--events", f"unknown phase {phase!r} in {item!r}", f"use one of {', '.join(PHASES)}")
+    ranks, joiners = set(), set()
+    try:
+        for token in who.split(","):
+            (joiners if token.startswith("+") else ranks).add(int(token))
+    except ValueError:
+        raise ConfigError("--events", f"{who!r} in {item!r} is not a list of ranks",
+                          "ranks of the current world, or +K for the next join's K-th worker") from None
+    if joiners and not at:
+        raise ConfigError("--events", f"{item!r} kills a joiner outside a reconfiguration", f"write {item}@commit")
+    if any(k < 1 for k in joiners) or any(r < 0 for r in ranks):
+        raise ConfigError("--events", f"{who!r} in {item!r}: ranks start at 0, joiners at +1")
+    return Event(step, "kill", ranks=tuple(sorted(ranks)), phase=phase or None, joiners=tuple(sorted(joiners)))

@@ -1,6 +1,6 @@
 """``liveshard worker`` that waits at chosen steps: the local driver's gate for scripted events.
 
-    python -m liveshard.dev.localrun.held_worker WORKER-ARGS --hold-at-steps 3,5,7
+    python -m liveshard.dev.localrun.held_worker WORKER-ARGS --hold-at-steps 3,5,7 [--phase-holds]
 
 Takes exactly the arguments of ``liveshard worker`` plus ``--hold-at-steps`` and runs the same
 worker (``liveshard.runtime.commands.worker.run``) with a step gate (``HeldSteps``): at the
@@ -13,6 +13,11 @@ worker has no such gate and never kills itself.
 
 The gate polls with its own store client and reconnects when the store goes away (a
 coordinator restart); after 300 s without a release it logs and trains on.
+
+With ``--phase-holds`` the worker also has a phase gate (``HeldPhases``): at every phase of a
+reconfiguration (``protocol.PHASES``) it reads ``Keys.hold_phase(id)``; when that names the
+phase, it writes ``Keys.at_phase(id)`` and waits there, for the driver to SIGKILL it at that
+exact point of the switch.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -86,12 +92,37 @@ class HeldSteps:
         return self._store
 
 
+class HeldPhases:
+    """A ``WorkerAgent`` phase gate: wait at the phase the driver names (to be killed there)."""
+
+    def __init__(self, host: str, port: int, job: str, worker_id: str, timeout: float = 120.0) -> None:
+        self.steps = HeldSteps(host, port, job, worker_id, frozenset())  # its store client
+        self.worker_id = worker_id
+        self.timeout = timeout
+        self._lock = threading.Lock()  # phases come from the main and the control thread
+
+    def __call__(self, phase: str, generation: int) -> None:
+        with self._lock:
+            end = time.monotonic() + 10.0
+            wanted: list[str | None] = []
+            if not self.steps._retry(end, lambda store: wanted.append(store.get(Keys.hold_phase(self.worker_id))) or True):
+                return
+            if wanted[-1] != phase:
+                return
+            log.warning("held at phase %s of generation %d (to be killed)", phase, generation)
+            self.steps._retry(end, lambda store: store.set(Keys.at_phase(self.worker_id), f"{phase}:{generation}") or True)
+            time.sleep(self.timeout)
+            log.warning("not killed at phase %s in %.0f s; going on", phase, self.timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m {MODULE}",
                                 description="liveshard worker, held at chosen steps until the driver releases them")
     worker_command.configure(p)
     p.add_argument("--hold-at-steps", default="",
                    help="comma-separated steps at whose boundary the worker waits for the driver")
+    p.add_argument("--phase-holds", action="store_true",
+                   help="wait at the reconfiguration phase the driver names in the store (to be killed there)")
     return p
 
 
@@ -101,9 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     host, _, port = args.coordinator.rpartition(":")
-    gate = HeldSteps(host, int(port), args.job_name, worker_command.worker_id(args), parse_steps(args.hold_at_steps))
+    wid = worker_command.worker_id(args)
+    gate = HeldSteps(host, int(port), args.job_name, wid, parse_steps(args.hold_at_steps))
+    phases = HeldPhases(host, int(port), args.job_name, wid) if args.phase_holds else None
     try:  # a pod's supervisor starts this module again per GPU, holds included
-        return int(worker_command.run(args, step_gate=gate, command=[sys.executable, "-m", MODULE, *argv]) or 0)
+        return int(worker_command.run(args, step_gate=gate, command=[sys.executable, "-m", MODULE, *argv],
+                                      phase_gate=phases) or 0)
     except ConfigError as e:
         print(f"held_worker: error: {e}", file=sys.stderr)
         return 2

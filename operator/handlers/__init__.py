@@ -1,7 +1,7 @@
 """kopf handlers, one module per concern. Importing this package registers them all.
 
-``admission`` is imported only when the operator serves its webhook (kopf refuses to run with
-admission handlers but no webhook server).
+The validating webhook is not a kopf handler: ``liveshard.operator.admission`` serves it on every
+replica, leader or not.
 """
 
 from liveshard.operator.handlers import jobs, nodes, pods, setup

@@ -22,7 +22,7 @@ from kubernetes.client.rest import ApiException
 from liveshard.operator import builders, metrics
 from liveshard.operator.conditions import set_condition
 from liveshard.operator.context import Context, NodeView
-from liveshard.operator.kube import Conflict
+from liveshard.operator.kube import Conflict, NotLeader
 from liveshard.operator.reconcile import Decision, reconcile
 from liveshard.runtime.contract.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
@@ -51,6 +51,8 @@ async def job_loop(stopped: kopf.DaemonStopped, namespace: str, name: str, memo:
                                                               logger, ensure_children=not children_ensured)
             except Conflict:
                 delay = 0.0  # someone wrote the job meanwhile: read it again
+            except NotLeader:
+                delay = ERROR_BACKOFF  # the lease is lost and the operator is stopping: write nothing
             except Exception as e:
                 metrics.RECONCILE_ERRORS.labels(type(e).__name__).inc()
                 logger.exception(f"reconcile of {namespace}/{name} failed: {e}")
@@ -86,8 +88,9 @@ async def reconcile_job(ctx: Context, namespace: str, name: str, pods_by_job: ko
     now = datetime.now(UTC)
     # Planning a large model (a cost-model search, a transition plan for the rank order) takes
     # seconds of CPU: in a thread, so other jobs' loops and kopf's watches go on meanwhile.
+    policy = ctx.options.policy
     decision = await asyncio.to_thread(reconcile, job, pods, nodes, now, node_labels=labels,
-                                       scale_up_checked=ctx.scale_up_checked.get((namespace, name)))
+                                       scale_up_checked=ctx.scale_up_checked.get((namespace, name)), policy=policy)
     if decision.scale_up_key is not None:
         ctx.scale_up_checked[(namespace, name)] = decision.scale_up_key
 
@@ -95,7 +98,7 @@ async def reconcile_job(ctx: Context, namespace: str, name: str, pods_by_job: ko
     refused: list[str] = []  # children the API server refused (invalid, forbidden): in the status
     if decision.spec is not None:
         if ensure_children:
-            for child in builders.job_children(job, decision.spec, secrets.token_hex(32)):
+            for child in builders.job_children(job, decision.spec, secrets.token_hex(32), policy.egress):
                 await _create(ctx, child, refused)
             ensured = not refused
         if decision.create_coordinator:

@@ -34,10 +34,6 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "liveshard-operator"
     settings.execution.max_workers = 8
-    if options.webhook_port:
-        settings.admission.server = kopf.WebhookServer(addr="0.0.0.0", port=options.webhook_port,
-                                                       host=options.webhook_host)
-        settings.admission.managed = f"{GROUP}.validation"
 
 
 @kopf.on.login()

@@ -11,6 +11,12 @@ A broken world cannot agree that a save is complete: its save in flight is dropp
 
 A stop saves in the foreground (complete on return). How a checkpoint is written and loaded is
 ``checkpoint.py``.
+
+A save that fails (a full disk, an I/O error: megatron raises the same ``CheckpointException``
+on every rank at finalize) costs that checkpoint, not the run: training goes on, the next save
+is due a full interval later, and rank 0 reports it (``checkpoint/failed``: the coordinator's
+status, the job's ``CheckpointFailing`` condition). A directory that cannot be used at all is
+reported at start (``checkpoint/unavailable``: ``CheckpointUnavailable``).
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ class SafetyCheckpoints:
         self.last_save = time.monotonic()
         self._saves: Any = None  # megatron AsyncCallsQueue of this world's background saves
         self._save_started_at = 0  # step at which the save in flight started
+        self.failed_saves = 0
 
     def check_dir(self) -> None:
         """An unusable checkpoint directory turns safety checkpoints off (and a stop is refused)."""
@@ -92,6 +99,9 @@ class SafetyCheckpoints:
             log.error("checkpoint directory %s is unusable (%s): no safety checkpoints, and a stop will be "
                       "refused; mount a shared writable volume there (spec.checkpoint)", d, e)
             self.options.checkpoint_dir = None
+            with contextlib.suppress(Exception):  # reported where the job's status can show it
+                self.clients.store.set_json(Keys.CHECKPOINT_UNAVAILABLE, {"path": d, "error": str(e),
+                                                                          "time": time.time()})
 
     def due(self, step: int) -> bool:
         """Whether this rank's safety checkpoint is due after ``step``."""
@@ -155,7 +165,28 @@ class SafetyCheckpoints:
             return
         steps = self.options.checkpoint_finalize_steps
         due = bool(steps) and step is not None and step - self._save_started_at >= steps
-        self._saves.maybe_finalize_async_calls(blocking=wait or due)
+        try:
+            self._saves.maybe_finalize_async_calls(blocking=wait or due)
+        except Exception as e:
+            from liveshard.runtime.agent.training import is_comm_failure
+
+            if is_comm_failure(e):
+                raise  # a peer is gone: the world is broken, not the disk
+            self.failed(self._save_started_at, e)
+
+    def failed(self, step: int, error: BaseException) -> None:
+        """A save failed on every rank (megatron raised at finalize, or the save did not start):
+        training goes on without it; rank 0 reports it."""
+        self.failed_saves += 1
+        self.postpone()
+        log.error("checkpoint of step %d failed (training goes on; the next one is due a full interval "
+                  "later): %s", step, error)
+        self.state.events.append({"kind": "checkpoint_failed", "step": step, "error": str(error)[:500],
+                                  "time": time.time()})
+        if self.state.rank == 0:
+            with contextlib.suppress(Exception):
+                self.clients.store.set_json(Keys.CHECKPOINT_FAILED, {"step": step, "error": str(error)[:500],
+                                                                     "count": self.failed_saves, "time": time.time()})
 
     def abandon(self) -> None:
         """A broken world cannot agree that a save is complete: it never becomes the newest."""

@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -58,19 +59,25 @@ class StoreClients:
         return self._stores["control" if threading.current_thread() is self.control_thread else "main"]
 
 
-def member_info(**extra: Any) -> dict:
+def new_incarnation() -> str:
+    """A name for this process's life as a member: a worker id (a pod, a GPU) can come back
+    as a new process, or as this one after the job went on without it; either is a new member."""
+    return uuid.uuid4().hex[:16]
+
+
+def member_info(incarnation: str, **extra: Any) -> dict:
     """What a worker announces about itself; the coordinator's planner reads ``node``."""
     return {"host": socket.gethostname(), "node": os.environ.get("LIVESHARD_NODE_NAME") or socket.gethostname(),
-            "pid": os.getpid(), "time": time.time(), **extra}
+            "pid": os.getpid(), "incarnation": incarnation, "time": time.time(), **extra}
 
 
-def register(clients: StoreClients, worker_id: str, timeout: float = 300.0) -> None:
+def register(clients: StoreClients, worker_id: str, incarnation: str, timeout: float = 300.0) -> None:
     """Announce this worker; if the coordinator restarted meanwhile (its store with it),
     connect to the new one and announce there."""
     end = time.monotonic() + timeout
     while True:
         try:
-            clients.store.register_member(worker_id, member_info())
+            clients.store.register_member(worker_id, member_info(incarnation))
             return
         except Exception as e:
             if time.monotonic() > end:
@@ -82,14 +89,15 @@ def register(clients: StoreClients, worker_id: str, timeout: float = 300.0) -> N
 
 
 def reannounce(clients: StoreClients, worker_id: str, state: WorkerState,
-               last_checkpoint: Callable[[], dict | None]) -> bool:
-    """Connect to a restarted coordinator and announce the world this worker trains in (and the
-    newest checkpoint it saved); False if the coordinator is not back yet."""
+               last_checkpoint: Callable[[], dict | None], latest_seen: int = -1) -> bool:
+    """Connect to a restarted coordinator and announce the world this worker trains in, the
+    newest plan generation it has seen (the new coordinator numbers its plans above it) and
+    the newest checkpoint it saved; False if the coordinator is not back yet."""
     try:
         stores = clients.connect(timeout=5.0)
     except Exception:
         return False
-    info = member_info(reconnected=True)
+    info = member_info(state.incarnation, reconnected=True, latest_seen=latest_seen)
     if state.plan is not None:
         info["plan"] = state.plan.to_json()
     checkpoint = last_checkpoint()
@@ -113,6 +121,7 @@ def heartbeat_payload(now: float, state: WorkerState, trainer: Any) -> dict:
         "step_seconds": t.last_step_seconds if t else None,
         "loss": t.last_loss if t else None,
         "pid": os.getpid(),
+        "incarnation": state.incarnation,
     }
     health = telemetry.gpu_health()
     if health:

@@ -56,6 +56,7 @@ class ControlThread:
         self.heartbeat = heartbeat
         self.latest_seen = -1  # newest plan generation this worker has seen
         self.stop_requested = False  # the job asked every worker to finish
+        self.excluded: int | None = None  # the plan that declared this worker dead, once seen
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"control-{worker_id}", daemon=True)
 
@@ -98,6 +99,12 @@ class ControlThread:
             self.latest_seen = latest
         if latest > handled:  # read a plan until it is acted on, not on every poll after
             plan = store.plan(latest)
+            if plan is not None and self.id in plan.dead and self.state.generation is not None \
+                    and plan.previous is not None and plan.previous >= self.state.generation:
+                # the job went on without this process (it was silent: stopped, cut off): its
+                # state is stale. It comes back as a new process would (WorkerAgent.rejoin).
+                self.excluded = plan.generation
+                return latest
             if plan is not None:
                 current = self.state.generation if self.state.generation is not None else -1
                 if self.preparations.known(latest) or latest <= current:
@@ -109,8 +116,11 @@ class ControlThread:
 
     def _reconnect(self) -> bool:
         """Connect to a restarted coordinator and announce the world this worker trains in."""
-        if not reannounce(self.clients, self.id, self.state, lambda: self.checkpoints.last):
+        if not reannounce(self.clients, self.id, self.state, lambda: self.checkpoints.last, self.latest_seen):
             return False
+        # Plans of the old store that never took effect here are gone with it: a restarted
+        # coordinator numbers its plans above every generation announced to it, never reusing one.
+        self.preparations.drop_after(self.state.generation)
         self.heartbeat(time.time())
         self.latest_seen = max(self.latest_seen, self.state.generation or 0)
         log.warning("reconnected to the coordinator; announced generation %s", self.state.generation)

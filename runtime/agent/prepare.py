@@ -112,6 +112,14 @@ class Preparations:
             time.sleep(0.005)
         return None
 
+    def drop_after(self, gen: int | None) -> None:
+        """Forget every generation above ``gen`` (all, for None): plans of a store that is gone."""
+        with self._lock:
+            for g in [g for g in self._ready if gen is None or g > gen]:
+                del self._ready[g]
+            for g in [g for g in self._failed if gen is None or g > gen]:
+                del self._failed[g]
+
     def drop_through(self, gen: int) -> None:
         """A world of generation ``gen`` was adopted: what was prepared for it or older ones
         (groups, buffers) goes."""
@@ -135,7 +143,8 @@ class Preparer:
     """Prepares plans for one worker (called from the control thread)."""
 
     def __init__(self, worker_id: str, spec: ModelSpec, options: WorkerOptions, device: torch.device,
-                 clients: StoreClients, preparations: Preparations, heartbeat: Callable[[float], None]) -> None:
+                 clients: StoreClients, preparations: Preparations, heartbeat: Callable[[float], None],
+                 at_phase: Callable[[str, int], None] = lambda phase, gen: None) -> None:
         self.id = worker_id
         self.spec = spec
         self.options = options
@@ -143,6 +152,7 @@ class Preparer:
         self.clients = clients
         self.preparations = preparations
         self.heartbeat = heartbeat
+        self.at_phase = at_phase
 
     def prepare(self, plan: WorldPlan) -> None:
         """Background: transition plan, checksum agreement, transition group."""
@@ -165,6 +175,7 @@ class Preparer:
     def _prepare_live(self, plan: WorldPlan, old: WorldPlan, start: float) -> Prepared:
         transition = plan_for(self.spec, old, plan)
         members = transition_members(old, plan)
+        self.at_phase("prepare", plan.generation)
         self._agree(plan.generation, members, transition.checksum)
         group_rank = members.index(self.id)
         group = worlds.build_transition_group(self.clients.store.store, Keys.transfer_prefix(plan.generation),
@@ -177,19 +188,22 @@ class Preparer:
         """Publish our transition plan's checksum and check every member's against it."""
         self.clients.store.set(Keys.prepared(gen, self.id), checksum)
         for m in members:
-            other = self._wait_heartbeating(Keys.prepared(gen, m), timeout=120.0)
+            other = self._wait_heartbeating(Keys.prepared(gen, m), timeout=120.0, gen=gen)
             if other is None:
-                raise RuntimeError(f"member {m} did not prepare generation {gen}")
+                decided = self.clients.store.get(Keys.decision(gen))
+                raise RuntimeError(f"member {m} did not prepare generation {gen}"
+                                   + (f" ({decided})" if decided else ""))
             if other != checksum:
                 raise RuntimeError(f"transition plan checksum of {m} differs from ours")
 
-    def _wait_heartbeating(self, key: str, timeout: float) -> str | None:
+    def _wait_heartbeating(self, key: str, timeout: float, gen: int) -> str | None:
         """Wait for a store key from the control thread, heartbeating meanwhile (a member
-        waiting for a slow peer must not look dead to the coordinator)."""
+        waiting for a slow peer must not look dead to the coordinator); None at once when
+        generation ``gen`` is decided meanwhile (the coordinator aborted it: a member died)."""
         end = time.monotonic() + timeout
         while True:
             value = self.clients.store.wait_for(key, timeout=0.25)
-            if value is not None or time.monotonic() > end:
+            if value is not None or time.monotonic() > end or self.clients.store.has(Keys.decision(gen)):
                 return value
             self.heartbeat(time.time())
 

@@ -9,11 +9,18 @@ broken world), where it starts the first world, or follows the old world's switc
 
 1. **transfer**: every member moves its part of the state over the transition group
    (``transition.execute_transition``) into new tensors; the old model is never written;
-2. **commit vote**: one MIN all-reduce over the transition group;
-3. **commit** (all ok): the old world is torn down (its gradient buffers kept for the new
-   model), the new training world built in this process, the received state, progress and RNG
-   loaded; a leaver exits, a standby waits. **Abort** (any failure): the old world keeps
-   training on its untouched state and the coordinator aborts the generation.
+2. **commit vote**: one MIN all-reduce over the transition group; a no leaves the old world
+   training on its untouched state (the coordinator aborts the generation);
+3. **build**: the old world's process groups go (the new world needs the default group) but
+   its model and optimizer stay in this process; the new members meet on the store, build the
+   new training world and load the received state, progress and RNG;
+4. **commit point** (``Keys.decision``): the last new member to be ready writes "committed";
+   a member that failed, a waiter out of time or the coordinator (on a death) writes
+   "aborted" instead, whichever comes first (compare-and-set in the store: every process reads
+   the same answer). Committed: the old state is freed, a leaver exits, a standby waits.
+   Aborted: what was built goes and every survivor holds the old world's state again, as a
+   broken world: the coordinator's recovery moves it from there. No process ever frees state
+   the job may still need.
 
 A plan with no live state (``through_checkpoint``): a stop saves a checkpoint (all must succeed,
 or the stop is refused) and leaves every worker waiting; a restore builds the new world from
@@ -36,7 +43,7 @@ import torch.distributed as dist
 from liveshard.runtime.agent import world as worlds
 from liveshard.runtime.agent.state import capture_rng, load_state, restore_rng, state_tensors
 from liveshard.runtime.agent.transition import TransitionResult, execute_transition
-from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.contract.keys import COMMITTED, Keys
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan
 from liveshard.runtime.parallel import ParallelConfig
 
@@ -54,6 +61,8 @@ def wait_for_plan(agent: WorkerAgent) -> bool:
     if agent.state.phase != "broken":
         agent.state.phase = "waiting"
     while not agent.stopping():
+        if agent.control.excluded is not None:
+            return True  # the run loop makes this worker a new member (WorkerAgent.rejoin)
         prep = agent.preparations.newest_after(agent.state.generation)
         if prep is None:
             time.sleep(0.02)
@@ -134,6 +143,7 @@ def switch(agent: WorkerAgent, prep: Prepared, switch_step: int) -> None:
         return
     phases: dict[str, float] = {"prepare": prep.seconds}
     t_stop = time.perf_counter()
+    agent.at_phase("transfer", plan.generation)
     ok, error, result = _transfer(agent, prep)
     phases["transfer"] = time.perf_counter() - t_stop
     try:
@@ -166,49 +176,134 @@ def _transfer(agent: WorkerAgent, prep: Prepared) -> tuple[bool, str, Transition
 
 def _commit(agent: WorkerAgent, prep: Prepared, switch_step: int, result: TransitionResult,
             phases: dict[str, float], t_stop: float) -> None:
-    """Tear down the old world, build the new one here, load what we received."""
+    """After a yes vote: build the new world beside the old state, then pass the commit point."""
     plan = prep.plan
+    gen = plan.generation
     t_commit = time.perf_counter()
     spare: list[torch.Tensor] = [prep.grad_buffer] if prep.grad_buffer is not None else []
     if agent.trainer is not None:
         from liveshard.runtime.megatron.build import gradient_buffers
 
         spare += gradient_buffers(agent.built)  # the new model's gradients reuse this memory
-    agent.teardown()
+    old = agent.retire()  # the old world's state, kept until the decision
+    agent.state.phase = "committing"
+    agent.at_phase("commit", gen)
+    error = ""
+    if agent.id in plan.members:
+        try:
+            _build_new_world(agent, prep, result, spare)
+        except Exception as e:
+            error = f"commit: {type(e).__name__}: {e}"
+            log.error("building the world of generation %d failed: %s", gen, traceback.format_exc())
+        spare = []
+        if not error:
+            agent.at_phase("built", gen)
+    decision = _decide(agent, plan, error)
+    if decision == COMMITTED and error:
+        # cannot happen unless the store was tampered with: never train on a world not built
+        raise RuntimeError(f"generation {gen} committed although this member failed: {error}")
+    if decision != COMMITTED:
+        agent.reinstate(old)
+        phases["downtime"] = time.perf_counter() - t_stop
+        log.warning("generation %d did not commit (%s): %s", gen, decision,
+                    "holding the old world's state for the recovery" if old else "waiting")
+        agent.report(gen, MemberResult(ok=False, error=error or decision, phases=phases, step=switch_step))
+        agent.preparations.abort(gen, decision)
+        return
+    del old  # the new world is the job's now: the old state goes
+    agent.at_phase("committed", gen)
     stats = result.stats
     if agent.id not in plan.members:
         phases["commit"] = time.perf_counter() - t_commit
-        agent.report(plan.generation, MemberResult(ok=True, phases=phases, step=switch_step,
-                                                   bytes_sent=stats.bytes_sent))
+        agent.report(gen, MemberResult(ok=True, phases=phases, step=switch_step, bytes_sent=stats.bytes_sent))
         agent.adopt(plan, None)
         if agent.id not in plan.standbys:
             agent.state.phase = "left"
         return
+    agent.adopt(plan, plan.members.index(agent.id))
+    phases["commit"] = time.perf_counter() - t_commit
+    phases["downtime"] = time.perf_counter() - t_stop
+    agent.reporter.reconfiguration(switch_step, gen, phases["downtime"],
+                                   prep.old.config if prep.old else "", plan.config)
+    agent.report(gen, MemberResult(ok=True, phases=phases, step=switch_step,
+                                   bytes_received=stats.bytes_received, bytes_sent=stats.bytes_sent))
+    agent.state.events.append({"kind": "switch", "generation": gen, "step": switch_step,
+                               "phases": phases, "time": time.time()})
+
+
+def _build_new_world(agent: WorkerAgent, prep: Prepared, result: TransitionResult,
+                     spare: list[torch.Tensor]) -> None:
+    """A new member: meet the others, build the training world and the model, load what was received."""
+    plan = prep.plan
     cfg = ParallelConfig.parse(plan.config)
     rank = plan.members.index(agent.id)
     t0 = time.perf_counter()
+    _arrive(agent, plan)
+    t1 = time.perf_counter()
     worlds.init_training_world(agent.store.store, Keys.world_prefix(plan.generation), rank,
                                cfg.world_size, agent.options.collective_timeout)
-    t1 = time.perf_counter()
-    agent.build(cfg, initialize=False, spare_buffers=spare)
-    spare = []
     t2 = time.perf_counter()
+    agent.build(cfg, initialize=False, spare_buffers=spare)
+    spare.clear()
+    t3 = time.perf_counter()
     objs = result.objects
     load_state(agent.built, result.tensors, step=int(objs["step"]))
-    log.info("commit %d: teardown %.3fs, world %.3fs, build %.3fs, load %.3fs", plan.generation,
-             t0 - t_commit, t1 - t0, t2 - t1, time.perf_counter() - t2)
     agent.trainer.restore_progress({"step": objs["step"], "consumed_samples": objs["data_cursor"],
                                     "scheduler": objs["scheduler"], **objs["loss_scaler"]})
     restore_rng(objs["rng"])
-    agent.adopt(plan, rank)
-    phases["commit"] = time.perf_counter() - t_commit
-    phases["downtime"] = time.perf_counter() - t_stop
-    agent.reporter.reconfiguration(switch_step, plan.generation, phases["downtime"],
-                                   prep.old.config if prep.old else "", plan.config)
-    agent.report(plan.generation, MemberResult(ok=True, phases=phases, step=switch_step,
-                                               bytes_received=stats.bytes_received, bytes_sent=stats.bytes_sent))
-    agent.state.events.append({"kind": "switch", "generation": plan.generation, "step": switch_step,
-                               "phases": phases, "time": time.time()})
+    log.info("commit %d: meet %.3fs, world %.3fs, build %.3fs, load %.3fs", plan.generation,
+             t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
+
+
+def _arrive(agent: WorkerAgent, plan: WorldPlan) -> None:
+    """Wait until every new member is here to build the world (a counter in the store), or the
+    generation is decided against (a member died: the coordinator wrote the decision), rather
+    than in the world's rendezvous, which only gives up after the collective timeout."""
+    gen, store = plan.generation, agent.store
+    store.store.add(Keys.arrived(gen), 1)
+    end = time.monotonic() + agent.options.commit_timeout
+    while store.store.add(Keys.arrived(gen), 0) < len(plan.members):
+        decision = store.get(Keys.decision(gen))
+        if decision is not None:
+            raise RuntimeError(f"generation {gen} was decided while members were arriving: {decision}")
+        if time.monotonic() > end:
+            raise RuntimeError(f"not every member arrived in {agent.options.commit_timeout:.0f} s")
+        time.sleep(0.005)
+
+
+def _decide(agent: WorkerAgent, plan: WorldPlan, error: str) -> str:
+    """This process's vote at the commit point, then the generation's decision (the same for
+    every process: the first value written to ``Keys.decision`` stands)."""
+    gen, key = plan.generation, Keys.decision(plan.generation)
+    try:
+        store = agent.store
+        if agent.id in plan.members:
+            if error:
+                store.decide(key, f"aborted: {agent.id}: {error}")
+            else:
+                # Authenticated ready keys, one per member: whoever sets the last one sees all of
+                # them (each sets its own, then looks) and writes the commit.
+                store.set(Keys.ready(gen, agent.id), "1")
+                keys = [Keys.ready(gen, m) for m in plan.members]
+                if store.store.check(keys) and all(store.get(k) == "1" for k in keys):
+                    store.decide(key, COMMITTED)
+    except Exception as e:  # the store is going away with its coordinator: wait below
+        log.warning("generation %d: writing the commit vote failed: %s", gen, e)
+    end = time.monotonic() + agent.options.commit_timeout
+    while True:
+        try:
+            decision = agent.store.get(key)
+            if decision is not None:
+                return decision
+            if time.monotonic() > end:
+                return agent.store.decide(key, f"aborted: no decision in {agent.options.commit_timeout:.0f} s") \
+                    or "aborted: the decision is not authentic"
+        except Exception as e:  # a coordinator restart: the control thread connects a new client
+            if time.monotonic() > end:
+                # Not knowing whether the others committed, this process must not guess: it
+                # leaves, and the job recovers without it from whichever world is the job's.
+                raise RuntimeError(f"generation {gen}: the commit point cannot be read ({e})") from e
+        time.sleep(0.005)
 
 
 def _progress_objects(trainer: Any) -> dict:

@@ -44,6 +44,10 @@ log = logging.getLogger("liveshard.worker")
 # True when it held the worker: the newest plan generation is then read again from the store.
 StepGate = Callable[[int], bool]
 
+# Called when the worker reaches a phase of a reconfiguration (``protocol.PHASES``), with the
+# phase and the plan's generation (dev tooling holds a worker there to kill it at that point).
+PhaseGate = Callable[[str, int], None]
+
 
 def warm_up(device: torch.device) -> float:
     """Pay the one-off costs (imports, megatron's CPU/GPU set-up) before joining the job, so a
@@ -169,8 +173,7 @@ class StepBoundary:
         except Exception as e:
             if is_comm_failure(e):
                 raise
-            log.error("safety checkpoint at step %d failed (training goes on): %s", trainer.step_count, e)
-            self.checkpoints.postpone()
+            self.checkpoints.failed(trainer.step_count, e)
 
     def _next_plan(self, latest: int) -> WorldPlan | None:
         """The plan of generation ``latest`` if it follows this world, else None."""

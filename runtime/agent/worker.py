@@ -52,6 +52,7 @@ from liveshard.runtime.agent.checkpoint_schedule import SafetyCheckpoints
 from liveshard.runtime.agent.connection import (
     StoreClients,
     heartbeat_payload,
+    new_incarnation,
     register,
     report_result,
     send_heartbeat,
@@ -61,7 +62,7 @@ from liveshard.runtime.agent.prepare import Preparations, Prepared, Preparer
 from liveshard.runtime.agent.reporting import StepReporter
 from liveshard.runtime.agent.state import logical_checksums, state_tensors
 from liveshard.runtime.agent.trainer import Trainer, optimizer_options
-from liveshard.runtime.agent.training import StepBoundary, StepGate
+from liveshard.runtime.agent.training import PhaseGate, StepBoundary, StepGate
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.contract.training import TrainingSpec
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan
@@ -100,6 +101,9 @@ class WorkerOptions:
     # rank waits for it to be complete (0: finalize whenever it is done, checked at each step).
     checkpoint_finalize_steps: int = 0
     checkpoint_keep: int = 3  # complete checkpoints kept in checkpoint_dir (0: all)
+    # Seconds a member waits at the commit point for the others to build the new world (a death
+    # is decided sooner, by the coordinator).
+    commit_timeout: float = 120.0
 
 
 @dataclass
@@ -122,6 +126,16 @@ class StepRecord:
 
 
 @dataclass
+class Retired:
+    """An old world's state between the commit vote and the commit point: its model and
+    optimizer (their process groups are gone) and the RNG states of this process."""
+
+    built: Any
+    trainer: Trainer
+    rng: dict
+
+
+@dataclass
 class WorkerState:
     generation: int | None = None
     plan: WorldPlan | None = None
@@ -132,6 +146,7 @@ class WorkerState:
     ready: list[dict] = field(default_factory=list)  # when each generation's world could train
     evals: list[dict] = field(default_factory=list)  # validation runs: step, loss, perplexity
     final_checkpoint: str | None = None  # saved at trainIters
+    incarnation: str = field(default_factory=new_incarnation)  # this process's life as a member
 
     def record_step(self, trainer: Any, world_size: int, loss: float | None) -> None:
         """Record the step ``trainer`` has just done (its loss: None where unknown)."""
@@ -145,13 +160,15 @@ class WorkerState:
 
 class WorkerAgent:
     """One training rank: its current world (``built``, ``trainer``, ``state``) and the
-    collaborators that move it between worlds. ``step_gate``: called at every step boundary
-    before the agreement (``training.StepGate``; None in production, dev tooling holds
+    collaborators that move it between worlds. ``step_gate`` and ``phase_gate``: called at
+    every step boundary before the agreement and at every phase of a reconfiguration
+    (``training.StepGate``, ``training.PhaseGate``; None in production, dev tooling holds
     workers there)."""
 
     def __init__(self, worker_id: str, host: str, port: int, spec: ModelSpec,
                  training: TrainingSpec, options: WorkerOptions | None = None,
-                 job: str = "job", step_gate: StepGate | None = None) -> None:
+                 job: str = "job", step_gate: StepGate | None = None,
+                 phase_gate: PhaseGate | None = None) -> None:
         self.id = worker_id
         self.spec = spec
         self.training = training
@@ -163,10 +180,11 @@ class WorkerAgent:
         self.built: Any = None
         self.trainer: Trainer | None = None
         self.preparations = Preparations()
+        self.phase_gate = phase_gate
         self.checkpoints = SafetyCheckpoints(self.options, self.state, self.clients)
         self._device = worlds.device()  # fixed in the main thread (CUDA's current device is per thread)
         preparer = Preparer(worker_id, spec, self.options, self._device, self.clients, self.preparations,
-                            self.heartbeat)
+                            self.heartbeat, self.at_phase)
         self.control = ControlThread(worker_id, self.options, self.clients, self.state, self.preparations,
                                      self.checkpoints, preparer.prepare, self.heartbeat)
         self.clients.control_thread = self.control.thread
@@ -214,12 +232,15 @@ class WorkerAgent:
     def run(self) -> WorkerState:
         self.checkpoints.check_dir()  # first: the dataset cache lives under it when it is usable
         self.state.events.append({"kind": "bootstrap", "seconds": self.bootstrap(), "time": time.time()})
-        register(self.clients, self.id)
+        register(self.clients, self.id, self.state.incarnation)
         self.control.start()
         try:
             while not self.stopping():
                 if self.state.phase == "left":
                     break
+                if self.control.excluded is not None:
+                    self.rejoin()
+                    continue
                 if self.trainer is None or self.state.phase == "broken":
                     if not switching.wait_for_plan(self):
                         break
@@ -325,17 +346,59 @@ class WorkerAgent:
         self.state.rank = rank
         self.state.phase = "training" if rank is not None else "standby"
 
+    def rejoin(self) -> None:
+        """The job went on without this process (a plan declared it dead): drop its stale
+        world and come back as a new member, which the next plan can admit as a joiner."""
+        gen = self.control.excluded
+        self.teardown()
+        self.preparations.drop_after(None)
+        self.state.generation, self.state.plan, self.state.rank = None, None, None
+        self.state.incarnation = new_incarnation()
+        self.state.phase = "waiting"
+        self.state.events.append({"kind": "rejoined", "excluded_by": gen, "time": time.time()})
+        log.warning("generation %s went on without this worker: rejoining as a new member (%s)",
+                    gen, self.state.incarnation)
+        register(self.clients, self.id, self.state.incarnation)
+        self.control.excluded = None
+        self.heartbeat(time.time())
+
+    def at_phase(self, phase: str, generation: int) -> None:
+        if self.phase_gate is not None:
+            self.phase_gate(phase, generation)
+
     def teardown(self) -> None:
         """Drop the model and the training world (a broken world's communicators included)."""
+        self.retire()
+
+    def retire(self) -> Retired | None:
+        """Tear the training world down (megatron's groups, the default group) and hand its
+        state over to the caller instead of freeing it (None: no world)."""
         self.checkpoints.abandon()  # finalized before any orderly switch; only a broken world has one left
         if self.trainer is None:
-            return
+            return None
+        from liveshard.runtime.agent.state import capture_rng
         from liveshard.runtime.megatron.build import destroy
 
+        kept = Retired(self.built, self.trainer, capture_rng())
         self.trainer = None
         self.built = None
         destroy()
         worlds.destroy_training_world()
+        return kept
+
+    def reinstate(self, kept: Retired | None) -> None:
+        """A generation did not commit: drop what was built of it and hold ``kept`` again, as a
+        broken world (its groups are gone) whose state the coordinator's recovery moves. With
+        nothing kept (a joiner, a standby), wait for the next plan."""
+        self.teardown()
+        if kept is None:
+            self.state.phase = "waiting"
+            return
+        from liveshard.runtime.agent.state import restore_rng
+
+        self.built, self.trainer = kept.built, kept.trainer
+        restore_rng(kept.rng)
+        self.state.phase = "broken"
 
     # ---- results -----------------------------------------------------------------------------
     def final_checksums(self) -> dict[str, int]:

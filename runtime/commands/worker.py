@@ -73,8 +73,8 @@ def worker_id(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None,
-        command: list[str] | None = None) -> int:
-    """``step_gate``: see ``WorkerAgent`` (dev tooling only); ``command``: what a pod's
+        command: list[str] | None = None, phase_gate: Callable[[str, int], None] | None = None) -> int:
+    """``step_gate``, ``phase_gate``: see ``WorkerAgent`` (dev tooling only); ``command``: what a pod's
     supervisor starts once per GPU (default: this ``liveshard worker`` command line)."""
     from liveshard.runtime.agent import local_workers as lw
     from liveshard.runtime.errors import ConfigError
@@ -115,7 +115,8 @@ def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None
                             checkpoint_interval=60.0 * args.checkpoint_interval_minutes,
                             checkpoint_finalize_steps=args.checkpoint_finalize_steps,
                             checkpoint_keep=args.checkpoint_keep)
-    agent = WorkerAgent(wid, host, int(port), spec, training, options, job=args.job_name, step_gate=step_gate)
+    agent = WorkerAgent(wid, host, int(port), spec, training, options, job=args.job_name, step_gate=step_gate,
+                        phase_gate=phase_gate)
     state = agent.run()
     if result:
         out = {

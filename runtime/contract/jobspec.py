@@ -44,6 +44,14 @@ class Elasticity:
     scale_up_cooldown_seconds: float
     reconfiguration_timeout_seconds: float
     debounce_seconds: float = 5.0  # withdrawable signals count only after holding this long
+    max_pod_failures: int | None = None  # failed worker pods the job survives; None: no limit
+
+
+@dataclass(frozen=True)
+class Network:
+    # NetworkPolicy egress rules (networking.k8s.io/v1 NetworkPolicyEgressRule) added to the
+    # workers' policy, e.g. object storage or a model hub the training data comes from
+    extra_egress: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class JobSpec:
     parallelism: Parallelism
     elasticity: Elasticity
     training: TrainingSpec
+    network: Network = field(default_factory=Network)
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -162,9 +171,35 @@ def read_spec(spec: dict[str, Any]) -> JobSpec:
         reconfiguration_timeout_seconds=float(_int(e, "reconfigurationTimeoutSeconds",
                                                    "spec.elasticity", 300)),
         debounce_seconds=float(_int(e, "debounceSeconds", "spec.elasticity", 5, 0)),
+        max_pod_failures=_int(e, "maxPodFailures", "spec.elasticity", None, 0),
     )
     return JobSpec(model=model, image=image, workers=workers, parallelism=par, elasticity=elastic, training=training,
-                   raw=spec)
+                   network=read_network(spec.get("network")), raw=spec)
+
+
+EGRESS_RULE_KEYS = frozenset({"to", "ports"})  # the fields of a NetworkPolicyEgressRule
+
+
+def read_network(section: Any) -> Network:
+    """``spec.network``: extra egress rules, each a NetworkPolicyEgressRule (``to``, ``ports``)."""
+    if section is None:
+        return Network()
+    if not isinstance(section, dict):
+        raise ConfigError("spec.network", f"must be a mapping, got {section!r}")
+    rules = section.get("extraEgress") or []
+    if not isinstance(rules, list):
+        raise ConfigError("spec.network.extraEgress", f"must be a list of egress rules, got {rules!r}",
+                          "write e.g. [{to: [{ipBlock: {cidr: 10.0.0.0/8}}], ports: [{port: 443, protocol: TCP}]}]")
+    for i, rule in enumerate(rules):
+        unknown = sorted(set(rule) - EGRESS_RULE_KEYS) if isinstance(rule, dict) else None
+        if unknown is None or unknown:
+            what = f"unknown field {unknown[0]!r}" if unknown else f"{rule!r} is not a mapping"
+            raise ConfigError(f"spec.network.extraEgress[{i}]", what,
+                              "an egress rule has only 'to' (peers) and 'ports', as in a NetworkPolicy")
+        for key in EGRESS_RULE_KEYS & set(rule):
+            if not isinstance(rule[key], list):
+                raise ConfigError(f"spec.network.extraEgress[{i}].{key}", f"must be a list, got {rule[key]!r}")
+    return Network(extra_egress=tuple(rules))
 
 
 def validate_spec(spec: dict[str, Any]) -> str | None:

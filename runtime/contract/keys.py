@@ -13,6 +13,12 @@ prefix (``liveshard/<job>/``, see ``control.store.JobStore``).
     gen/<N>/prepared/<id>        the member's transition-plan checksum (it has prepared N)
     gen/<N>/switch               the step boundary at which the old world switched to N
     gen/<N>/result/<id>          the member's outcome and phase timings (MemberResult)
+    gen/<N>/arrived              counter: new members about to build the new world
+    gen/<N>/ready/<id>           the new member's world is built and loaded
+    gen/<N>/decision             the commit point of a live transition: "committed" (written
+                                 by the last ready member) or "aborted: <why>" (a failed
+                                 member, a waiter out of time, or the coordinator on a death);
+                                 first writer wins (compare-and-set), never rewritten
     gen/<N>/outcome              "committed" or "aborted: <why>" (written by the coordinator)
     world/<N>/...                c10d keys of the training world of generation N
     xfer/<N>/...                 c10d keys of the transition group (old members + new members)
@@ -20,8 +26,12 @@ prefix (``liveshard/<job>/``, see ``control.store.JobStore``).
     coordinator/status           the coordinator's last status report (JSON)
     control/stop                 ask every worker to finish (local driver)
     checkpoint/latest            the newest complete checkpoint: path, step, config (rank 0)
+    checkpoint/failed            the last failed save: step, error, time, count (rank 0)
+    checkpoint/unavailable       why a worker cannot use the checkpoint directory (path, error)
     dev/release/<step>           dev tooling: a held worker may pass step <step>
     dev/held/<step>/<id>         dev tooling: worker <id> is held at step <step>
+    dev/phase/<id>               dev tooling: the reconfiguration phase to hold worker <id> at
+    dev/at-phase/<id>            dev tooling: worker <id> is held at that phase
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ class Keys:
     LATEST = "plan/latest"
     STOP = "control/stop"
     CHECKPOINT = "checkpoint/latest"
+    CHECKPOINT_FAILED = "checkpoint/failed"
+    CHECKPOINT_UNAVAILABLE = "checkpoint/unavailable"
     FINISHED = "control/finished"  # rank 0 at trainIters: step, final checkpoint (JSON)
     MEMBER_COUNT = "members/count"
     REQUEST_COUNT = "request/count"
@@ -69,6 +81,18 @@ class Keys:
         return f"gen/{gen}/result/{worker}"
 
     @staticmethod
+    def arrived(gen: int) -> str:
+        return f"gen/{gen}/arrived"
+
+    @staticmethod
+    def ready(gen: int, worker: str) -> str:
+        return f"gen/{gen}/ready/{worker}"
+
+    @staticmethod
+    def decision(gen: int) -> str:
+        return f"gen/{gen}/decision"
+
+    @staticmethod
     def outcome(gen: int) -> str:
         return f"gen/{gen}/outcome"
 
@@ -91,3 +115,14 @@ class Keys:
     @staticmethod
     def held(step: int, worker: str) -> str:
         return f"dev/held/{step}/{worker}"
+
+    @staticmethod
+    def hold_phase(worker: str) -> str:
+        return f"dev/phase/{worker}"
+
+    @staticmethod
+    def at_phase(worker: str) -> str:
+        return f"dev/at-phase/{worker}"
+
+
+COMMITTED = "committed"  # the value of Keys.decision / Keys.outcome for a generation that took effect

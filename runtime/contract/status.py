@@ -283,3 +283,87 @@ class Finished:
             raise InvalidStatus("finishedAt", f"is not an RFC 3339 time: {status['finishedAt']!r}")
         step = _int(status, "finishedStep", "finishedStep", 0)
         return cls(at, int(step or 0), status.get("finalCheckpoint"))
+
+
+@dataclass(frozen=True)
+class CheckpointReport:
+    """What the runtime knows of the job's checkpoints (``status.checkpoints``): the newest
+    complete one, the last failed save and how many failed, and why the directory cannot be
+    used at all. The operator turns the last two into ``CheckpointFailing`` and
+    ``CheckpointUnavailable`` conditions."""
+
+    latest_path: str | None = None
+    latest_step: int | None = None
+    failed_saves: int = 0
+    last_failure: str | None = None  # "step N: error"
+    failed_step: int | None = None
+    failed_at: datetime | None = None
+    unavailable: str | None = None  # "path: error"
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"failedSaves": self.failed_saves}
+        if self.latest_path:
+            out["latest"] = {"path": self.latest_path, "step": self.latest_step}
+        if self.last_failure:
+            out["lastFailure"] = self.last_failure
+            if self.failed_step is not None:
+                out["lastFailedStep"] = self.failed_step
+            if self.failed_at is not None:
+                out["failedAt"] = iso(self.failed_at)
+        if self.unavailable:
+            out["unavailable"] = self.unavailable
+        return {"checkpoints": out}
+
+    @classmethod
+    def from_coordinator(cls, report: Mapping[str, Any]) -> CheckpointReport:
+        latest = report.get("latest") or {}
+        failed = report.get("failed") or {}
+        unavailable = report.get("unavailable") or {}
+        return cls(latest_path=latest.get("path"), latest_step=latest.get("step"),
+                   failed_saves=int(failed.get("count") or 0),
+                   last_failure=f"step {failed.get('step')}: {failed.get('error')}" if failed else None,
+                   failed_step=failed.get("step") if failed else None,
+                   failed_at=parse_time(failed.get("time")) if failed else None,
+                   unavailable=f"{unavailable.get('path')}: {unavailable.get('error')}" if unavailable else None)
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> CheckpointReport:
+        c = status.get("checkpoints") or {}
+        if not isinstance(c, Mapping):
+            raise InvalidStatus("checkpoints", f"is not an object: {c!r}")
+        latest = c.get("latest") or {}
+        return cls(latest_path=latest.get("path"), latest_step=latest.get("step"),
+                   failed_saves=int(c.get("failedSaves") or 0), last_failure=c.get("lastFailure"),
+                   failed_step=c.get("lastFailedStep"), failed_at=parse_time(c.get("failedAt")),
+                   unavailable=c.get("unavailable"))
+
+    @property
+    def failing(self) -> bool:
+        """The last save failed: no complete checkpoint since (a loss with no surviving copy
+        would roll back further than the job's schedule promises)."""
+        return self.failed_step is not None and (self.latest_step is None or self.failed_step >= self.latest_step)
+
+
+@dataclass(frozen=True)
+class RuntimeFailure:
+    """The runtime's report that the run cannot go on (``status.runtimeFailure``): e.g. state
+    lost with no surviving copy and no checkpoint. Terminal: the operator fails the job."""
+
+    reason: str
+    message: str
+    at: datetime | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"reason": self.reason, "message": self.message}
+        if self.at is not None:
+            out["time"] = iso(self.at)
+        return {"runtimeFailure": out}
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> RuntimeFailure | None:
+        f = status.get("runtimeFailure")
+        if not f:
+            return None
+        if not isinstance(f, Mapping) or not f.get("reason"):
+            raise InvalidStatus("runtimeFailure", f"has no reason: {f!r}")
+        return cls(str(f["reason"]), str(f.get("message") or ""), parse_time(f.get("time")))

@@ -51,11 +51,13 @@ from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 from liveshard.runtime.contract.jobspec import read_spec
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.contract.status import (
+    CheckpointReport,
     Finished,
     InvalidStatus,
     PlanAbort,
     PlanAck,
     Progress,
+    RuntimeFailure,
     StatusPlan,
     Straggler,
     Telemetry,
@@ -130,6 +132,8 @@ class KubePlanSource:
         self._next_speeds = 0.0
         self._next_progress = 0.0
         self._finished_written = False
+        self._failure_written = False
+        self._checkpoints_written: dict | None = None
         self._waiting_since: dict[int, float] = {}  # operator generation -> first seen (members not up)
         self._planning: PlanningInputs | None = None
         self._unwritten: dict[int, dict[str, Any]] = {}  # operator generation -> ack/abort to write again
@@ -277,6 +281,13 @@ class KubePlanSource:
                 self.answered.add(op_gen)
                 del self._unwritten[op_gen]
         now = time.monotonic()
+        failure = status.get("failure")
+        if failure and not self._failure_written:
+            self._failure_written = self._write(RuntimeFailure(str(failure.get("reason")), str(failure.get("message")),
+                                                               parse_time(failure.get("time"))).to_status())
+        checkpoints = CheckpointReport.from_coordinator(status.get("checkpoints") or {}).to_status()
+        if checkpoints != self._checkpoints_written and self._write(checkpoints):
+            self._checkpoints_written = checkpoints
         self._report_progress(status, now)
         if now >= self._next_speeds:
             speeds = pod_speeds(status.get("telemetry") or {})

@@ -78,6 +78,8 @@ class JobMetrics:
             ("liveshard_job_generation", "Generation of the running world plan"),
             ("liveshard_job_goodput_ratio", "Time in steps that count over wall time since the first step"),
             ("liveshard_job_consumed_samples", "Training samples consumed"),
+            ("liveshard_job_checkpoint_failures", "Checkpoint saves that failed (a full disk, an I/O error)"),
+            ("liveshard_job_checkpoint_step", "Step of the newest complete checkpoint"),
         )}
         self.reconfiguration_seconds = Histogram(
             "liveshard_job_reconfiguration_seconds",
@@ -119,6 +121,13 @@ class JobMetrics:
         for phase, seconds in phases.items():
             if phase in PHASES:  # a fixed label set: no series for names a future worker invents
                 self.reconfiguration_seconds.labels(job=self.job, phase=phase).observe(seconds)
+
+    def observe_checkpoints(self, report: Mapping[str, Any]) -> None:
+        """The coordinator's checkpoint report (``Coordinator._checkpoints``)."""
+        failed, latest = report.get("failed") or {}, report.get("latest") or {}
+        self._set("checkpoint_failures", float(failed.get("count") or 0))
+        if latest.get("step") is not None:
+            self._set("checkpoint_step", float(latest["step"]))
 
     def observe_goodput(self, productive_seconds: float, wall_seconds: float) -> None:
         if wall_seconds <= 0:

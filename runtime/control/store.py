@@ -100,6 +100,11 @@ class JobStore:
             return None
         return self._open(key, self.store.get(key).decode())
 
+    def decide(self, key: str, value: str) -> str | None:
+        """Write ``value`` unless ``key`` holds a value already, atomically in the store (the
+        first writer wins); the value the key holds afterwards (None: not authentic)."""
+        return self._open(key, self.store.compare_set(key, "", self._seal(key, value)).decode())
+
     def set_json(self, key: str, value: Any) -> None:
         self.set(key, json.dumps(value, sort_keys=True))
 

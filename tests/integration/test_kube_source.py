@@ -128,3 +128,18 @@ def test_a_stop_plan_becomes_a_stop_request_and_is_acked_when_saved(env):
     write_plan(custom, 9, [], config="", reason="no-feasible-plan")
     assert source.poll() is None
     assert status(custom)["appliedGeneration"] == 9
+
+
+def test_checkpoint_reports_and_a_terminal_failure_reach_the_jobs_status(env):
+    source, _store, custom = env
+    now = time.time()
+    source.report({"pending": None, "history": [], "checkpoints": {
+        "latest": {"path": "/ckpt/step00000004", "step": 4},
+        "failed": {"step": 6, "error": "No space left on device", "count": 1, "time": now}}})
+    st = status(custom)["checkpoints"]
+    assert st["latest"] == {"path": "/ckpt/step00000004", "step": 4} and st["failedSaves"] == 1
+    assert st["lastFailedStep"] == 6 and "No space left" in st["lastFailure"]
+    source.report({"pending": None, "history": [], "checkpoints": {},
+                   "failure": {"reason": "NoSurvivingCopy", "message": "no copy of x", "time": now}})
+    failure = status(custom)["runtimeFailure"]
+    assert failure["reason"] == "NoSurvivingCopy" and failure["message"] == "no copy of x"

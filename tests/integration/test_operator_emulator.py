@@ -115,11 +115,11 @@ def cluster(kube):
     operator.stop()
 
 
-def start_running(cluster: Cluster, job: str, nodes: list[str], workers: dict) -> dict:
+def start_running(cluster: Cluster, job: str, nodes: list[str], workers: dict, **spec) -> dict:
     """Create the job, run its pods, and ack plans until one with every pod is running."""
     count = workers.get("replicas", workers["max"])
     cluster.add_nodes(*nodes)
-    cluster.create_job(job, workers)
+    cluster.create_job(job, workers, **spec)
     wait_for(lambda: len(cluster.workers(job)) == count, what="worker pods")
     cluster.schedule(job, nodes)
 
@@ -161,11 +161,21 @@ def test_a_job_gets_its_pods_coordinator_service_policy_and_rbac(cluster):
     policy = cluster.net.read_namespaced_network_policy("alpha-coordinator", NS)
     assert policy.spec.pod_selector.match_labels["liveshard.io/role"] == "coordinator"
     assert policy.spec.ingress[0]._from[0].pod_selector.match_labels == {"liveshard.io/job": "alpha"}
-    role = cluster.rbac.read_namespaced_role("alpha-liveshard", NS)
+    assert policy.spec.policy_types == ["Ingress", "Egress"]
+    workers_policy = cluster.net.read_namespaced_network_policy("alpha-workers", NS)
+    assert [p.to[0].pod_selector.match_labels for p in workers_policy.spec.egress if p.to and p.to[0].pod_selector
+            and not p.to[0].namespace_selector] == [{"liveshard.io/job": "alpha"}]
+    role = cluster.rbac.read_namespaced_role("alpha-coordinator", NS)
     assert all(rule.resource_names == ["alpha"] for rule in role.rules)
     assert {"elastictrainingjobs/status"} == {r for rule in role.rules if "patch" in rule.verbs for r in rule.resources}
-    binding = cluster.rbac.read_namespaced_role_binding("alpha-liveshard", NS)
-    assert binding.subjects[0].name == "alpha-liveshard" and binding.role_ref.name == "alpha-liveshard"
+    # the coordinator's account is bound to the Role; the workers' account to nothing
+    binding = cluster.rbac.read_namespaced_role_binding("alpha-coordinator", NS)
+    assert [s.name for s in binding.subjects] == ["alpha-coordinator"] and binding.role_ref.name == "alpha-coordinator"
+    assert coord.spec.service_account_name == "alpha-coordinator"
+    assert worker.spec.service_account_name == "alpha-worker" and worker.spec.automount_service_account_token is False
+    assert cluster.core.read_namespaced_service_account("alpha-worker", NS).automount_service_account_token is False
+    bound = {s.name for b in cluster.rbac.list_namespaced_role_binding(NS).items for s in b.subjects or ()}
+    assert "alpha-worker" not in bound
 
     # replicas counts the worker pods that exist: the reconcile after they were created says 3
     status = wait_for(lambda: (s := cluster.status("alpha")).get("replicas") == 3 and s, what="status replicas")
@@ -277,6 +287,33 @@ def test_a_spec_only_the_operator_can_reject_fails_the_job_with_the_reason(clust
     status = wait_for(lambda: (s := cluster.status("echo")).get("phase") == "Failed" and s, what="Failed")
     assert status["message"].startswith("spec.parallelism.ep: [2] on a dense model")
     assert not cluster.workers("echo")
+
+
+# ---- failures -----------------------------------------------------------------------------------
+def test_a_worker_crash_beyond_the_budget_fails_the_job_and_releases_its_pods(cluster):
+    start_running(cluster, "golf", ["crash-a", "crash-b"], {"min": 1, "max": 2, "gpusPerWorker": 1},
+                  elasticity={"scaleUpCooldownSeconds": 1, "maxPodFailures": 0})
+    cluster.core.patch_namespaced_pod_status("golf-worker-1", NS, {"status": {
+        "phase": "Failed", "reason": "Error", "message": "container exited with code 1"}})
+    status = wait_for(lambda: (s := cluster.status("golf")).get("phase") == "Failed" and s, what="Failed")
+    assert status["podFailures"] == 1 and "maxPodFailures=0" in status["message"]
+    failed = {c["type"]: c for c in status["conditions"]}["Failed"]
+    assert failed["status"] == "True" and failed["reason"] == "PodFailureBudgetExceeded"
+    # the running worker and the coordinator are deleted; the failed pod stays for its logs
+    wait_for(lambda: sorted(cluster.pods("golf")) == ["golf-worker-1"], what="only the failed pod left")
+    reasons = {e.reason for e in cluster.core.list_namespaced_event(NS).items if e.involved_object.name == "golf"}
+    assert "PodFailureBudgetExceeded" in reasons
+    time.sleep(0.5)  # and nothing is created again
+    assert sorted(cluster.pods("golf")) == ["golf-worker-1"]
+
+
+def test_a_host_path_checkpoint_is_refused_unless_the_operator_allows_it(cluster):
+    cluster.create_job("hotel", {"max": 2, "gpusPerWorker": 1},
+                       checkpoint={"path": "/ckpt", "volume": {"hostPath": {"path": "/mnt/ckpt"}}})
+    status = wait_for(lambda: (s := cluster.status("hotel")).get("phase") == "Failed" and s, what="Failed")
+    assert status["message"].startswith("spec.checkpoint.volume.hostPath:")
+    assert "--allow-host-path-checkpoints" in status["message"]
+    assert not cluster.pods("hotel")
 
 
 # ---- restart ----------------------------------------------------------------------------------

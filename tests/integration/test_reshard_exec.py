@@ -71,7 +71,7 @@ def test_new_tensors_allocated_ahead_are_filled_in_place(pool, case):
     assert any(r["destination_bytes"] for r in results)
 
 
-@settings(max_examples=25, deadline=None, derandomize=True,
+@settings(max_examples=15, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_random_transitions_are_bit_exact_within_budget(pool, data):

@@ -54,3 +54,39 @@ def test_no_marker_is_incomplete(tmp_path: Path) -> None:
     d = _save(tmp_path, 3)
     (d / MARKER).unlink()
     assert verify(d) is not None and newest_complete(tmp_path) is None
+
+
+def test_a_save_that_fails_at_finalize_costs_the_checkpoint_not_the_run():
+    """megatron raises the same exception on every rank when a background write failed (a full
+    disk): the schedule records it, reports it (rank 0) and postpones the next save; a
+    communication failure (a peer gone) still propagates: the world is broken."""
+    import torch.distributed as dist
+
+    from liveshard.runtime.agent.checkpoint_schedule import SafetyCheckpoints
+    from liveshard.runtime.agent.worker import WorkerOptions, WorkerState
+    from liveshard.runtime.contract.keys import Keys
+    from liveshard.runtime.control.store import JobStore
+
+    class Clients:
+        store = JobStore(dist.HashStore())
+
+    class Failing:
+        def __init__(self, error):
+            self.error = error
+
+        def get_num_unfinalized_calls(self):
+            return 1
+
+        def maybe_finalize_async_calls(self, blocking=False):
+            raise self.error
+
+    state = WorkerState(rank=0)
+    schedule = SafetyCheckpoints(WorkerOptions(checkpoint_dir="/nonexistent", checkpoint_every=2), state, Clients())
+    schedule._saves, schedule._save_started_at = Failing(OSError(28, "No space left on device")), 4
+    schedule.finalize(step=5, wait=True)  # does not raise
+    assert schedule.failed_saves == 1 and state.events[-1]["kind"] == "checkpoint_failed"
+    reported = Clients.store.get_json(Keys.CHECKPOINT_FAILED)
+    assert reported["step"] == 4 and "No space left" in reported["error"] and reported["count"] == 1
+    schedule._saves = Failing(RuntimeError("Connection closed by peer"))
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        schedule.finalize(step=6, wait=True)

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from liveshard.runtime.contract.causes import Cause
 from liveshard.runtime.contract.jobspec import read_spec
-from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.contract.keys import COMMITTED, Keys
 from liveshard.runtime.contract.status import pod_of
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan
 from liveshard.runtime.control.store import JobStore
@@ -53,6 +53,8 @@ def _commit(c: Coordinator) -> WorldPlan:
     involved = set(plan.members) | (set(c.current.members) if c.current else set())
     for m in involved - c.dead:
         c.store.set(Keys.result(plan.generation, m), MemberResult(ok=True).to_json())
+    if plan.is_live_transition:  # the last member ready writes the commit point
+        c.store.decide(Keys.decision(plan.generation), COMMITTED)
     c.tick()
     assert c.pending is None and c.current == plan
     return plan
@@ -256,3 +258,143 @@ def test_a_reported_checkpoint_that_fails_verification_gives_way_to_an_older_int
                     checkpoint_dir=str(tmp_path))
     c.store.set_json(Keys.CHECKPOINT, {"path": str(tmp_path / "step00000008"), "step": 8, "config": "tp=2,pp=1,dp=1"})
     assert c.latest_checkpoint()["path"] == str(tmp_path / "step00000004")
+
+
+def test_a_live_generation_commits_at_its_decision_not_at_its_results():
+    """Every member reporting ok is not a commit: the decision in the store is (written once,
+    by the last member ready, or by the coordinator on a failure)."""
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+    _beat(c, "w0", "w1", "w2")
+    source.queue.append(PlanRequest(members=("w0", "w1", "w2"), config="tp=1,pp=1,dp=1", ordered=False))
+    c.tick()
+    plan = c.pending.plan
+    for m in ("w0", "w1", "w2"):
+        c.store.set(Keys.result(plan.generation, m), MemberResult(ok=True).to_json())
+    c.tick()
+    assert c.pending is not None and c.current.generation == 0  # results alone: not decided
+    assert c.store.decide(Keys.decision(plan.generation), COMMITTED) == COMMITTED
+    c.tick()
+    assert c.pending is None and c.current == plan and c.history[-1]["outcome"] == COMMITTED
+
+
+def test_a_death_before_the_commit_point_aborts_it_for_everyone():
+    """The coordinator writes the abort; a member that becomes ready later cannot commit."""
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+    _beat(c, "w0", "w1", "w2")
+    source.queue.append(PlanRequest(members=("w0", "w1", "w2"), config="tp=1,pp=1,dp=1", ordered=False))
+    c.tick()
+    gen = c.pending.plan.generation
+    _lose(c, "w2", ("w0", "w1"))  # the joiner dies after the vote
+    decision = c.store.get(Keys.decision(gen))
+    assert decision.startswith("aborted: member w2 died")
+    assert c.store.decide(Keys.decision(gen), COMMITTED) == decision  # too late: the first value stands
+    assert c.current.generation == 0 and c.history[-1]["outcome"] == decision
+
+
+def test_a_death_after_the_commit_point_is_recovered_from_the_new_world():
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+    _beat(c, "w0", "w1", "w2")
+    source.queue.append(PlanRequest(members=("w0", "w1", "w2"), config="tp=1,pp=1,dp=2", ordered=False))
+    c.tick()
+    plan = c.pending.plan
+    c.store.decide(Keys.decision(plan.generation), COMMITTED)
+    victim = plan.members[-1]
+    _lose(c, victim, tuple(m for m in ("w0", "w1", "w2") if m != victim))
+    assert c.history[-1]["generation"] == plan.generation and c.history[-1]["outcome"] == COMMITTED
+    recovery = c.pending.plan
+    assert recovery.previous == plan.generation and victim not in recovery.members
+    assert recovery.dead == (victim,)
+
+
+def test_a_world_broken_with_every_member_alive_is_recovered_after_the_grace():
+    """An abort after the vote leaves the members holding the old state in a broken world; no
+    one died, so only their heartbeats say so: the coordinator recovers once a death had time
+    to be noticed instead."""
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+
+    def broken():
+        for w in ("w0", "w1"):
+            c.store.set_json(Keys.heartbeat(w), {"time": time.time(), "state": "broken", "generation": 0})
+
+    broken()
+    c.tick()
+    assert c.pending is None  # not yet: a death would be the better explanation
+    time.sleep(1.1)
+    broken()
+    c.tick()
+    plan = c.pending.plan
+    assert plan.previous == 0 and set(plan.members) == {"w0", "w1"} and "broken" in plan.reason
+
+
+def test_a_dead_member_comes_back_only_as_a_new_incarnation():
+    """A replacement process under the same id (a pod recreated with its name) may join again;
+    the old process heartbeating again (it was stopped, not dead) holds stale state and stays
+    out until it rejoins as a new incarnation."""
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+
+    def beat(w: str, incarnation: str, at: float | None = None) -> None:
+        c.store.set_json(Keys.heartbeat(w), {"time": at or time.time(), "state": "training", "incarnation": incarnation})
+
+    beat("w0", "a0")
+    beat("w1", "a1", at=time.time() - 10)
+    c.tick()
+    assert c.dead == {"w1"}
+    _commit(c)  # the recovery without w1
+    beat("w0", "a0")
+    beat("w1", "a1")  # the same process again
+    c.tick()
+    assert "w1" in c.dead
+    beat("w1", "b1")  # a new one
+    c.tick()
+    assert "w1" not in c.dead
+    source.queue.append(PlanRequest(members=("w0", "w1"), config="tp=1,pp=1,dp=2"))
+    c.tick()
+    assert c.pending.plan.members == ("w0", "w1")
+
+
+def test_a_restarted_coordinator_numbers_its_plans_above_every_generation_a_worker_saw():
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    running = WorldPlan(generation=3, config="tp=1,pp=1,dp=2", members=("w0", "w1"))
+    for w, seen in (("w0", 5), ("w1", 4)):
+        c.store.register_member(w, {"host": "h", "time": time.time(), "plan": running.to_json(), "latest_seen": seen})
+        c.store.set_json(Keys.heartbeat(w), {"time": time.time(), "state": "training", "generation": 3})
+    c.tick()
+    assert c.current == running
+    source.queue.append(PlanRequest(members=("w0",), reason="leave"))
+    c.tick()
+    assert c.pending.plan.generation == 6  # 4 and 5 may be prepared somewhere: never reused
+
+
+def test_state_lost_with_no_copy_and_no_checkpoint_ends_the_run_clearly():
+    """tp=2: each member holds the only copy of half of every weight. One dies, no checkpoint
+    exists: the coordinator reports a terminal failure (the operator fails the job) and stops
+    the survivors, instead of retrying a plan that cannot be carried out."""
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _running(c, source, ("w0", "w1"), "tp=2,pp=1,dp=1")
+    _lose(c, "w1", ("w0",))
+    assert c.pending is None
+    assert c.failure["reason"] == "NoSurvivingCopy" and "no checkpoint" in c.failure["message"]
+    assert c.store.has(Keys.STOP)
+    assert source.reports[-1]["failure"] == c.failure
+
+
+def test_checkpoint_reports_reach_the_status_and_bad_values_are_absent():
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    c.store.set_json(Keys.CHECKPOINT_FAILED, {"step": 6, "error": "No space left on device", "count": 2,
+                                              "time": time.time()})
+    c.store.set(Keys.CHECKPOINT_UNAVAILABLE, "not json {")
+    report = c.status()["checkpoints"]
+    assert report["failed"]["count"] == 2 and report["unavailable"] is None and report["latest"] is None

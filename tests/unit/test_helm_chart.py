@@ -21,7 +21,7 @@ CUSTOM = {
     "image": {"repository": "registry.example.com/ml/liveshard-operator", "tag": "1.2.3", "pullPolicy": "Always"},
     "imagePullSecrets": [{"name": "regcred"}],
     "watchNamespaces": ["training", "research"],
-    "operator": {"watchTimeoutSeconds": 120, "healthPort": 8081, "verbose": True, "extraArgs": ["--webhook-port=9443"]},
+    "operator": {"watchTimeoutSeconds": 120, "healthPort": 8081, "verbose": True, "extraArgs": ["--retry-period=3"]},
     "serviceAccount": {"name": "ls-op", "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}},
     "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": 1, "memory": "1Gi"}},
     "nodeSelector": {"node-role": "system"},
@@ -91,17 +91,27 @@ def custom_objs() -> list[dict[str, Any]]:
 
 
 def test_lint_strict_passes_with_default_and_custom_values():
-    for values in ({}, CUSTOM, MINIMAL):
+    for values in ({}, CUSTOM, MINIMAL, HA):
         report = helm.lint(str(CHART), values, strict=True)
         problems = [m for m in report["messages"] if m["severity"] >= 2]
         assert report["errors"] == [] and problems == [], report
 
 
-@pytest.mark.parametrize("values", [{}, CUSTOM, MINIMAL], ids=["default", "custom", "minimal"])
+# Two replicas with leader election, the webhook with a cert-manager certificate, hostPath allowed.
+HA = {"replicas": 2, "webhook": {"enabled": True, "certManager": {"enabled": True}},
+      "operator": {"allowHostPathCheckpoints": True,
+                   "jobEgress": {"dns": "any", "apiServerCIDRs": ["172.20.0.1/32"], "apiServerPorts": [443]}},
+      "watchNamespaces": ["training"]}
+# CRD kinds: kubernetes-validate has no schema for them
+CRD_KINDS = {"ServiceMonitor": "monitoring.coreos.com/v1", "PodMonitor": "monitoring.coreos.com/v1",
+             "Certificate": "cert-manager.io/v1", "Issuer": "cert-manager.io/v1"}
+
+
+@pytest.mark.parametrize("values", [{}, CUSTOM, MINIMAL, HA], ids=["default", "custom", "minimal", "ha"])
 def test_every_rendered_object_is_valid_kubernetes(values):
     for obj in render(values):
-        if obj["kind"] in ("ServiceMonitor", "PodMonitor"):  # CRD kinds: kubernetes-validate has no schema
-            assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+        if obj["kind"] in CRD_KINDS:
+            assert obj["apiVersion"] == CRD_KINDS[obj["kind"]]
             continue
         kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
 
@@ -117,15 +127,17 @@ def test_kubernetes_validate_rejects_a_bad_object(default_objs):
 def test_default_render_has_exactly_the_expected_objects(default_objs):
     kinds = sorted(o["kind"] for o in default_objs)
     assert kinds == sorted(["ServiceAccount", "Deployment", "Service", "ClusterRole", "ClusterRole",
-                            "ClusterRoleBinding", "ClusterRoleBinding"])
+                            "ClusterRoleBinding", "ClusterRoleBinding", "Role", "RoleBinding"])
     assert not by_kind(default_objs, "ServiceMonitor") and not by_kind(default_objs, "ConfigMap")
-    assert not by_kind(default_objs, "PodMonitor")
+    assert not by_kind(default_objs, "PodMonitor") and not by_kind(default_objs, "ValidatingWebhookConfiguration")
 
 
 def test_operator_deployment_security_and_probe(default_objs):
     (dep,) = by_kind(default_objs, "Deployment")
     spec = dep["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # leader election is on: the new pod waits for the Lease the old one hands over
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
@@ -157,7 +169,8 @@ def test_operator_args_parse_with_the_real_command(custom_objs):
     options = options_from(parser.parse_args(c["args"]))
     assert options.namespaces == ("training", "research")
     assert options.metrics_port == 9100 and options.liveness == "http://0.0.0.0:8081/healthz"
-    assert options.watch_server_timeout == 120 and options.webhook_port == 9443
+    assert options.watch_server_timeout == 120
+    assert options.leader_election.retry_period == 3  # extraArgs come last: they win
 
 
 def test_custom_values_reach_the_objects(custom_objs):
@@ -193,6 +206,161 @@ def test_minimal_values_render_only_the_deployment():
     assert "--metrics-port=0" in c["args"] and [p["name"] for p in c["ports"]] == ["health"]
 
 
+def parse_args(container: dict[str, Any], monkeypatch: pytest.MonkeyPatch | None = None):
+    """The container's args through ``liveshard operator``'s own parser and checks."""
+    import argparse
+
+    from liveshard.operator.command import configure, options_from
+
+    if monkeypatch is not None:  # the webhook's certificate files exist only in the pod
+        monkeypatch.setattr(Path, "is_file", lambda self: str(self).startswith("/etc/liveshard/webhook/"))
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    return options_from(parser.parse_args(container["args"]))
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+# ---- leader election ---------------------------------------------------------------------------
+def test_two_replicas_elect_a_leader_over_a_lease_they_may_use(monkeypatch):
+    objs = render({"replicas": 2})
+    (dep,) = by_kind(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    options = parse_args(c)
+    election = options.leader_election
+    assert election is not None and election.namespace == "liveshard-system" and election.name == "ls-liveshard"
+    assert (election.lease_duration, election.renew_deadline, election.retry_period) == (15, 10, 2)
+    env = env_of(c)  # the identity and namespace come from the downward API
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    # the Role grants exactly what operator/leader.py calls, on that Lease, in that namespace
+    (role,) = by_kind(objs, "Role")
+    assert role["metadata"]["namespace"] == "liveshard-system"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [election.name],
+         "verbs": ["get", "update"]}]
+    (binding,) = by_kind(objs, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"] and binding["roleRef"]["kind"] == "Role"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": dep["spec"]["template"]["spec"][
+        "serviceAccountName"], "namespace": "liveshard-system"}]
+
+
+def test_the_lease_calls_are_the_ones_the_role_grants():
+    """Derived from the code: the verbs LeaseStore uses (kubernetes client method names)."""
+    import inspect
+
+    from liveshard.operator import leader
+
+    source = inspect.getsource(leader.LeaseStore)
+    used = {"get": "read_namespaced_lease", "create": "create_namespaced_lease", "update": "replace_namespaced_lease"}
+    assert all(method in source for method in used.values())
+    assert "patch_namespaced_lease" not in source and "delete_namespaced_lease" not in source
+
+
+def test_without_leader_election_one_replica_at_a_time():
+    objs = render({"leaderElection": {"enabled": False}})
+    (dep,) = by_kind(objs, "Deployment")
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert "--no-leader-election" in c["args"] and parse_args(c).leader_election is None
+    assert not by_kind(objs, "Role")
+    with pytest.raises(helm.HelmError, match=re.escape("replicas > 1 needs leaderElection.enabled=true")):
+        render({"replicas": 2, "leaderElection": {"enabled": False}})
+    with pytest.raises(helm.HelmError, match=re.escape("retryPeriodSeconds < renewDeadlineSeconds < leaseDurationSeconds")):
+        render({"leaderElection": {"renewDeadlineSeconds": 20}})
+
+
+# ---- what jobs may do ----------------------------------------------------------------------------
+def test_job_policy_values_reach_the_operator(monkeypatch):
+    (dep,) = by_kind(render(HA), "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    policy = parse_args(c, monkeypatch).policy
+    assert policy.allow_host_path_checkpoints is True
+    assert policy.egress.dns == "any" and policy.egress.api_server_cidrs == ("172.20.0.1/32",)
+    assert policy.egress.api_server_ports == (443,)
+    (dep,) = by_kind(render({"operator": {"jobEgress": {"enabled": False}}}), "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    policy = parse_args(c).policy
+    assert not policy.allow_host_path_checkpoints and not policy.egress.enabled
+
+
+def test_default_job_policy_is_the_operators_default(default_objs):
+    from liveshard.operator.policy import DEFAULT_POLICY
+
+    (dep,) = by_kind(default_objs, "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert parse_args(c).policy == DEFAULT_POLICY
+
+
+# ---- the validating webhook ----------------------------------------------------------------------
+def test_webhook_with_cert_manager(monkeypatch):
+    from liveshard.operator.admission import REVIEW_PATH
+    from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
+
+    objs = render(HA)
+    (dep,) = by_kind(objs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    options = parse_args(c, monkeypatch)
+    assert options.webhook_port == 9443
+    # the Service reaches the container's webhook port on every replica
+    (svc,) = [o for o in by_kind(objs, "Service") if o["metadata"]["name"] == "ls-liveshard-webhook"]
+    (port,) = svc["spec"]["ports"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]}[port["targetPort"]] == options.webhook_port
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    # the configuration sends reviews of the CRD's objects to that Service, failures ignored
+    (vwc,) = by_kind(objs, "ValidatingWebhookConfiguration")
+    (hook,) = vwc["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["clientConfig"]["service"] == {"name": "ls-liveshard-webhook", "namespace": "liveshard-system",
+                                               "path": REVIEW_PATH, "port": port["port"]}
+    assert hook["rules"] == [{"apiGroups": [GROUP], "apiVersions": [VERSION], "resources": [PLURAL],
+                              "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"}]
+    assert hook["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["training"]}]
+    # cert-manager: a certificate for the Service's names, its CA injected, its Secret mounted
+    (cert,) = by_kind(objs, "Certificate")
+    (issuer,) = by_kind(objs, "Issuer")
+    assert vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
+        f"liveshard-system/{cert['metadata']['name']}"
+    assert "caBundle" not in hook["clientConfig"]
+    assert "ls-liveshard-webhook.liveshard-system.svc" in cert["spec"]["dnsNames"]
+    assert cert["spec"]["issuerRef"] == {"name": issuer["metadata"]["name"], "kind": "Issuer"}
+    assert issuer["spec"] == {"selfSigned": {}}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (mount,) = [m for m in c["volumeMounts"] if volumes[m["name"]].get("secret")]
+    assert volumes[mount["name"]]["secret"]["secretName"] == cert["spec"]["secretName"]
+    assert options.webhook_cert_file == f"{mount['mountPath']}/tls.crt"
+    assert options.webhook_key_file == f"{mount['mountPath']}/tls.key"
+
+
+def test_webhook_without_cert_manager_uses_a_given_secret_and_ca():
+    objs = render({"webhook": {"enabled": True, "secretName": "my-tls", "caBundle": "Q0E=", "failurePolicy": "Fail"}})
+    assert not by_kind(objs, "Certificate") and not by_kind(objs, "Issuer")
+    (vwc,) = by_kind(objs, "ValidatingWebhookConfiguration")
+    assert vwc["webhooks"][0]["clientConfig"]["caBundle"] == "Q0E=" and vwc["webhooks"][0]["failurePolicy"] == "Fail"
+    assert "annotations" not in vwc["metadata"] and "namespaceSelector" not in vwc["webhooks"][0]
+    (dep,) = by_kind(objs, "Deployment")
+    assert {"name": "webhook-cert", "secret": {"secretName": "my-tls"}} in dep["spec"]["template"]["spec"]["volumes"]
+    issuer = {"name": "corp-ca", "kind": "ClusterIssuer"}
+    objs = render({"webhook": {"enabled": True, "certManager": {"enabled": True, "issuerRef": issuer}}})
+    assert not by_kind(objs, "Issuer") and by_kind(objs, "Certificate")[0]["spec"]["issuerRef"] == issuer
+
+
+def test_the_operator_needs_no_rbac_for_the_webhook():
+    """The chart, not the operator, owns the webhook configuration and the certificate."""
+    for role in by_kind(render(HA), "ClusterRole") + by_kind(render(HA), "Role"):
+        resources = {r for rule in role["rules"] for r in rule["resources"]}
+        assert not resources & {"validatingwebhookconfigurations", "certificates", "secrets/status"}
+        assert ("", "secrets") not in {(g, r) for rule in role["rules"] for g in rule["apiGroups"]
+                                       for r in rule["resources"] if "get" in rule["verbs"]}
+
+
 def test_rbac_has_no_wildcards_and_exactly_the_listed_verbs(default_objs):
     roles = {r["metadata"]["name"]: r for r in by_kind(default_objs, "ClusterRole")}
     assert set(roles) == {"ls-liveshard-nodes", "ls-liveshard-jobs"}
@@ -212,7 +380,7 @@ def test_rbac_has_no_wildcards_and_exactly_the_listed_verbs(default_objs):
 def test_watch_namespaces_bind_job_permissions_only_there(custom_objs):
     (crb,) = by_kind(custom_objs, "ClusterRoleBinding")  # nodes only: they are cluster-scoped
     assert crb["roleRef"]["name"] == "ls-liveshard-nodes"
-    rbs = by_kind(custom_objs, "RoleBinding")
+    rbs = [rb for rb in by_kind(custom_objs, "RoleBinding") if rb["roleRef"]["kind"] == "ClusterRole"]
     assert sorted(rb["metadata"]["namespace"] for rb in rbs) == ["research", "training"]
     for rb in rbs:
         assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -247,7 +415,6 @@ def test_operator_holds_every_permission_it_uses_and_grants(default_objs):
 
 @pytest.mark.parametrize(("bad", "where"), [
     ({"replicas": "two"}, "/replicas"),
-    ({"replicas": 2}, "/replicas"),
     ({"unknownKey": True}, "unknownKey"),
     ({"image": {"repository": ""}}, "/image/repository"),
     ({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
@@ -260,6 +427,13 @@ def test_operator_holds_every_permission_it_uses_and_grants(default_objs):
      "/metrics/jobs/podMonitor/namespaceSelector/matchNames/0"),
     ({"metrics": {"jobs": {"podMonitor": {"namespaceSelector": {"all": True}}}}},
      "/metrics/jobs/podMonitor/namespaceSelector"),
+    ({"replicas": 9}, "/replicas"),
+    ({"leaderElection": {"leaseDurationSeconds": "15s"}}, "/leaderElection/leaseDurationSeconds"),
+    ({"operator": {"allowHostPathCheckpoints": "yes"}}, "/operator/allowHostPathCheckpoints"),
+    ({"operator": {"jobEgress": {"dns": "coredns"}}}, "/operator/jobEgress/dns"),
+    ({"operator": {"jobEgress": {"apiServerCIDRs": ["kubernetes.default"]}}}, "/operator/jobEgress/apiServerCIDRs/0"),
+    ({"webhook": {"failurePolicy": "Sometimes"}}, "/webhook/failurePolicy"),
+    ({"webhook": {"certManager": {"issuerRef": {"kind": "Vault"}}}}, "/webhook/certManager/issuerRef/kind"),
 ], ids=lambda v: json.dumps(v) if isinstance(v, dict) else "")
 def test_schema_rejects_broken_values(bad, where):
     chart = helm.Chart.load(str(CHART))
@@ -273,6 +447,7 @@ def test_schema_accepts_the_defaults_and_custom_values():
     chart = helm.Chart.load(str(CHART))
     chart.validate_schema({})
     chart.validate_schema(CUSTOM)
+    chart.validate_schema(HA)
 
 
 def test_chart_crd_is_the_top_level_crd_byte_for_byte():

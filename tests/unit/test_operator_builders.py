@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from liveshard.operator import builders
+from liveshard.operator.policy import Egress
 from liveshard.runtime.contract.crd import LABEL_JOB, LABEL_ROLE
 from liveshard.runtime.contract.jobspec import read_spec
+from liveshard.runtime.errors import ConfigError
 
 JOB = {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob",
        "metadata": {"name": "llm", "namespace": "ml", "uid": "u-1"},
@@ -39,7 +43,7 @@ def test_worker_pod():
     assert spec["restartPolicy"] == "Never" and spec["terminationGracePeriodSeconds"] == 90
     assert spec["nodeSelector"] == {"pool": "spot-h100"} and spec["tolerations"][0]["key"] == "spot"
     assert spec["hostname"] == "llm-worker-3" and spec["subdomain"] == "llm"
-    assert spec["serviceAccountName"] == "llm-liveshard"
+    assert spec["serviceAccountName"] == "llm-worker"
     c = spec["containers"][0]
     assert c["resources"]["limits"] == {"memory": "1500Gi", "nvidia.com/gpu": "8"}
     assert c["resources"]["requests"] == {"cpu": "90"}
@@ -78,15 +82,33 @@ def test_service_policy_and_rbac_are_scoped_to_the_job():
                                           "ports": [{"protocol": "TCP", "port": 29500}]},
                                          {"ports": [{"protocol": "TCP", "port": 9400}]}]  # metrics only
     role = builders.role(JOB)
+    assert role["metadata"]["name"] == "llm-coordinator"
     assert all(rule["resourceNames"] == ["llm"] for rule in role["rules"])
     writes = [rule for rule in role["rules"] if {"patch", "update"} & set(rule["verbs"])]
     assert writes == [{"apiGroups": ["liveshard.io"], "resources": ["elastictrainingjobs/status"],
                        "resourceNames": ["llm"], "verbs": ["get", "patch", "update"]}]
-    binding = builders.role_binding(JOB)
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-liveshard", "namespace": "ml"}]
     kinds = [o["kind"] for o in builders.job_children(JOB, SPEC, "t0ken")]
-    assert kinds == ["Secret", "ServiceAccount", "Role", "RoleBinding", "Service", "NetworkPolicy", "NetworkPolicy"]
+    assert kinds == ["Secret", "ServiceAccount", "ServiceAccount", "Role", "RoleBinding", "Service", "NetworkPolicy",
+                     "NetworkPolicy"]
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == "u-1" for o in builders.job_children(JOB, SPEC, "t0ken"))
+
+
+def test_the_coordinator_alone_is_bound_to_the_jobs_role_and_workers_have_an_account_bound_to_nothing():
+    children = builders.job_children(JOB, SPEC, "t0ken")
+    accounts = {o["metadata"]["name"]: o for o in children if o["kind"] == "ServiceAccount"}
+    assert sorted(accounts) == ["llm-coordinator", "llm-worker"]
+    (binding,) = [o for o in children if o["kind"] == "RoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-coordinator", "namespace": "ml"}]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "llm-coordinator"}
+    # the pods use those accounts; the workers' token is never mounted, by the pod and by the account
+    coordinator, worker = builders.coordinator_pod(JOB, SPEC), builders.worker_pod(JOB, SPEC, 0)
+    assert coordinator["spec"]["serviceAccountName"] == "llm-coordinator"
+    assert worker["spec"]["serviceAccountName"] == "llm-worker"
+    assert worker["spec"]["automountServiceAccountToken"] is False
+    assert accounts["llm-worker"]["automountServiceAccountToken"] is False
+    assert "automountServiceAccountToken" not in accounts["llm-coordinator"]
+    assert not [b for b in children if b["kind"] == "RoleBinding"
+                and any(s["name"] == worker["spec"]["serviceAccountName"] for s in b["subjects"])]
 
 
 # The Pod Security Standards' "restricted" profile, as the PodSecurity admission plugin checks it.
@@ -144,6 +166,61 @@ def test_workers_carry_no_api_token_and_only_the_job_reaches_its_pods():
     policy = builders.worker_network_policy(JOB)
     assert policy["spec"]["podSelector"]["matchLabels"] == {LABEL_JOB: "llm", LABEL_ROLE: "worker"}
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": {LABEL_JOB: "llm"}}}]}]
+
+
+# ---- egress ----------------------------------------------------------------------------------
+JOB_PODS = {"to": [{"podSelector": {"matchLabels": {LABEL_JOB: "llm"}}}]}
+DNS_PORTS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+KUBE_DNS = {"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+            "ports": DNS_PORTS}
+
+
+def test_worker_egress_is_the_jobs_pods_and_dns_only():
+    policy = builders.worker_network_policy(JOB, SPEC)
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["spec"]["egress"] == [JOB_PODS, KUBE_DNS]
+    # nothing reaches the API server or the internet: no ipBlock anywhere
+    assert "ipBlock" not in json.dumps(policy)
+
+
+def test_coordinator_egress_adds_the_api_server():
+    policy = builders.network_policy(JOB, SPEC)
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    jobs_pods, dns, api = policy["spec"]["egress"]
+    assert (jobs_pods, dns) == (JOB_PODS, KUBE_DNS)
+    assert api == {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}],
+                   "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}
+    narrow = Egress(dns="any", api_server_cidrs=("172.20.0.1/32",), api_server_ports=(443,))
+    jobs_pods, dns, api = builders.network_policy(JOB, SPEC, narrow)["spec"]["egress"]
+    assert dns == {"ports": DNS_PORTS}  # port 53 anywhere (NodeLocal DNSCache)
+    assert api == {"to": [{"ipBlock": {"cidr": "172.20.0.1/32"}}], "ports": [{"protocol": "TCP", "port": 443}]}
+
+
+def test_extra_egress_goes_to_the_workers_only():
+    s3 = {"to": [{"ipBlock": {"cidr": "52.216.0.0/15"}}], "ports": [{"port": 443, "protocol": "TCP"}]}
+    spec = read_spec({**JOB["spec"], "network": {"extraEgress": [s3]}})
+    assert builders.worker_network_policy(JOB, spec)["spec"]["egress"] == [JOB_PODS, KUBE_DNS, s3]
+    assert s3 not in builders.network_policy(JOB, spec)["spec"]["egress"]
+    children = builders.job_children(JOB, spec, "t0ken")
+    assert [o["spec"]["egress"][-1] for o in children if o["metadata"]["name"] == "llm-workers"] == [s3]
+
+
+def test_egress_can_be_left_open_by_the_operator():
+    off = Egress(enabled=False)
+    for policy in (builders.network_policy(JOB, SPEC, off), builders.worker_network_policy(JOB, SPEC, off)):
+        assert policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in policy["spec"]
+
+
+@pytest.mark.parametrize(("network", "field"), [
+    ({"extraEgress": {"to": []}}, "spec.network.extraEgress"),
+    ({"extraEgress": [{"to": [], "from": []}]}, "spec.network.extraEgress[0]"),
+    ({"extraEgress": [{}, "443"]}, "spec.network.extraEgress[1]"),
+    ({"extraEgress": [{"ports": {"port": 443}}]}, "spec.network.extraEgress[0].ports"),
+])
+def test_bad_extra_egress_names_the_field(network, field):
+    with pytest.raises(ConfigError) as e:
+        read_spec({**JOB["spec"], "network": network})
+    assert e.value.field == field
 
 
 def test_a_gpu_stack_may_replace_the_pod_security_context():

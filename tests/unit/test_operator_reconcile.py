@@ -425,3 +425,50 @@ def test_a_job_that_reached_train_iters_succeeds_and_is_never_restarted():
     d2, job = step(job, [], healthy(2))
     assert job["status"]["phase"] == "Succeeded" and not d2.create_workers and not d2.create_coordinator
     assert not d2.events
+
+
+def test_a_run_the_runtime_cannot_continue_fails_the_job_and_releases_its_pods(crd_validator):
+    """The coordinator reported a terminal failure (state lost with no copy and no checkpoint):
+    the job is Failed with the runtime's reason, its pods are deleted, nothing is re-created,
+    and a later pass does not repeat the event."""
+    from liveshard.runtime.contract.status import RuntimeFailure
+
+    job, pods = running_job()
+    job["status"].update(RuntimeFailure("NoSurvivingCopy", "train-worker-1/0 held the only copy",
+                                        T0).to_status())
+    d, job = step(job, pods, healthy(4), T0 + timedelta(seconds=30))
+    assert job["status"]["phase"] == "Failed" and "only copy" in job["status"]["message"]
+    assert set(d.delete_pods) == {*(f"train-worker-{i}" for i in range(4)), "train-coordinator"}
+    assert not d.create_workers and not d.create_coordinator
+    assert ("Warning", "NoSurvivingCopy") in {(k, r) for k, r, _ in d.events}
+    conds = {c["type"]: (c["status"], c["reason"]) for c in job["status"]["conditions"]}
+    assert conds["Failed"] == ("True", "NoSurvivingCopy") and conds["Ready"][0] == "False"
+    assert crd_validator.errors(crd_validator.default(job)) == []
+    d2, job = step(job, [], healthy(4), T0 + timedelta(seconds=40))
+    assert job["status"]["phase"] == "Failed" and not d2.events and not d2.create_workers
+
+
+def test_checkpoint_failures_and_an_unusable_directory_are_conditions_not_a_stopped_job(crd_validator):
+    from liveshard.runtime.contract.status import CheckpointReport
+
+    job, pods = running_job()
+    failing = CheckpointReport(latest_path="/ckpt/step00000004", latest_step=4, failed_saves=1,
+                               last_failure="step 6: No space left on device", failed_step=6, failed_at=T0,
+                               unavailable=None)
+    job["status"].update(failing.to_status())
+    d, job = step(job, pods, healthy(4), T0 + timedelta(seconds=30))
+    conds = {c["type"]: c for c in job["status"]["conditions"]}
+    assert conds["CheckpointFailing"]["status"] == "True" and "No space left" in conds["CheckpointFailing"]["message"]
+    assert ("Warning", "SaveFailed") in {(k, r) for k, r, _ in d.events}
+    assert job["status"]["phase"] == "Running"  # training goes on
+    assert crd_validator.errors(crd_validator.default(job)) == []
+    recovered = CheckpointReport(latest_path="/ckpt/step00000008", latest_step=8, failed_saves=1,
+                                 last_failure="step 6: No space left on device", failed_step=6, failed_at=T0)
+    job["status"].update(recovered.to_status())
+    d, job = step(job, pods, healthy(4), T0 + timedelta(seconds=60))
+    conds = {c["type"]: c for c in job["status"]["conditions"]}
+    assert conds["CheckpointFailing"]["status"] == "False" and "step 8" in conds["CheckpointFailing"]["message"]
+    job["status"].update(CheckpointReport(unavailable="/ckpt: read-only file system").to_status())
+    d, job = step(job, pods, healthy(4), T0 + timedelta(seconds=90))
+    conds = {c["type"]: c for c in job["status"]["conditions"]}
+    assert conds["CheckpointUnavailable"]["status"] == "True" and "read-only" in conds["CheckpointUnavailable"]["message"]

@@ -47,3 +47,22 @@ app.kubernetes.io/component: operator
 {{- define "liveshard.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
+
+{{/* The Lease the operator replicas elect their leader with (in the release's namespace). */}}
+{{- define "liveshard.leaseName" -}}
+{{- default (include "liveshard.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
+{{/* The webhook's Service, and the Secret with its serving certificate. */}}
+{{- define "liveshard.webhookService" -}}
+{{- printf "%s-webhook" (include "liveshard.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "liveshard.webhookSecret" -}}
+{{- default (printf "%s-webhook-tls" (include "liveshard.fullname" .)) .Values.webhook.secretName }}
+{{- end }}
+
+{{/* Where the operator container finds the webhook certificate. */}}
+{{- define "liveshard.webhookCertDir" -}}
+/etc/liveshard/webhook
+{{- end }}

@@ -1,0 +1,157 @@
+"""The validating webhook served over HTTPS with a supplied certificate, as an API server calls it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from liveshard.dev.ports import free_port
+from liveshard.dev.tls import TLSUnavailable, self_signed
+from liveshard.operator import admission
+from liveshard.operator.options import Options
+
+SPEC = {"model": {"preset": "tiny-gpt"}, "image": "img", "workers": {"max": 2, "gpusPerWorker": 1},
+        "training": {"data": {"mock": True}, "trainIters": 100, "globalBatch": 8}}
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory):
+    try:
+        return self_signed(tmp_path_factory.mktemp("tls"), hosts=("localhost", "127.0.0.1"))
+    except TLSUnavailable as e:
+        pytest.skip(str(e))
+
+
+def review_body(spec: dict, uid: str = "0d3a1c2e", operation: str = "CREATE") -> dict:
+    """An AdmissionReview as kube-apiserver sends it (the fields the webhook reads, and some it does not)."""
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": uid, "kind": {"group": "liveshard.io", "version": "v1alpha1", "kind": "ElasticTrainingJob"},
+        "resource": {"group": "liveshard.io", "version": "v1alpha1", "resource": "elastictrainingjobs"},
+        "name": "j", "namespace": "default", "operation": operation,
+        "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters"]},
+        "object": {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob",
+                   "metadata": {"name": "j", "namespace": "default"}, "spec": spec},
+        "oldObject": None, "dryRun": False}}
+
+
+def post(port: int, body: dict, cafile) -> dict:
+    context = ssl.create_default_context(cafile=str(cafile))  # verifies the chain and the host name
+    request = urllib.request.Request(f"https://127.0.0.1:{port}{admission.REVIEW_PATH}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, context=context, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def wait_until_serving(port: int, cafile, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            post(port, review_body(SPEC), cafile)
+            return
+        except (urllib.error.URLError, ConnectionError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+class Served:
+    """``admission.serve`` in an event loop of its own thread."""
+
+    def __init__(self, options: Options) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.task: asyncio.Task | None = None
+        self.options = options
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.task = self.loop.create_task(admission.serve(self.options))
+        with contextlib.suppress(asyncio.CancelledError):
+            self.loop.run_until_complete(self.task)
+
+    def __enter__(self) -> Served:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(lambda: self.task and self.task.cancel())
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+
+
+def test_the_webhook_answers_admission_reviews_over_tls_with_the_supplied_certificate(cert):
+    crt, key = cert
+    port = free_port()
+    options = Options(webhook_port=port, webhook_addr="127.0.0.1", webhook_cert_file=str(crt),
+                      webhook_key_file=str(key))
+    with Served(options):
+        wait_until_serving(port, crt)
+        allowed = post(port, review_body(SPEC, uid="good"), crt)
+        assert allowed == {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                           "response": {"uid": "good", "allowed": True}}
+        denied = post(port, review_body({**SPEC, "parallelism": {"ep": [2]}}, uid="bad"), crt)["response"]
+        assert denied["uid"] == "bad" and denied["allowed"] is False and denied["status"]["code"] == 422
+        assert denied["status"]["message"].startswith("spec.parallelism.ep:")
+        host_path = {**SPEC, "checkpoint": {"volume": {"hostPath": {"path": "/mnt"}}}}
+        refused = post(port, review_body(host_path, uid="hp"), crt)["response"]
+        assert refused["allowed"] is False and "--allow-host-path-checkpoints" in refused["status"]["message"]
+        # a body that is no review is a bad request, not a crash
+        with pytest.raises(urllib.error.HTTPError) as e:
+            post(port, {"kind": "Pod"}, crt)
+        assert e.value.code == 400
+        # a client that does not trust the certificate is refused by TLS itself
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"https://127.0.0.1:{port}/validate", data=b"{}", timeout=5,
+                                   context=ssl.create_default_context())
+
+
+def test_the_certificate_is_required(cert, tmp_path):
+    """No self-signed fallback: a missing key file stops the server (kopf would need certbuilder)."""
+    crt, _ = cert
+    options = Options(webhook_port=free_port(), webhook_addr="127.0.0.1", webhook_cert_file=str(crt),
+                      webhook_key_file=str(tmp_path / "missing.key"))
+    with pytest.raises(OSError):
+        asyncio.run(asyncio.wait_for(admission.serve(options), 10))
+    assert not os.path.exists(tmp_path / "missing.key")
+
+
+def test_an_operator_waiting_for_the_lease_serves_the_webhook_too(kube, cert):
+    """The Service sends reviews to any replica: the standby answers while another one leads."""
+    import kubernetes.client as k8s
+
+    from liveshard.operator.command import run_operator
+    from liveshard.operator.options import LeaderElection
+    from liveshard.runtime.contract.times import iso
+
+    crt, key = cert
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": "webhook-test", "namespace": "default"},
+             "spec": {"holderIdentity": "the-leader", "leaseDurationSeconds": 60, "renewTime": iso(time.time())}}
+    k8s.CoordinationV1Api(kube.api_client()).create_namespaced_lease("default", lease)
+    port = free_port()
+    options = Options(server=kube.url, metrics_port=None, liveness=None, webhook_port=port,
+                      webhook_addr="127.0.0.1", webhook_cert_file=str(crt), webhook_key_file=str(key),
+                      leader_election=LeaderElection(namespace="default", name="webhook-test", identity="standby",
+                                                     lease_duration=2, renew_deadline=1, retry_period=0.1))
+    stop, ready = threading.Event(), threading.Event()
+    exit_code: list[int] = []
+    thread = threading.Thread(target=lambda: exit_code.append(run_operator(options, stop, ready)), daemon=True)
+    thread.start()
+    try:
+        wait_until_serving(port, crt)
+        denied = post(port, review_body({**SPEC, "parallelism": {"ep": [2]}}), crt)["response"]
+        assert denied["allowed"] is False
+        assert not ready.is_set()  # it is not leading: kopf has not started
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive() and exit_code == [0]
