@@ -7,8 +7,12 @@ It is a small state machine over store keys (``contract.keys``; messages in ``co
 * it watches heartbeats; a member silent for ``heartbeat_timeout`` is dead, and the
   coordinator publishes a recovery plan for the survivors at once (the runtime cannot wait for
   an operator to notice a killed process);
-* it collects every member's result for a generation, declares it committed or aborted,
-  records phase timings and downtime, and acknowledges it to the plan source.
+* it collects every member's result for a generation and its outcome: for a live transition
+  the decision the members write at the commit point (``gen/<N>/decision``; the coordinator
+  writes "aborted" there itself on a death, a failure or a timeout), otherwise all results ok;
+  it records phase timings and downtime and acknowledges the outcome to the plan source;
+* when the run cannot go on (state lost with no copy and no checkpoint), it reports a terminal
+  failure and tells every worker to stop.
 
 Training does not touch the coordinator between reconfigurations: workers only write
 heartbeats. If the coordinator restarts, workers re-register with their current generation and
@@ -40,6 +44,8 @@ from liveshard.runtime.spec import ModelSpec
 from liveshard.runtime.telemetry import summarize
 
 log = logging.getLogger("liveshard.coordinator")
+
+MAX_BROKEN_RECOVERIES = 5  # broken-world recoveries in a row without a commit before the run fails
 
 
 @dataclass
@@ -157,6 +163,8 @@ class Coordinator:
         self._first_seen: dict[str, float] = {}
         self._broken_since: dict[str, float] = {}  # current members reporting a broken world
         self._dead_incarnation: dict[str, str | None] = {}  # the process each dead member was
+        self._incarnation: dict[str, str | None] = {}  # the process each watched member is
+        self._broken_recoveries = 0  # recoveries of broken worlds since the last commit
         self.finished: dict | None = None  # rank 0's report at trainIters (Keys.FINISHED)
         self.failure: dict | None = None  # why the run cannot go on (terminal), see _fail
 
@@ -188,6 +196,8 @@ class Coordinator:
             time.sleep(0.1)
 
     def tick(self) -> None:
+        if self.failure is not None:
+            return  # terminal: nothing more is planned (the workers were told to stop)
         if self.current is None and self.pending is None:
             self._adopt_running_world()
         self._watch_heartbeats()
@@ -372,9 +382,13 @@ class Coordinator:
                     gen.results[m] = MemberResult.from_json(text)
         failed = [m for m, r in gen.results.items() if not r.ok]
         timed_out = time.monotonic() - gen.started > self.transition_timeout
-        # a dead source (an old member that is leaving) fails the transition as a dead new member does
-        lost = [m for m in (*plan.members, *transition_members(self.current, plan)) if m in self.dead] \
-            if self.current else [m for m in plan.members if m in self.dead]
+        # A dead source (an old member that is leaving) fails the transition as a dead new member
+        # does, until the vote: once a new member arrives to build the new world, every source
+        # has delivered, and only the new members matter.
+        lost = [m for m in plan.members if m in self.dead]
+        if self.current is not None and not lost and plan.is_live_transition \
+                and self.store.store.add(Keys.arrived(plan.generation), 0) == 0:
+            lost = [m for m in transition_members(self.current, plan) if m in self.dead]
         complete = len(gen.results) == len(involved)
         why = None
         if failed:
@@ -424,6 +438,7 @@ class Coordinator:
             self.metrics.observe_generation(outcome, phases)
         if outcome == COMMITTED:
             self.current = plan
+            self._broken_recoveries = 0
         self.pending = None
         log.info("generation %d %s", plan.generation, outcome)
         self._report()
@@ -455,16 +470,26 @@ class Coordinator:
                     newly_dead.append(m)
                 continue
             self.telemetry[m] = hb
+            known = self._incarnation.setdefault(m, hb["incarnation"]) if hb.get("incarnation") else None
+            if known and hb["incarnation"] != known:
+                # another process under the same id (a pod's supervisor restarted it): the
+                # state the old one held is gone with it
+                newly_dead.append(m)
+                continue
             if hb.get("state") in ("exited", "finished"):
                 continue
-            self._note_broken(m, hb, now)
             if now - hb["time"] > self.heartbeat_timeout:
                 newly_dead.append(m)
         self._readmit(now)
         if not newly_dead:
+            self._note_broken(now)
             return
         for m in newly_dead:
-            self._dead_incarnation[m] = (self.telemetry.get(m) or self.store.get_json(Keys.member(m)) or {}).get("incarnation")
+            incarnation = self._incarnation.pop(m, None) or (self.store.get_json(Keys.member(m)) or {}).get("incarnation")
+            self._dead_incarnation[m] = incarnation
+            self._broken_since.pop(m, None)
+            # the process itself learns it from here (it may be only frozen): it rejoins as new
+            self.store.set(Keys.dead(m), incarnation or "")
         self.dead.update(newly_dead)
         log.warning("members without heartbeat: %s", ", ".join(newly_dead))
         if self.pending is not None:
@@ -477,31 +502,52 @@ class Coordinator:
         replacement pod, or the old process that found itself excluded and dropped its state):
         it may join again. The same incarnation heartbeating is the old process, still holding
         stale state: it stays out until it rejoins."""
-        for m in sorted(self.dead):
+        # never while the id is still part of the world (or of a transition) it died in: the
+        # plans about that world must go on treating it as gone
+        busy = set(self.current.members) if self.current else set()
+        if self.pending is not None:
+            busy |= set(self.pending.plan.members)
+            if self.current is not None:
+                busy |= set(transition_members(self.current, self.pending.plan))
+        for m in sorted(self.dead - busy):
             hb = self.store.get_json(Keys.heartbeat(m))
             if (hb and now - hb.get("time", 0) <= self.heartbeat_timeout and hb.get("incarnation")
                     and hb["incarnation"] != self._dead_incarnation.get(m)):
                 self.dead.discard(m)
                 self._dead_incarnation.pop(m, None)
+                self._incarnation[m] = hb["incarnation"]
                 self.telemetry[m] = hb
                 log.warning("%s is back as a new member (incarnation %s)", m, hb["incarnation"])
 
-    def _note_broken(self, member: str, hb: dict, now: float) -> None:
-        """Track members of the current world that report it broken while none of its members
-        is dead: a collective that failed without a death, or a generation aborted after its
-        vote (the members hold the old state but its groups are gone)."""
+    def _note_broken(self, now: float) -> None:
+        """Recover a current world whose members report it broken while none of them is dead: a
+        collective that failed without a death, or a generation aborted after its vote (the
+        members hold the old state but its groups are gone). Called after a tick's death checks;
+        ``MAX_BROKEN_RECOVERIES`` attempts in a row without a commit end the run."""
         current = self.current
-        if current is None or hb.get("state") != "broken" or hb.get("generation") != current.generation:
-            self._broken_since.pop(member, None)
+        if current is None:
             return
-        since = self._broken_since.setdefault(member, now)
+        for m in current.members:
+            hb = self.telemetry.get(m) or {}
+            if hb.get("state") == "broken" and hb.get("generation") == current.generation:
+                self._broken_since.setdefault(m, now)
+            else:
+                self._broken_since.pop(m, None)
+        if not self._broken_since or self.pending is not None or any(m in self.dead for m in current.members):
+            return
+        member, since = min(self._broken_since.items(), key=lambda kv: kv[1])
         # a death is detected within heartbeat_timeout: give it that long to be the cause
-        if (self.pending is None and now - since > self.heartbeat_timeout
-                and not any(m in self.dead for m in current.members)):
-            log.warning("the world of generation %d is broken (%s) with every member alive: recovering",
-                        current.generation, member)
-            self._broken_since.clear()
-            self._recover(reason=f"world of generation {current.generation} broken without a death")
+        if now - since <= self.heartbeat_timeout:
+            return
+        self._broken_since.clear()
+        self._broken_recoveries += 1
+        if self._broken_recoveries > MAX_BROKEN_RECOVERIES:
+            self._fail("RecoveryFailing", f"the world of generation {current.generation} stayed broken through "
+                                          f"{MAX_BROKEN_RECOVERIES} recoveries in a row")
+            return
+        log.warning("the world of generation %d is broken (%s) with every member alive: recovering",
+                    current.generation, member)
+        self._recover(reason=f"world of generation {current.generation} broken without a death")
 
     def _recover(self, reason: str | None = None) -> None:
         assert self.current is not None

@@ -255,7 +255,7 @@ class LocalRun:
                 self.say(f"step {ev.step}: {', '.join(self.armed)} to be killed at phase {ev.phase} of the next change")
                 continue
             if ev.kind == "restart":
-                status = self._restart_everything(store, ev, port, cur_members, status["config"])
+                status = self._restart_everything(store, ev, port, cur_members, tuple(standbys), status["config"])
                 store = self.connect(port)
                 continue
             if ev.kind == "sigstop":
@@ -370,12 +370,16 @@ class LocalRun:
                  + "; ".join(f"{h['generation']}: {h['outcome']}" for h in hist))
         return st
 
-    def _restart_everything(self, store, ev, port: int, members: tuple[str, ...], config: str) -> dict:
+    def _restart_everything(self, store, ev, port: int, members: tuple[str, ...], standbys: tuple[str, ...],
+                            config: str) -> dict:
         """Every process of the job gone at once (a whole spot pool, a cluster restart): kill the
         workers held at the step and the coordinator, start new ones on the same checkpoint
         directory. The new coordinator's first world continues the newest complete checkpoint."""
         from liveshard.runtime.coordinator import PlanRequest, StorePlanSource
 
+        for wid in standbys:  # not training, so never held at a step: killed as they are
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.procs.workers[wid].pid, signal.SIGKILL)
         self.kill_at_step(store, list(members), ev.step)
         self.procs.coordinator.send_signal(signal.SIGKILL)
         self.procs.coordinator.wait()

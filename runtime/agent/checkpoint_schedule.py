@@ -165,18 +165,18 @@ class SafetyCheckpoints:
             return
         steps = self.options.checkpoint_finalize_steps
         due = bool(steps) and step is not None and step - self._save_started_at >= steps
+        from torch.distributed.checkpoint import CheckpointException
+
         try:
             self._saves.maybe_finalize_async_calls(blocking=wait or due)
-        except Exception as e:
-            from liveshard.runtime.agent.training import is_comm_failure
-
-            if is_comm_failure(e):
-                raise  # a peer is gone: the world is broken, not the disk
+        except CheckpointException as e:
+            # raised on every rank alike (megatron gathers every rank's write result first);
+            # anything else (a peer gone, rank 0's own marker write) is not caught here
             self.failed(self._save_started_at, e)
 
     def failed(self, step: int, error: BaseException) -> None:
-        """A save failed on every rank (megatron raised at finalize, or the save did not start):
-        training goes on without it; rank 0 reports it."""
+        """A save failed (at finalize: on every rank alike; a save that did not start: on the
+        ranks that tried): training goes on without it; rank 0 reports it."""
         self.failed_saves += 1
         self.postpone()
         log.error("checkpoint of step %d failed (training goes on; the next one is due a full interval "

@@ -56,7 +56,7 @@ class ControlThread:
         self.heartbeat = heartbeat
         self.latest_seen = -1  # newest plan generation this worker has seen
         self.stop_requested = False  # the job asked every worker to finish
-        self.excluded: int | None = None  # the plan that declared this worker dead, once seen
+        self.excluded: int | None = None  # set when the coordinator declared this process dead
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"control-{worker_id}", daemon=True)
 
@@ -97,14 +97,13 @@ class ControlThread:
         latest = store.latest_generation()
         if latest > self.latest_seen:
             self.latest_seen = latest
+        if self.excluded is None and store.get(Keys.dead(self.id)) == self.state.incarnation:
+            # the job went on without this process (it was silent: frozen, cut off): whatever it
+            # holds is stale. It comes back as a new process would (WorkerAgent.rejoin).
+            self.excluded = latest
+            return handled
         if latest > handled:  # read a plan until it is acted on, not on every poll after
             plan = store.plan(latest)
-            if plan is not None and self.id in plan.dead and self.state.generation is not None \
-                    and plan.previous is not None and plan.previous >= self.state.generation:
-                # the job went on without this process (it was silent: stopped, cut off): its
-                # state is stale. It comes back as a new process would (WorkerAgent.rejoin).
-                self.excluded = plan.generation
-                return latest
             if plan is not None:
                 current = self.state.generation if self.state.generation is not None else -1
                 if self.preparations.known(latest) or latest <= current:

@@ -201,7 +201,7 @@ def _commit(agent: WorkerAgent, prep: Prepared, switch_step: int, result: Transi
     decision = _decide(agent, plan, error)
     if decision == COMMITTED and error:
         # cannot happen unless the store was tampered with: never train on a world not built
-        raise RuntimeError(f"generation {gen} committed although this member failed: {error}")
+        raise CommitPointLost(f"generation {gen} committed although this member failed: {error}")
     if decision != COMMITTED:
         agent.reinstate(old)
         phases["downtime"] = time.perf_counter() - t_stop
@@ -248,11 +248,23 @@ def _build_new_world(agent: WorkerAgent, prep: Prepared, result: TransitionResul
     t3 = time.perf_counter()
     objs = result.objects
     load_state(agent.built, result.tensors, step=int(objs["step"]))
+    result.tensors.clear()  # the model holds them now (adopted, or copied: then freed here)
     agent.trainer.restore_progress({"step": objs["step"], "consumed_samples": objs["data_cursor"],
                                     "scheduler": objs["scheduler"], **objs["loss_scaler"]})
     restore_rng(objs["rng"])
     log.info("commit %d: meet %.3fs, world %.3fs, build %.3fs, load %.3fs", plan.generation,
              t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
+
+
+class CommitPointLost(Exception):
+    """This process cannot learn whether its generation committed (the store holding the
+    decision is gone): it must not train on either world, so it leaves. Not a RuntimeError, so
+    no handler takes it for a broken collective."""
+
+
+def _poll_delay(attempt: int) -> float:
+    """5 ms at first, backing off to 100 ms: hundreds of ranks poll the one store."""
+    return min(0.1, 0.005 * 1.5 ** min(attempt, 20))
 
 
 def _arrive(agent: WorkerAgent, plan: WorldPlan) -> None:
@@ -262,21 +274,28 @@ def _arrive(agent: WorkerAgent, plan: WorldPlan) -> None:
     gen, store = plan.generation, agent.store
     store.store.add(Keys.arrived(gen), 1)
     end = time.monotonic() + agent.options.commit_timeout
+    attempt = 0
     while store.store.add(Keys.arrived(gen), 0) < len(plan.members):
         decision = store.get(Keys.decision(gen))
         if decision is not None:
             raise RuntimeError(f"generation {gen} was decided while members were arriving: {decision}")
         if time.monotonic() > end:
             raise RuntimeError(f"not every member arrived in {agent.options.commit_timeout:.0f} s")
-        time.sleep(0.005)
+        time.sleep(_poll_delay(attempt))
+        attempt += 1
 
 
 def _decide(agent: WorkerAgent, plan: WorldPlan, error: str) -> str:
-    """This process's vote at the commit point, then the generation's decision (the same for
-    every process: the first value written to ``Keys.decision`` stands)."""
+    """This process's vote at the commit point, then the generation's decision: the first value
+    written to ``Keys.decision`` in the job's store, the same for every process that reads it.
+
+    The store is pinned on entry: if the coordinator restarts meanwhile (a new, empty store), a
+    member that already said it is ready cannot know what the others read, and raises
+    ``CommitPointLost``. One that failed cannot have been committed without: it aborts."""
     gen, key = plan.generation, Keys.decision(plan.generation)
+    store = agent.store
+    ready = False
     try:
-        store = agent.store
         if agent.id in plan.members:
             if error:
                 store.decide(key, f"aborted: {agent.id}: {error}")
@@ -284,26 +303,36 @@ def _decide(agent: WorkerAgent, plan: WorldPlan, error: str) -> str:
                 # Authenticated ready keys, one per member: whoever sets the last one sees all of
                 # them (each sets its own, then looks) and writes the commit.
                 store.set(Keys.ready(gen, agent.id), "1")
+                ready = True
                 keys = [Keys.ready(gen, m) for m in plan.members]
                 if store.store.check(keys) and all(store.get(k) == "1" for k in keys):
                     store.decide(key, COMMITTED)
-    except Exception as e:  # the store is going away with its coordinator: wait below
+    except Exception as e:  # the store is going away with its coordinator: decided below
         log.warning("generation %d: writing the commit vote failed: %s", gen, e)
-    end = time.monotonic() + agent.options.commit_timeout
+    # New members may take up to commit_timeout to arrive, then build: a leaver or standby
+    # gives them that and more before it decides against them.
+    timeout = agent.options.commit_timeout * (1 if agent.id in plan.members else 3)
+    end = time.monotonic() + timeout
+    attempt = 0
     while True:
+        if agent.store is not store:  # the control thread connected to a restarted coordinator
+            if error or not ready:
+                return f"aborted: the coordinator restarted before {agent.id} was ready"
+            raise CommitPointLost(f"generation {gen}: the store holding the commit point is gone")
         try:
-            decision = agent.store.get(key)
+            decision = store.get(key)
             if decision is not None:
                 return decision
             if time.monotonic() > end:
-                return agent.store.decide(key, f"aborted: no decision in {agent.options.commit_timeout:.0f} s") \
+                return store.decide(key, f"aborted: no decision in {timeout:.0f} s") \
                     or "aborted: the decision is not authentic"
-        except Exception as e:  # a coordinator restart: the control thread connects a new client
+        except Exception as e:
             if time.monotonic() > end:
-                # Not knowing whether the others committed, this process must not guess: it
-                # leaves, and the job recovers without it from whichever world is the job's.
-                raise RuntimeError(f"generation {gen}: the commit point cannot be read ({e})") from e
-        time.sleep(0.005)
+                if error or not ready:
+                    return f"aborted: the store is unreachable ({type(e).__name__})"
+                raise CommitPointLost(f"generation {gen}: the commit point cannot be read") from None
+        time.sleep(_poll_delay(attempt))
+        attempt += 1
 
 
 def _progress_objects(trainer: Any) -> dict:

@@ -175,6 +175,10 @@ class StepBoundary:
                 raise
             self.checkpoints.failed(trainer.step_count, e)
 
+    def forget_plans(self) -> None:
+        """Plans read from a store that is gone (a coordinator restart, a rejoin): read anew."""
+        self._plans.clear()
+
     def _next_plan(self, latest: int) -> WorldPlan | None:
         """The plan of generation ``latest`` if it follows this world, else None."""
         if latest <= self.state.generation:

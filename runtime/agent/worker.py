@@ -15,9 +15,11 @@ Life of a worker:
      members; joiners did their imports and megatron set-up before this;
    * **transfer**: every piece of state moves to its new owner (``liveshard.runtime.transfer``),
      into fresh buffers: the old model is untouched;
-   * **commit** (all members said ok): the old world is destroyed, the new one built in the same
-     process, the received state loaded; leavers exit; otherwise **abort**: the old world keeps
-     training and the new buffers are dropped.
+   * **vote** (one all-reduce): a no leaves the old world training on its untouched state;
+   * **commit**: the new world is built in the same process and loaded while the old state is
+     kept; the generation's decision in the store (written once) commits it (the old state
+     goes, leavers exit) or aborts it (every survivor holds the old state again, as a broken
+     world the coordinator recovers) — see ``switch.py``.
 
 A rank that dies without notice breaks the old world's collectives; the survivors stop, report
 "broken" in their heartbeats and take the coordinator's recovery plan, which sources every
@@ -352,6 +354,7 @@ class WorkerAgent:
         gen = self.control.excluded
         self.teardown()
         self.preparations.drop_after(None)
+        self.step_boundary.forget_plans()
         self.state.generation, self.state.plan, self.state.rank = None, None, None
         self.state.incarnation = new_incarnation()
         self.state.phase = "waiting"
@@ -374,14 +377,16 @@ class WorkerAgent:
         """Tear the training world down (megatron's groups, the default group) and hand its
         state over to the caller instead of freeing it (None: no world)."""
         self.checkpoints.abandon()  # finalized before any orderly switch; only a broken world has one left
-        if self.trainer is None:
-            return None
-        from liveshard.runtime.agent.state import capture_rng
         from liveshard.runtime.megatron.build import destroy
 
-        kept = Retired(self.built, self.trainer, capture_rng())
+        kept = None
+        if self.trainer is not None:
+            from liveshard.runtime.agent.state import capture_rng
+
+            kept = Retired(self.built, self.trainer, capture_rng())
         self.trainer = None
         self.built = None
+        # also without a model: a build that failed half-way leaves its groups behind
         destroy()
         worlds.destroy_training_world()
         return kept
@@ -390,15 +395,17 @@ class WorkerAgent:
         """A generation did not commit: drop what was built of it and hold ``kept`` again, as a
         broken world (its groups are gone) whose state the coordinator's recovery moves. With
         nothing kept (a joiner, a standby), wait for the next plan."""
-        self.teardown()
-        if kept is None:
-            self.state.phase = "waiting"
-            return
-        from liveshard.runtime.agent.state import restore_rng
+        try:
+            self.teardown()
+        finally:  # whatever tearing the new world down raised, the old state is held again
+            if kept is None:
+                self.state.phase = "waiting"
+            else:
+                from liveshard.runtime.agent.state import restore_rng
 
-        self.built, self.trainer = kept.built, kept.trainer
-        restore_rng(kept.rng)
-        self.state.phase = "broken"
+                self.built, self.trainer = kept.built, kept.trainer
+                restore_rng(kept.rng)
+                self.state.phase = "broken"
 
     # ---- results -----------------------------------------------------------------------------
     def final_checksums(self) -> dict[str, int]:

@@ -7,6 +7,8 @@ prefix (``liveshard/<job>/``, see ``control.store.JobStore``).
     members/<id>                 a worker announces itself (host, pid, node, time; after a
                                  coordinator restart also its plan and newest checkpoint)
     members/count, members/index/<i>   the registration order
+    dead/<id>                    the coordinator declared this incarnation of <id> dead (it
+                                 rejoins as a new one if it is still alive)
     hb/<id>                      heartbeat: time, state, generation, rank, step, step time, loss
     plan/latest                  generation number of the newest world plan
     plan/<N>                     WorldPlan N (config, members in rank order, reason, ...)
@@ -59,6 +61,10 @@ class Keys:
     @staticmethod
     def member_index(index: int) -> str:
         return f"members/index/{index}"
+
+    @staticmethod
+    def dead(worker: str) -> str:
+        return f"dead/{worker}"
 
     @staticmethod
     def heartbeat(worker: str) -> str:

@@ -301,18 +301,16 @@ class CheckpointReport:
     unavailable: str | None = None  # "path: error"
 
     def to_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"failedSaves": self.failed_saves}
-        if self.latest_path:
-            out["latest"] = {"path": self.latest_path, "step": self.latest_step}
-        if self.last_failure:
-            out["lastFailure"] = self.last_failure
-            if self.failed_step is not None:
-                out["lastFailedStep"] = self.failed_step
-            if self.failed_at is not None:
-                out["failedAt"] = iso(self.failed_at)
-        if self.unavailable:
-            out["unavailable"] = self.unavailable
-        return {"checkpoints": out}
+        """Every field, None where there is nothing: the status is merge-patched, so a field
+        left out would keep an old value (a failure the runtime no longer reports)."""
+        return {"checkpoints": {
+            "failedSaves": self.failed_saves,
+            "latest": {"path": self.latest_path, "step": self.latest_step} if self.latest_path else None,
+            "lastFailure": self.last_failure,
+            "lastFailedStep": self.failed_step if self.last_failure else None,
+            "failedAt": iso(self.failed_at) if self.last_failure and self.failed_at is not None else None,
+            "unavailable": self.unavailable,
+        }}
 
     @classmethod
     def from_coordinator(cls, report: Mapping[str, Any]) -> CheckpointReport:
@@ -329,13 +327,17 @@ class CheckpointReport:
     @classmethod
     def from_status(cls, status: Mapping[str, Any]) -> CheckpointReport:
         c = status.get("checkpoints") or {}
-        if not isinstance(c, Mapping):
-            raise InvalidStatus("checkpoints", f"is not an object: {c!r}")
-        latest = c.get("latest") or {}
-        return cls(latest_path=latest.get("path"), latest_step=latest.get("step"),
-                   failed_saves=int(c.get("failedSaves") or 0), last_failure=c.get("lastFailure"),
-                   failed_step=c.get("lastFailedStep"), failed_at=parse_time(c.get("failedAt")),
-                   unavailable=c.get("unavailable"))
+        latest = c.get("latest") or {} if isinstance(c, Mapping) else None
+        if not isinstance(c, Mapping) or not isinstance(latest, Mapping):
+            raise InvalidStatus("checkpoints", f"is not an object with an object 'latest': {c!r}")
+        try:
+            return cls(latest_path=latest.get("path"),
+                       latest_step=None if latest.get("step") is None else int(latest["step"]),
+                       failed_saves=int(c.get("failedSaves") or 0), last_failure=c.get("lastFailure"),
+                       failed_step=None if c.get("lastFailedStep") is None else int(c["lastFailedStep"]),
+                       failed_at=parse_time(c.get("failedAt")), unavailable=c.get("unavailable"))
+        except (TypeError, ValueError) as e:
+            raise InvalidStatus("checkpoints", f"has a malformed field: {e}") from None
 
     @property
     def failing(self) -> bool:

@@ -398,3 +398,38 @@ def test_checkpoint_reports_reach_the_status_and_bad_values_are_absent():
     c.store.set(Keys.CHECKPOINT_UNAVAILABLE, "not json {")
     report = c.status()["checkpoints"]
     assert report["failed"]["count"] == 2 and report["unavailable"] is None and report["latest"] is None
+
+
+def test_a_leaver_dying_after_the_vote_does_not_abort_what_it_already_delivered():
+    """Once a new member arrived to build the new world every source has delivered: a leaver
+    reclaimed then (its spot deadline) must not abort the commit and throw the state away."""
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+    _beat(c, "w0", "w1", "w2")
+    source.queue.append(PlanRequest(members=("w0", "w2"), config="tp=1,pp=1,dp=2", reason="w1 leaves"))
+    c.tick()
+    gen = c.pending.plan.generation
+    c.store.store.add(Keys.arrived(gen), 1)  # past the vote: a new member is building
+    _lose(c, "w1", ("w0", "w2"))
+    assert c.pending is not None and c.store.get(Keys.decision(gen)) is None
+    c.store.decide(Keys.decision(gen), COMMITTED)
+    for m in ("w0", "w2"):
+        c.store.set(Keys.result(gen, m), MemberResult(ok=True).to_json())
+    _beat(c, "w0", "w2")
+    c.tick()
+    assert c.current.generation == gen and c.pending is None  # and no recovery: w1 is not in it
+
+
+def test_a_member_restarted_under_the_same_id_is_a_death_not_the_same_member():
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+    for w in ("w0", "w1"):
+        c.store.set_json(Keys.heartbeat(w), {"time": time.time(), "state": "training", "incarnation": f"{w}-a"})
+    c.tick()
+    assert not c.dead
+    c.store.set_json(Keys.heartbeat("w1"), {"time": time.time(), "state": "waiting", "incarnation": "w1-b"})
+    c.tick()
+    assert c.dead == {"w1"} and c.store.get(Keys.dead("w1")) == "w1-a"
+    assert c.pending is not None and "w1" not in c.pending.plan.members  # recovered without its state

@@ -61,7 +61,9 @@ def merge_patch(target, patch):
     for key, value in patch.items():
         if value is None:
             target.pop(key, None)
-        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+        elif isinstance(value, dict):  # a new object too: its nulls are dropped
+            if not isinstance(target.get(key), dict):
+                target[key] = {}
             merge_patch(target[key], value)
         else:
             target[key] = value
@@ -455,7 +457,7 @@ def test_checkpoint_failures_and_an_unusable_directory_are_conditions_not_a_stop
     failing = CheckpointReport(latest_path="/ckpt/step00000004", latest_step=4, failed_saves=1,
                                last_failure="step 6: No space left on device", failed_step=6, failed_at=T0,
                                unavailable=None)
-    job["status"].update(failing.to_status())
+    merge_patch(job["status"], failing.to_status())  # as the coordinator patches it
     d, job = step(job, pods, healthy(4), T0 + timedelta(seconds=30))
     conds = {c["type"]: c for c in job["status"]["conditions"]}
     assert conds["CheckpointFailing"]["status"] == "True" and "No space left" in conds["CheckpointFailing"]["message"]
@@ -464,11 +466,11 @@ def test_checkpoint_failures_and_an_unusable_directory_are_conditions_not_a_stop
     assert crd_validator.errors(crd_validator.default(job)) == []
     recovered = CheckpointReport(latest_path="/ckpt/step00000008", latest_step=8, failed_saves=1,
                                  last_failure="step 6: No space left on device", failed_step=6, failed_at=T0)
-    job["status"].update(recovered.to_status())
+    merge_patch(job["status"], recovered.to_status())
     d, job = step(job, pods, healthy(4), T0 + timedelta(seconds=60))
     conds = {c["type"]: c for c in job["status"]["conditions"]}
     assert conds["CheckpointFailing"]["status"] == "False" and "step 8" in conds["CheckpointFailing"]["message"]
-    job["status"].update(CheckpointReport(unavailable="/ckpt: read-only file system").to_status())
+    merge_patch(job["status"], CheckpointReport(unavailable="/ckpt: read-only file system").to_status())
     d, job = step(job, pods, healthy(4), T0 + timedelta(seconds=90))
     conds = {c["type"]: c for c in job["status"]["conditions"]}
     assert conds["CheckpointUnavailable"]["status"] == "True" and "read-only" in conds["CheckpointUnavailable"]["message"]
