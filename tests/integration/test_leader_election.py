@@ -47,9 +47,16 @@ def read_lease(kube, name: str = LEASE) -> dict:
 def hijack(kube, name: str = LEASE, holder: str = "intruder") -> None:
     """Another process takes the Lease over (as after a network partition): a fresh renewal."""
     api = k8s.CoordinationV1Api(kube.api_client())
-    lease = read_lease(kube, name)
-    lease["spec"].update(holderIdentity=holder, renewTime=iso(time.time()), leaseDurationSeconds=60)
-    api.replace_namespaced_lease(name, NS, lease, _preload_content=False)
+    for _ in range(20):  # the holder may renew between our read and our write: read again (409)
+        lease = read_lease(kube, name)
+        lease["spec"].update(holderIdentity=holder, renewTime=iso(time.time()), leaseDurationSeconds=60)
+        try:
+            api.replace_namespaced_lease(name, NS, lease, _preload_content=False)
+            return
+        except k8s.ApiException as exc:
+            if exc.status != 409:
+                raise
+    raise AssertionError(f"could not take over the lease {name}: every write conflicted")
 
 
 # ---- the elector ------------------------------------------------------------------------------
