@@ -28,6 +28,7 @@ from liveshard.runtime.contract.causes import LOSSES, Cause
 from liveshard.runtime.contract.crd import LABEL_ROLE, ROLE_COORDINATOR
 from liveshard.runtime.contract.jobspec import JobSpec, read_spec
 from liveshard.runtime.contract.status import (
+    AdaptiveReport,
     CheckpointReport,
     Finished,
     InvalidStatus,
@@ -161,6 +162,7 @@ class _Reconciler:
             self._runtime_failed(failure, workers)
             return d
         self._checkpoint_conditions()
+        self._adaptive_event()
         plan = self.plan
         acked = plan is None or self.ack.generation >= plan.generation
         members = list(plan.members) if plan else []
@@ -305,6 +307,19 @@ class _Reconciler:
             self.cond("CheckpointFailing", failing, "SaveFailed" if failing else "SaveSucceeded",
                       f"{report.failed_saves} failed save(s), last: {report.last_failure}" if failing
                       else f"checkpoint of step {report.latest_step} complete")
+
+    def _adaptive_event(self) -> None:
+        """An event for each switch the straggler policy made (``status.adaptive``), once: the
+        decision's time is remembered in ``status.adaptive.announcedAt``."""
+        report = self._status_part(AdaptiveReport.from_status, AdaptiveReport())
+        last = report.last_decision or {}
+        when = last.get("time")
+        if not last.get("switch") or not when or (self.status.get("adaptive") or {}).get("announcedAt") == when:
+            return
+        self.event("Normal", "StragglerReplan",
+                   f"{last.get('config')} ({last.get('kind')}) for slow device(s) "
+                   f"{', '.join(last.get('stragglers') or ()) or '-'}: {last.get('reason')}")
+        self.d.status["adaptive"] = {"announcedAt": when}
 
     # -- phase 0: inputs --
     def _read_inputs(self) -> bool:

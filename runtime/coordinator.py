@@ -37,11 +37,12 @@ from liveshard.runtime.contract.training import TrainingSpec
 from liveshard.runtime.control.metrics import JobMetrics
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan, transition_members
 from liveshard.runtime.control.store import JobStore
+from liveshard.runtime.control.stragglers import StragglerLoop
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner import GPU, Constraints, NoFeasiblePlan, ParallelPlan, plan_world
+from liveshard.runtime.planner.adapt import AdaptivePolicy, layer_caps_for
 from liveshard.runtime.spec import ModelSpec
-from liveshard.runtime.telemetry import summarize
 
 log = logging.getLogger("liveshard.coordinator")
 
@@ -72,6 +73,7 @@ class PlanningInputs:
     constraints: Constraints
     gpu_memory_bytes: int = 80 << 30
     speeds: Mapping[str, float] = field(default_factory=dict)
+    adaptive: AdaptivePolicy | None = None  # the straggler policy (spec.elasticity.adaptive)
 
 
 class PlanSource(Protocol):
@@ -140,7 +142,7 @@ class Coordinator:
     def __init__(self, store: JobStore, spec: ModelSpec, source: PlanSource, planning: PlanningInputs, *,
                  heartbeat_timeout: float = 3.0, transition_timeout: float = 120.0,
                  training: TrainingSpec | None = None, metrics: JobMetrics | None = None,
-                 checkpoint_dir: str | None = None) -> None:
+                 checkpoint_dir: str | None = None, stragglers: StragglerLoop | None = None) -> None:
         self.store = store
         self.training = training  # the job's training spec: progress, ETA
         self.metrics = metrics  # Prometheus gauges of the job (None: not exported)
@@ -156,7 +158,9 @@ class Coordinator:
         self.dead: set[str] = set()
         self.history: list[dict] = []
         self.telemetry: dict[str, dict] = {}
-        self._step_history: dict[str, list[float]] = {}
+        # compute speed per device, stragglers and (if enabled) the adaptive policy; without a
+        # training spec only the measurements (the policy needs the batch)
+        self.stragglers = stragglers or self._straggler_loop()
         self._adopted_checkpoint: dict | None = None  # announced by workers after a restart
         self._last_report = 0.0
         self.report_interval = 2.0
@@ -167,6 +171,15 @@ class Coordinator:
         self._broken_recoveries = 0  # recoveries of broken worlds since the last commit
         self.finished: dict | None = None  # rank 0's report at trainIters (Keys.FINISHED)
         self.failure: dict | None = None  # why the run cannot go on (terminal), see _fail
+
+    def _straggler_loop(self) -> StragglerLoop:
+        c, t = self.planning.constraints, self.training
+        return StragglerLoop(self.spec, self.planning.adaptive or AdaptivePolicy(),
+                             global_batch=t.global_batch if t else c.global_batch,
+                             micro_batch=t.micro_batch if t else c.micro_batch,
+                             seq_length=t.seq_length if t else (c.seq_length or self.spec.max_sequence_length),
+                             granularity=c.granularity,
+                             layer_caps=layer_caps_for(self.spec, c, self.planning.gpu_memory_bytes))
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self, stop_after: float | None = None, period: float = 0.02, idle_period: float = 0.2) -> None:
@@ -217,6 +230,8 @@ class Coordinator:
             request = self.source.poll()
             if request is not None:
                 self._start(request)
+            else:
+                self._consider_stragglers()
         if time.monotonic() - self._last_report > self.report_interval:
             self._report()
 
@@ -439,6 +454,7 @@ class Coordinator:
         if outcome == COMMITTED:
             self.current = plan
             self._broken_recoveries = 0
+            self.stragglers.committed(plan)
         self.pending = None
         log.info("generation %d %s", plan.generation, outcome)
         self._report()
@@ -470,6 +486,7 @@ class Coordinator:
                     newly_dead.append(m)
                 continue
             self.telemetry[m] = hb
+            self.stragglers.observe(m, hb)
             known = self._incarnation.setdefault(m, hb["incarnation"]) if hb.get("incarnation") else None
             if known and hb["incarnation"] != known:
                 # another process under the same id (a pod's supervisor restarted it): the
@@ -549,6 +566,28 @@ class Coordinator:
                     current.generation, member)
         self._recover(reason=f"world of generation {current.generation} broken without a death")
 
+    def _consider_stragglers(self) -> None:
+        """The straggler policy's plan, if a switch pays (``control.stragglers``)."""
+        current = self.current
+        if current is None or any(m in self.dead for m in current.members):
+            return
+        progress = self.progress() or {}
+        if progress.get("step") is None:
+            return
+        inputs = self.source.planning()
+        if inputs is not None and inputs.adaptive is not None and inputs.adaptive != self.stragglers.policy:
+            self.stragglers.set_policy(inputs.adaptive)  # the job's spec was edited
+        step = int(progress["step"])
+        left = self.training.train_iters - step if self.training is not None else None
+        request = self.stragglers.consider(current, step, progress.get("step_seconds"),
+                                           [h for h in self.history if h.get("generation") is not None], left)
+        if request is None:
+            return
+        generation = self.next_generation
+        self._start(PlanRequest(**request))
+        if self.pending is not None and self.pending.plan.generation == generation:
+            self.stragglers.taken(generation)
+
     def _recover(self, reason: str | None = None) -> None:
         assert self.current is not None
         survivors = tuple(m for m in (*self.current.members, *self.current.standbys) if m not in self.dead)
@@ -566,7 +605,8 @@ class Coordinator:
             "dead": sorted(self.dead),
             "history": self.history,
             "telemetry": self.telemetry,
-            "health": summarize(self.telemetry, self._step_history),
+            "health": self.stragglers.summary(
+                (*self.current.members, *self.current.standbys) if self.current else ()),
             "progress": self.progress(),
             "finished": self.finished,
             "failure": self.failure,
@@ -646,5 +686,6 @@ class Coordinator:
         status = self.status()
         if self.metrics is not None:
             self.metrics.observe_checkpoints(status["checkpoints"])
+            self.metrics.observe_speeds(status["health"])
         self.source.report(status)
         self.store.set(Keys.COORDINATOR_STATUS, json.dumps(status, sort_keys=True, default=str))

@@ -3,12 +3,13 @@
 ``ParallelConfig`` is one small frozen dataclass with a compact string form
 (``tp=8,pp=4,dp=8,ep=1,layers=20+20+21+19,dist_opt``) and megatron-core's rank order
 (``tp-cp-ep-dp-pp``: TP varies fastest). ``validate(spec)`` checks it against a model and names
-the broken rule and its fix. Pure: no torch.
+the broken rule and its fix. ``dp_split=3+1`` (micro-batches per DP replica) is the one setting
+that changes no tensor layout: only how the global batch is shared. Pure: no torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from liveshard.runtime.errors import ConfigError
@@ -43,6 +44,11 @@ class ParallelConfig:
     # Gradient-buffer bucket size in elements (megatron DDP with overlap_grad_reduce); None means
     # one bucket per buffer. It decides the distributed optimizer's shard boundaries.
     bucket_size: int | None = None
+    # Micro-batches per data-parallel replica (index: the DP rank) out of the same global batch;
+    # None: an even split. A training-time choice that moves no tensor: a slower replica takes
+    # fewer samples and the gradient average weights each replica by the samples it processed.
+    # An all-equal split is the even one and normalises to None (one config, one string).
+    dp_split: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "cp", "ep"):
@@ -60,6 +66,16 @@ class ParallelConfig:
                                   "give one layer count per pipeline stage, joined with '+'")
             if any(n < 1 for n in self.layers):
                 raise ConfigError("layers", "every pipeline stage needs at least one layer")
+        if self.dp_split is not None:
+            split = tuple(self.dp_split)
+            if len(split) != self.dp:
+                raise ConfigError("dp_split", f"{len(split)} micro-batch counts given for dp={self.dp}",
+                                  "give one micro-batch count per data-parallel replica, joined with '+'")
+            if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in split):
+                raise ConfigError("dp_split", f"{'+'.join(map(str, split))}: every data-parallel replica "
+                                              "needs at least one micro-batch",
+                                  "give each replica a count >= 1, or use fewer replicas")
+            object.__setattr__(self, "dp_split", None if len(set(split)) == 1 else split)
         if self.world_size % (self.expert_tp * self.ep * self.pp):
             raise ConfigError("ep", f"tp*cp*dp={self.tp * self.cp * self.dp} ranks per stage do not "
                                     f"split into etp*ep={self.expert_tp * self.ep} expert shards",
@@ -77,6 +93,10 @@ class ParallelConfig:
     @property
     def expert_dp(self) -> int:
         return self.world_size // (self.expert_tp * self.ep * self.pp)
+
+    def with_even_dp(self) -> ParallelConfig:
+        """This config without its DP split: the tensor layout alone (what a checkpoint records)."""
+        return self if self.dp_split is None else replace(self, dp_split=None)
 
     def stage_layers(self, num_layers: int) -> tuple[int, ...]:
         if self.layers is not None:
@@ -159,6 +179,26 @@ class ParallelConfig:
                                         f"tp={self.tp}", "use a tp that divides it")
         elif self.ep > 1:
             raise ConfigError("ep", f"ep={self.ep} on a dense model", "use ep=1 (the model has no experts)")
+        if self.dp_split is not None:
+            self._validate_dp_split(spec)
+
+    def _validate_dp_split(self, spec: ModelSpec) -> None:
+        """Ranks that meet in a collective every micro-batch must run the same number of them."""
+        split = "+".join(map(str, self.dp_split or ()))
+        if self.cp > 1:
+            # The trainer gives each of the dp*cp ranks its own share of samples; an uneven split
+            # is defined per replica of dp, which that data path does not have.
+            raise ConfigError("dp_split", f"dp_split={split} with cp={self.cp}", "use an even split with cp > 1")
+        if spec.is_moe:
+            # An expert-model-parallel group (the etp*ep ranks of a stage with one expert-DP
+            # index) exchanges tokens every micro-batch; its ranks can sit in different replicas.
+            counts: dict[int, set[int]] = {}
+            for c in self._coords[:self.tp * self.cp * self.dp]:
+                counts.setdefault(c.edp, set()).add(self.dp_split[c.dp])  # type: ignore[index]
+            if any(len(v) > 1 for v in counts.values()):
+                raise ConfigError("dp_split", f"dp_split={split} gives the ranks of one expert-parallel group "
+                                              f"(etp*ep={self.expert_tp * self.ep}) different micro-batch counts",
+                                  "give the replicas that share an expert-parallel group equal counts, or use ep=1")
 
     # ---- string form ------------------------------------------------------------------------
     def __str__(self) -> str:
@@ -170,6 +210,8 @@ class ParallelConfig:
             parts.append(f"etp={self.etp}")
         if self.layers is not None:
             parts.append("layers=" + "+".join(map(str, self.layers)))
+        if self.dp_split is not None:
+            parts.append("dp_split=" + "+".join(map(str, self.dp_split)))
         if self.dist_opt:
             parts.append("dist_opt")
         if self.bucket_size is not None:
@@ -178,7 +220,7 @@ class ParallelConfig:
 
     @classmethod
     def parse(cls, text: str, world_size: int | None = None) -> ParallelConfig:
-        """Parse ``tp=8,pp=4,dp=8,ep=1,layers=20+20+21+19,dist_opt``.
+        """Parse ``tp=8,pp=4,dp=8,ep=1,layers=20+20+21+19,dp_split=3+1+...,dist_opt``.
 
         ``dp`` may be left out when ``world_size`` is given; it is then derived.
         """
@@ -200,19 +242,21 @@ class ParallelConfig:
                     values[key] = int(val)
                 except ValueError:
                     raise ConfigError(f"parallel.{key}", f"{val!r} is not an integer") from None
-            elif key == "layers" and sep:
+            elif key in ("layers", "dp_split") and sep:
                 try:
-                    values["layers"] = tuple(int(x) for x in val.split("+"))
+                    values[key] = tuple(int(x) for x in val.split("+"))
                 except ValueError:
-                    raise ConfigError("parallel.layers", f"{val!r} is not a '+'-joined list of integers",
-                                      "write e.g. layers=20+20+21+19") from None
+                    example = "layers=20+20+21+19" if key == "layers" else "dp_split=3+1"
+                    raise ConfigError(f"parallel.{key}", f"{val!r} is not a '+'-joined list of integers",
+                                      f"write e.g. {example}") from None
             elif key == "order":
                 if val != SUPPORTED_ORDER:
                     raise ConfigError("parallel.order", f"rank order {val!r} is not supported",
                                       f"use {SUPPORTED_ORDER} (megatron-core's default)")
             else:
                 raise ConfigError(f"parallel.{key}", f"unknown setting {raw!r}",
-                                  "use tp=, pp=, dp=, cp=, ep=, etp=, layers=A+B+..., dist_opt, bucket=N")
+                                  "use tp=, pp=, dp=, cp=, ep=, etp=, layers=A+B+..., dp_split=A+B+..., dist_opt, "
+                                  "bucket=N")
         if "dp" not in values and world_size is not None:
             per_dp = int(values.get("tp", 1)) * int(values.get("pp", 1)) * int(values.get("cp", 1))
             if world_size % per_dp:

@@ -1,9 +1,9 @@
-"""Per-rank health for straggler-aware planning: step times, and GPU health through NVML.
+"""Per-device health for straggler-aware planning: compute speed, and GPU health through NVML.
 
 ``gpu_health()`` reads the worker's GPU with nvidia-ml-py (clocks, throttle reasons, temperature,
-ECC errors, power); without a GPU or NVML it returns ``None`` — not an error. ``summarize``
-turns the heartbeats the coordinator collects into what the job's status shows: per-member
-median step time, relative speed, and which members are stragglers.
+ECC errors, power); without a GPU or NVML it returns ``None`` — not an error. ``SpeedTracker``
+turns the compute measurements in the heartbeats the coordinator collects into what the job's
+status shows: each device's relative speed and which devices are stragglers.
 """
 
 from __future__ import annotations
@@ -11,6 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -23,6 +27,10 @@ _THROTTLE_BITS = {
     0x0000000000000040: "hw_thermal_slowdown",
     0x0000000000000080: "hw_power_brake_slowdown",
 }
+
+
+# The reasons that mean the GPU itself is slowed (not an application clock or power cap it was set to).
+HARDWARE_THROTTLE = frozenset({"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"})
 
 
 @lru_cache(maxsize=1)
@@ -65,37 +73,145 @@ def gpu_health() -> dict | None:
         with contextlib.suppress(Exception):  # ECC not supported on this GPU
             out["ecc_uncorrected"] = nvml.nvmlDeviceGetTotalEccErrors(
                 h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)
+        xid = _poll_xid(nvml, h)
+        if xid is not None:
+            out["last_xid"] = xid
         return out
     except Exception as e:
         return {"error": str(e)[:120]}
 
 
-def summarize(heartbeats: dict[str, dict], history: dict[str, list[float]],
-              straggler_ratio: float = 1.2) -> dict:
-    """Per-member step time and relative speed from heartbeats (``history``: recent step times).
+_xid: dict[str, Any] = {"set": None, "last": None, "registered": False}
 
-    A member is a straggler when its median step time exceeds the job's median by
-    ``straggler_ratio`` or its GPU reports hardware throttling.
+
+def _poll_xid(nvml: Any, handle: Any) -> int | None:
+    """The newest critical XID error of this GPU (a driver-reported fault: 79 fallen off the bus,
+    48 double-bit ECC, 63/64 row remapping...), polled without waiting; None when there was none
+    or the driver does not deliver events (e.g. inside a container without them)."""
+    with contextlib.suppress(Exception):
+        if not _xid["registered"]:
+            _xid["registered"] = True
+            events = nvml.nvmlEventSetCreate()
+            nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, events)
+            _xid["set"] = events
+        if _xid["set"] is not None:
+            while True:
+                data = nvml.nvmlEventSetWait_v2(_xid["set"], 0)
+                _xid["last"] = int(data.eventData)
+    return _xid["last"]
+
+
+def _lower_quartile(values: Iterable[float]) -> float:
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 4]
+
+
+@dataclass
+class _Device:
+    rates: deque  # (step, seconds per layer unit), newest last
+    slow_since: float | None = None  # wall time the device became a straggler
+    below_since: int | None = None  # the step from which its estimate has stayed below the threshold
+    throttled: bool = False
+    last_rate: float | None = None  # kept when the device stops computing (standby)
+
+
+class SpeedTracker:
+    """Each device's compute speed from the members' heartbeats: a robust rolling estimate.
+
+    A heartbeat's ``compute`` list holds ``[step, compute seconds, layer units]`` of the rank's
+    recent steps (``agent.compute_clock``: forward and backward only, no waits); the rate is
+    seconds per layer unit. Per device the estimate is the lower quartile of its rates over the
+    last ``window`` steps (a busy host only ever adds time: scheduling delays, a noisy neighbour's
+    burst; a slow device is slow in every step, so its fast steps are slow too); the job's
+    reference is the median of the estimates; a device's relative speed is reference / its
+    estimate (1.0 = the median device, 0.5 = half as fast).
+
+    Hysteresis: a device becomes a straggler once its speed has stayed below ``threshold`` for
+    another ``window`` steps after a full window first put it there (or at once when its GPU
+    reports hardware throttling), and stops being one only when its speed is back above
+    ``threshold + recover_margin``. Steps are deduplicated, so a heartbeat that repeats a step
+    counts once.
     """
-    for member, hb in heartbeats.items():
-        t = hb.get("step_seconds")
-        if t:
-            h = history.setdefault(member, [])
-            if not h or h[-1] != t:
-                h.append(t)
-                del h[:-20]
-    medians = {m: statistics.median(h) for m, h in history.items() if h}
-    if not medians:
-        return {"members": {}, "stragglers": []}
-    job = statistics.median(medians.values())
-    members = {}
-    stragglers = []
-    for m, med in sorted(medians.items()):
-        health = heartbeats.get(m, {}).get("health") or {}
-        throttled = bool(set(health.get("throttle", ())) & {"hw_slowdown", "hw_thermal_slowdown",
-                                                            "sw_thermal_slowdown", "hw_power_brake_slowdown"})
-        speed = job / med if med > 0 else 1.0
-        members[m] = {"step_seconds": round(med, 4), "speed": round(speed, 3), "throttled": throttled}
-        if med > straggler_ratio * job or throttled:
-            stragglers.append(m)
-    return {"members": members, "stragglers": stragglers, "job_step_seconds": round(job, 4)}
+
+    def __init__(self, threshold: float = 0.7, window: int = 8, recover_margin: float = 0.1) -> None:
+        self.threshold = threshold
+        self.window = window
+        self.recover_margin = recover_margin
+        self.devices: dict[str, _Device] = {}
+
+    def observe(self, member: str, heartbeat: dict, now: float | None = None) -> None:
+        device = self.devices.setdefault(member, _Device(deque(maxlen=self.window)))
+        samples = heartbeat.get("compute") or ()
+        for sample in samples:
+            try:
+                step, seconds, units = int(sample[0]), float(sample[1]), float(sample[2])
+            except (TypeError, ValueError, IndexError):
+                continue  # a malformed sample is skipped, never raised
+            if units <= 0 or seconds <= 0 or (device.rates and step <= device.rates[-1][0]):
+                continue
+            device.rates.append((step, seconds / units))
+        health = heartbeat.get("health") or {}
+        device.throttled = bool(set(health.get("throttle", ())) & HARDWARE_THROTTLE)
+
+    def forget(self, member: str) -> None:
+        self.devices.pop(member, None)
+
+    def restart_window(self, members: Iterable[str]) -> None:
+        """A new world: its rates follow new work; older samples of these devices are dropped
+        (the last estimate is kept for devices that stop computing)."""
+        for m in members:
+            d = self.devices.get(m)
+            if d is not None:
+                if d.rates:
+                    d.last_rate = _lower_quartile(r for _, r in d.rates)
+                d.rates.clear()
+                d.below_since = None
+
+    def rates(self, members: Iterable[str], full_only: bool = False) -> dict[str, float]:
+        """Median seconds per layer unit of each device with samples (with a full window only)."""
+        out = {}
+        for m in members:
+            d = self.devices.get(m)
+            if d is None or not d.rates or (full_only and len(d.rates) < self.window):
+                continue
+            out[m] = _lower_quartile(r for _, r in d.rates)
+        return out
+
+    def last_rate(self, member: str) -> float | None:
+        d = self.devices.get(member)
+        if d is None:
+            return None
+        return _lower_quartile(r for _, r in d.rates) if d.rates else d.last_rate
+
+    def summary(self, members: Iterable[str], now: float | None = None) -> dict:
+        """Relative speed per device and the stragglers among ``members`` (updates hysteresis)."""
+        now = time.time() if now is None else now
+        members = list(members)
+        rates = self.rates(members)
+        if not rates:
+            return {"members": {}, "stragglers": []}
+        reference = statistics.median(rates.values())
+        out: dict[str, dict] = {}
+        stragglers = []
+        for m in sorted(rates):
+            d = self.devices[m]
+            speed = reference / rates[m] if rates[m] > 0 else 1.0
+            full = len(d.rates) >= self.window
+            newest = d.rates[-1][0]
+            if full and speed < self.threshold:
+                d.below_since = newest if d.below_since is None else d.below_since
+            else:
+                d.below_since = None
+            held = d.below_since is not None and newest - d.below_since >= self.window
+            if d.slow_since is None and (held or d.throttled):
+                d.slow_since = now
+            elif d.slow_since is not None and full and speed >= self.threshold + self.recover_margin \
+                    and not d.throttled:
+                d.slow_since = None
+            out[m] = {"speed": round(speed, 3), "seconds_per_unit": rates[m], "samples": len(d.rates),
+                      "throttled": d.throttled}
+            if d.slow_since is not None:
+                out[m]["slow_since"] = d.slow_since
+                stragglers.append(m)
+        return {"members": out, "stragglers": stragglers, "reference_seconds_per_unit": reference,
+                "threshold": self.threshold, "window": self.window}

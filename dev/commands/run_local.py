@@ -21,7 +21,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="workers (one process each) at the start (default: the job's workers.max x gpusPerWorker)")
     p.add_argument("--parallel", default=None,
                    help="the starting config, e.g. tp=2,pp=1,dp=2 (default: the planner's choice for --workers)")
-    p.add_argument("--events", default="", help='e.g. "5:leave=1 10:join=1 15:kill=0 20:parallel=tp=2,pp=1,dp=1"; faults: '
+    p.add_argument("--events", default="", help='e.g. "5:leave=1 10:join=1 15:kill=0 20:parallel=tp=2,pp=1,dp=1"; slow devices: "5:slow=1@0.5 30:slow=1@1"; faults: '
                    '"3:kill=1@commit 4:join=1" (kill at a phase of the next change), "6:sigstop=1 8:sigcont=all"')
     p.add_argument("--mode", choices=("live", "checkpoint"), default="live")
     p.add_argument("--checkpoint-every", type=int, default=0, help="periodic checkpoint interval (steps)")
@@ -31,6 +31,16 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", default=None, help="logs, checkpoints and per-worker results")
     p.add_argument("--out", default="run.json")
     p.add_argument("--quiet", action="store_true")
+    g = p.add_argument_group("stragglers")
+    g.add_argument("--adaptive", action="store_true",
+                   help="let the straggler policy re-plan around slow devices (with slow=R@F events)")
+    g.add_argument("--adaptive-threshold", type=float, default=0.7, help="relative speed below which a device is slow")
+    g.add_argument("--adaptive-window", type=int, default=8, help="steps per speed estimate")
+    g.add_argument("--adaptive-horizon", type=int, default=200, help="steps over which a switch must pay for itself")
+    g.add_argument("--adaptive-min-gain", type=float, default=0.05,
+                   help="least predicted saving, as a share of the step, worth a switch")
+    g.add_argument("--adaptive-probation", type=int, default=200,
+                   help="steps a device set aside for slowness waits before it is tried again")
 
 
 def _start_config(args: argparse.Namespace, spec, training, workers: int) -> str:
@@ -55,6 +65,7 @@ def _start_config(args: argparse.Namespace, spec, training, workers: int) -> str
 def run(args: argparse.Namespace) -> int:
     from liveshard.dev.localrun.driver import RunSpec, run_local
     from liveshard.dev.localrun.events import parse_events
+    from liveshard.runtime.contract.jobspec import AdaptivePolicy
     from liveshard.runtime.errors import ConfigError
 
     spec, training = training_args.resolve(args, env={})
@@ -76,13 +87,20 @@ def run(args: argparse.Namespace) -> int:
     report = run_local(RunSpec(
         spec=spec, training=training, workers=workers, parallel=_start_config(args, spec, training, workers),
         events=events, mode=args.mode, verify=args.verify, preallocate=args.preallocate,
-        checkpoint_every=args.checkpoint_every, workdir=args.workdir, log=None if args.quiet else sys.stderr))
+        checkpoint_every=args.checkpoint_every, workdir=args.workdir, log=None if args.quiet else sys.stderr,
+        adaptive=AdaptivePolicy(enabled=args.adaptive, threshold=args.adaptive_threshold, window=args.adaptive_window,
+                                horizon=args.adaptive_horizon, min_gain=args.adaptive_min_gain,
+                                probation=args.adaptive_probation)))
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     for e in report["events"]:
         dt = e.get("downtime")
         print(f"{e['event']:<28} {e['outcome']:<10} downtime {'-' if dt is None else f'{dt:.3f} s'}")
     last = report["steps"][-1] if report["steps"] else {}
+    for a in report.get("adaptive") or []:
+        d = a.get("decision") or {}
+        print(f"adaptive switch at step {a.get('switch_step')}: {a.get('config')} ({a.get('outcome')}; "
+              f"predicted {d.get('predictedStepSeconds')} -> {d.get('predictedStepSecondsAfter')} s/step)")
     print(f"{len(report['steps'])} steps, final loss {last.get('loss')}, consumed {last.get('consumed_samples')}"
           f" samples; final checkpoint {report.get('final_checkpoint')}; report: {args.out}")
     return 0

@@ -33,8 +33,10 @@ from typing import Any
 
 from liveshard.dev.localrun.events import Event
 from liveshard.dev.ports import free_port
+from liveshard.runtime.contract.jobspec import AdaptivePolicy
 from liveshard.runtime.contract.keys import SECRET_ENV, Keys
 from liveshard.runtime.contract.training import TRAINING_ENV, TrainingSpec, read_training
+from liveshard.runtime.data.batches import BatchPlan
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner import FEWEST_CHANGES, GPU, Constraints, ParallelPlan, plan_world
@@ -56,6 +58,7 @@ class RunSpec:
     collective_timeout: float = 20.0
     workdir: str | None = None
     log: Any = None  # a file for progress lines (None: quiet)
+    adaptive: AdaptivePolicy | None = None  # the coordinator's straggler policy (None: measure only)
 
     @property
     def steps(self) -> int:
@@ -130,8 +133,18 @@ class LocalRun:
         self.run = run
         self.cfg = ParallelConfig.parse(run.parallel)
         self.cfg.validate(run.spec)
+        # The coordinator would refuse a first world whose batch does not split: say so now.
+        BatchPlan(run.global_batch, run.micro_batch, self.cfg.dp, self.cfg.dp_split)
         if self.cfg.world_size > run.workers:
             raise ConfigError("--parallel", f"{self.cfg} needs {self.cfg.world_size} workers, --workers is {run.workers}")
+        for ev in run.events:
+            if ev.kind == "slow" and max(ev.ranks) >= run.workers:
+                raise ConfigError("--events", f"{ev} names device {max(ev.ranks)}, the run starts {run.workers}",
+                                  "name a device of the first world: 0 .. --workers - 1")
+            if run.adaptive is not None and run.adaptive.enabled and ev.kind != "slow":
+                # the policy switches between the driver's events; a scripted change would race it
+                raise ConfigError("--events", f"{ev}: an --adaptive run takes only slow events",
+                                  "drop --adaptive, or script only slow=R@F events")
         self.dir = Path(run.workdir or tempfile.mkdtemp(prefix="liveshard-run-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.procs = Procs()
@@ -142,6 +155,7 @@ class LocalRun:
         self.stopped: list[str] = []  # frozen (SIGSTOP) workers
         self.restarts = 0  # restart=all events so far
         self.faults: list[dict] = []  # per phase kill: what happened, how long the recovery took
+        self.final_status: dict | None = None  # the coordinator's last status (health, decisions)
         self._fault_generations: set[int] = set()  # recoveries after a phase kill (no event of their own)
 
     # ---- processes ---------------------------------------------------------------------------
@@ -163,6 +177,11 @@ class LocalRun:
         cmd = [*_cli(), "coordinator", "--host", "127.0.0.1", "--port", str(port),
                "--heartbeat-timeout", str(r.heartbeat_timeout), "--objective", FEWEST_CHANGES,
                "--checkpoint-dir", str(self.dir / "checkpoints" / "periodic")]
+        a = r.adaptive
+        if a is not None:
+            cmd += ["--adaptive-threshold", str(a.threshold), "--adaptive-window", str(a.window),
+                    "--adaptive-horizon", str(a.horizon), "--adaptive-min-gain", str(a.min_gain),
+                    "--adaptive-probation", str(a.probation), *(["--adaptive"] if a.enabled else [])]
         self.procs.coordinator = subprocess.Popen(cmd, stdout=self._logfile("coordinator"), stderr=subprocess.STDOUT,
                                                   env=self._env(), start_new_session=True)
 
@@ -175,6 +194,8 @@ class LocalRun:
         base = [*_held_worker_cli(), "--hold-at-steps", ",".join(map(str, holds))] if holds else [*_cli(), "worker"]
         if holds and any(e.phase for e in r.events):
             base.append("--phase-holds")
+        if holds and any(e.kind == "slow" for e in r.events):
+            base.append("--slowdown")
         cmd = [*base, "--id", wid, "--coordinator", f"127.0.0.1:{port}", "--collective-timeout", str(r.collective_timeout),
                "--result", str(self.dir / f"{safe}.json"), "--local-workers", "1", *(extra or [])]
         # Safety checkpoints (every --checkpoint-every steps) and the checkpoint a stop saves.
@@ -254,6 +275,15 @@ class LocalRun:
                 store.set(Keys.release(ev.step), "1")
                 self.say(f"step {ev.step}: {', '.join(self.armed)} to be killed at phase {ev.phase} of the next change")
                 continue
+            if ev.kind == "slow":
+                # at the step exactly: a member reads its speed at every step boundary, so the
+                # value is written only once it is held there (a standby reads it when it trains)
+                for r in ev.ranks:
+                    self._wait_held(store, f"w{r}" if f"w{r}" in cur_members else None, ev.step)
+                    store.set(Keys.slowdown(f"w{r}"), repr(ev.factor))
+                store.set(Keys.release(ev.step), "1")
+                self.say(f"step {ev.step}: device(s) {', '.join(f'w{r}' for r in ev.ranks)} at {ev.factor:g} of their speed")
+                continue
             if ev.kind == "restart":
                 status = self._restart_everything(store, ev, port, cur_members, tuple(standbys), status["config"])
                 store = self.connect(port)
@@ -296,14 +326,31 @@ class LocalRun:
             status = self._apply(store, request, nxt, ev.step,
                                  f"step {ev.step}: {ev.kind} -> {request.config or 'planned'} ({request.reason})",
                                  f"event {ev}")
+        status = self._wait_final_world(store)
         self._wait_workers(timeout=600, only=tuple(status.get("members") or ()))
-        self._status(store)  # before the stop: the coordinator's store goes with it
+        self.final_status = self._status(store)  # before the stop: the coordinator's store goes with it
         store.set(Keys.STOP, "1")
         try:
             self.procs.coordinator.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.procs.coordinator.kill()
         return self._report([self.history[g] for g in sorted(self.history)])
+
+    def _wait_final_world(self, store, timeout: float = 600.0) -> dict:
+        """The coordinator's status once no generation is pending and the members of the world
+        it runs have exited (trained to trainIters): the straggler policy may have switched
+        worlds since the last event."""
+        end = time.monotonic() + timeout
+        while True:
+            st = self._status(store)
+            members = st.get("members") or ()
+            if st.get("pending") is None and (st.get("finished") or all(
+                    self.procs.workers[m].poll() is not None for m in members if m in self.procs.workers)):
+                return st
+            if time.monotonic() > end:
+                raise TimeoutError(f"the final world did not finish in {timeout:.0f} s")
+            self._check_alive(st)
+            time.sleep(0.1)
 
     def _apply(self, store, request, gen: int, release_step: int | None, message: str, what: str) -> dict:
         """Post ``request``, release the workers held at ``release_step`` once it is published as
@@ -417,20 +464,25 @@ class LocalRun:
                               switch_at_step=ev.step)
         return self._apply(store, request, gen, ev.step, f"step {ev.step}: {', '.join(back)} rejoin", f"event {ev}")
 
+    def _wait_held(self, store, wid: str | None, step: int, timeout: float = 600.0) -> None:
+        if wid is None:
+            return
+        end = time.monotonic() + timeout
+        while store.get(Keys.held(step, wid)) is None:
+            if self.procs.workers[wid].poll() is not None:
+                raise RuntimeError(f"{wid} exited before step {step} (see {self.dir})")
+            if time.monotonic() > end:
+                raise TimeoutError(f"{wid} was not held at step {step} in {timeout:.0f} s")
+            self._check_alive()
+            time.sleep(0.01)
+
     def kill_at_step(self, store, victims: list[str], step: int, timeout: float = 600.0,
                      sig: int = signal.SIGKILL) -> None:
         """Kill (or freeze, ``sig``) ``victims`` without notice exactly at ``step``: wait until
         each is held there, signal its process group (a kill: wait for it to die), then release
         the step for the others."""
-        end = time.monotonic() + timeout
         for wid in victims:
-            while store.get(Keys.held(step, wid)) is None:
-                if self.procs.workers[wid].poll() is not None:
-                    raise RuntimeError(f"{wid} exited before step {step} (see {self.dir})")
-                if time.monotonic() > end:
-                    raise TimeoutError(f"{wid} was not held at step {step} in {timeout:.0f} s")
-                self._check_alive()
-                time.sleep(0.01)
+            self._wait_held(store, wid, step, timeout)
         for wid in victims:
             proc = self.procs.workers[wid]
             with contextlib.suppress(ProcessLookupError):
@@ -531,10 +583,15 @@ class LocalRun:
                                               "lr": rec.get("lr"), "grad_norm": rec.get("grad_norm"),
                                               "loss_scale": rec.get("loss_scale"),
                                               "skipped": rec.get("skipped", False),
-                                              "samples": rec.get("samples", [])}
+                                              "samples": rec.get("samples", []), "seconds": rec.get("seconds"),
+                                              "compute": {}}
                 if rec["loss"] is not None:
                     s["loss"] = rec["loss"]
                 s["time"] = max(s["time"], rec["time"])
+                s["seconds"] = max(s["seconds"] or 0.0, rec.get("seconds") or 0.0)
+                if rec.get("compute_seconds") and rec.get("work_units"):
+                    # seconds per layer unit of this device at this step (its compute speed)
+                    s["compute"][res["id"]] = rec["compute_seconds"] / rec["work_units"]
         configs = {h["generation"]: h["config"] for h in history if h.get("generation") is not None}
         ordered = [steps[k] for k in sorted(steps)]
         for s in ordered:
@@ -566,9 +623,26 @@ class LocalRun:
                                       if res.get("final_checkpoint")), None),
             "events": events,
             "faults": self.faults,
+            "adaptive": self._adaptive_report(history),
+            "stragglers": (self.final_status.get("health") or {}) if self.final_status else {},
             "checksums": {k: f"{v:016x}" for k, v in sorted(checksums.items())},
             "workdir": str(self.dir),
         }
+
+    def _adaptive_report(self, history: list[dict]) -> list[dict]:
+        """Each switch the straggler policy made: its generation, config, switch step and pause,
+        and the decision's numbers (predicted step time now and after, switch cost, reason)."""
+        decisions = [d for d in ((self.final_status or {}).get("health") or {}).get("adaptive", {}).get("decisions", [])
+                     if d.get("switch")]
+        out = []
+        for h in history:
+            if h.get("cause") != "straggler":
+                continue
+            decision = decisions.pop(0) if decisions else None  # one switch decision per plan, in order
+            out.append({"generation": h["generation"], "config": h.get("config"), "outcome": h.get("outcome"),
+                        "switch_step": h.get("switch_step"), "downtime": h.get("downtime"),
+                        "reason": h.get("reason"), "decision": decision})
+        return out
 
     @staticmethod
     def _evals(results: dict[str, dict]) -> list[dict]:
@@ -591,9 +665,12 @@ class LocalRun:
                 gen = segment if segment is not None else r["generation"]
                 ready[gen] = max(ready.get(gen, 0.0), r["time"])
         changes = [h for h in history if h.get("generation") and "adopted" not in h.get("reason", "")
-                   and h["generation"] not in self._fault_generations]
+                   and h["generation"] not in self._fault_generations and h.get("cause") != "straggler"]
         out = []
         for ev in self.run.events:
+            if ev.kind == "slow":
+                out.append({"event": str(ev), "kind": ev.kind, "step": ev.step, "outcome": "applied"})
+                continue
             if ev.kind in ("coordinator", "restart"):
                 out.append({"event": str(ev), "kind": ev.kind, "step": ev.step, "outcome": "restarted"})
                 continue

@@ -17,7 +17,13 @@ K-th worker the next join adds.
 ``sigcont=all`` lets every frozen worker go on (SIGCONT): it finds the job went on without it,
 drops its stale state and comes back as a new member, which the driver then admits as a join.
 ``restart=all`` kills the coordinator and every worker at once and starts new ones on the same
-checkpoint directory: the job continues from its newest complete checkpoint. Pure.
+checkpoint directory: the job continues from its newest complete checkpoint.
+
+``slow=R@F`` makes device R (the worker that was rank R of the first world) run at F times its
+speed from that step on (``F`` in (0, 1]: after each forward or backward the worker sleeps
+``(1/F - 1)`` times what it computed, so the CPU stays free for the others); ``slow=R@1``
+restores it. A device keeps its slowness wherever a reconfiguration moves it (another rank,
+standby), so R names a device, not a rank. Pure.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from liveshard.runtime.control.protocol import PHASES
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 
-KINDS = ("leave", "join", "kill", "parallel", "coordinator", "stop", "sigstop", "sigcont", "restart")
+KINDS = ("leave", "join", "kill", "parallel", "coordinator", "stop", "sigstop", "sigcont", "restart", "slow")
+PLAN_KINDS = ("leave", "join", "parallel", "stop", "sigstop", "sigcont", "kill")  # events that change the world
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class Event:
     count: int = 0  # join
     config: str | None = None  # parallel; for "coordinator" and "stop" the action ("restart", "resume")
     phase: str | None = None  # kill: during this phase of the next reconfiguration
+    factor: float = 1.0  # slow: the device's speed from this step on
     joiners: tuple[int, ...] = ()  # kill: the next join's K-th workers (1-based)
 
     @property
@@ -48,7 +56,7 @@ class Event:
     def __str__(self) -> str:
         kill = self.victims + (f"@{self.phase}" if self.phase else "")
         arg = {"leave": ",".join(map(str, self.ranks)), "kill": kill, "sigstop": ",".join(map(str, self.ranks)),
-               "sigcont": "all", "restart": "all",
+               "sigcont": "all", "restart": "all", "slow": f"{','.join(map(str, self.ranks))}@{self.factor:g}",
                "join": str(self.count), "parallel": self.config, "coordinator": self.config,
                "stop": self.config}[self.kind]
         return f"{self.step}:{self.kind}={arg}"
@@ -72,6 +80,8 @@ def parse_events(text: str | None) -> list[Event]:
             raise ConfigError("--events", f"unknown event kind {kind!r} in {item!r}", f"use one of {', '.join(KINDS)}")
         if kind == "kill":
             out.append(_kill(step, arg, item))
+        elif kind == "slow":
+            out.append(_slow(step, arg, item))
         elif kind in ("sigcont", "restart"):
             if arg != "all":
                 raise ConfigError("--events", f"{kind} events take 'all', got {arg!r}", f"write {step_s}:{kind}=all")
@@ -129,3 +139,18 @@ def _kill(step: int, arg: str, item: str) -> Event:
     if any(k < 1 for k in joiners) or any(r < 0 for r in ranks):
         raise ConfigError("--events", f"{who!r} in {item!r}: ranks start at 0, joiners at +1")
     return Event(step, "kill", ranks=tuple(sorted(ranks)), phase=phase or None, joiners=tuple(sorted(joiners)))
+
+
+def _slow(step: int, arg: str, item: str) -> Event:
+    """``slow=R,R@F``: those ranks' devices at F times their speed (0 < F <= 1)."""
+    who, at, factor = arg.partition("@")
+    try:
+        ranks = tuple(sorted({int(r) for r in who.split(",")}))
+        value = float(factor)
+    except ValueError:
+        raise ConfigError("--events", f"{arg!r} in {item!r} is not RANKS@FACTOR",
+                          "write e.g. 5:slow=1@0.5 (rank 1 at half speed) and 20:slow=1@1 (back to full)") from None
+    if not at or not 0.0 < value <= 1.0 or any(r < 0 for r in ranks):
+        raise ConfigError("--events", f"{item!r}: a slowdown is RANKS@FACTOR with 0 < FACTOR <= 1",
+                          "write e.g. 5:slow=1@0.5")
+    return Event(step, "slow", ranks=ranks, factor=value)

@@ -14,6 +14,10 @@ worker has no such gate and never kills itself.
 The gate polls with its own store client and reconnects when the store goes away (a
 coordinator restart); after 300 s without a release it logs and trains on.
 
+With ``--slowdown`` the worker's device can be slowed (``Slowdown``, a compute gate): at every
+step boundary (at a held step, after the release) it reads ``Keys.slowdown(id)`` (a factor F in
+(0, 1]) and from then on sleeps ``(1/F - 1)`` times each forward and backward it computes.
+
 With ``--phase-holds`` the worker also has a phase gate (``HeldPhases``): at every phase of a
 reconfiguration (``protocol.PHASES``) it reads ``Keys.hold_phase(id)``; when that names the
 phase, it writes ``Keys.at_phase(id)`` and waits there, for the driver to SIGKILL it at that
@@ -44,26 +48,53 @@ def parse_steps(text: str) -> frozenset[int]:
     return frozenset(int(x) for x in text.split(",") if x.strip())
 
 
+class Slowdown:
+    """A compute gate (``agent.compute_clock.ComputeGate``): a device at ``factor`` of its speed.
+
+    After each compute segment of ``s`` seconds it sleeps ``s * (1/factor - 1)``: the segment
+    then takes ``s / factor``, and the sleeping process leaves the CPU to the others (on this
+    machine every rank shares the same cores, so burning cycles would slow everybody)."""
+
+    def __init__(self) -> None:
+        self.factor = 1.0
+
+    def __call__(self, seconds: float) -> None:
+        if self.factor < 1.0:
+            time.sleep(seconds * (1.0 / self.factor - 1.0))
+
+
 class HeldSteps:
     """A ``WorkerAgent`` step gate: hold at ``steps`` until the driver releases them."""
 
     def __init__(self, host: str, port: int, job: str, worker_id: str, steps: frozenset[int],
-                 timeout: float = 300.0, poll: float = 0.5) -> None:
+                 timeout: float = 300.0, poll: float = 0.5, slowdown: Slowdown | None = None) -> None:
         self.host, self.port, self.job = host, port, job
         self.worker_id = worker_id
         self.steps = steps
         self.timeout = timeout
         self.poll = poll
+        self.slowdown = slowdown
         self._store: JobStore | None = None  # the gate's own client (the worker's are per thread)
 
     def __call__(self, step: int) -> bool:
         """Hold at ``step`` if it is listed (True), else pass at once (False)."""
         if step not in self.steps:
+            if self.slowdown is not None:  # a standby that came back reads its speed here
+                self._retry(time.monotonic() + 10.0, self._read_slowdown)
             return False
         end = time.monotonic() + self.timeout
         if not (self._retry(end, lambda store: self._mark_held(store, step))
                 and self._retry(end, lambda store: self._released(store, step))):
             log.warning("step %d was not released in %.0f s; training on", step, self.timeout)
+        if self.slowdown is not None:
+            self._retry(end, self._read_slowdown)
+        return True
+
+    def _read_slowdown(self, store: JobStore) -> bool:
+        value = store.get(Keys.slowdown(self.worker_id))
+        if value is not None and float(value) != self.slowdown.factor:
+            self.slowdown.factor = float(value)
+            log.warning("device speed set to %.2f of its own", self.slowdown.factor)
         return True
 
     def _mark_held(self, store: JobStore, step: int) -> bool:
@@ -121,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker_command.configure(p)
     p.add_argument("--hold-at-steps", default="",
                    help="comma-separated steps at whose boundary the worker waits for the driver")
+    p.add_argument("--slowdown", action="store_true",
+                   help="read a speed factor for this device at every held step (slow events)")
     p.add_argument("--phase-holds", action="store_true",
                    help="wait at the reconfiguration phase the driver names in the store (to be killed there)")
     return p
@@ -133,11 +166,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     host, _, port = args.coordinator.rpartition(":")
     wid = worker_command.worker_id(args)
-    gate = HeldSteps(host, int(port), args.job_name, wid, parse_steps(args.hold_at_steps))
+    slowdown = Slowdown() if args.slowdown else None
+    gate = HeldSteps(host, int(port), args.job_name, wid, parse_steps(args.hold_at_steps), slowdown=slowdown)
     phases = HeldPhases(host, int(port), args.job_name, wid) if args.phase_holds else None
     try:  # a pod's supervisor starts this module again per GPU, holds included
         return int(worker_command.run(args, step_gate=gate, command=[sys.executable, "-m", MODULE, *argv],
-                                      phase_gate=phases) or 0)
+                                      phase_gate=phases, compute_gate=slowdown) or 0)
     except ConfigError as e:
         print(f"held_worker: error: {e}", file=sys.stderr)
         return 2

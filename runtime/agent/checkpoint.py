@@ -61,8 +61,11 @@ def save(built: Any, trainer: Any, directory: str | os.PathLike, queue: Any = No
     world = dist.get_world_size()
     sd["rng"] = ShardedObject("rng", capture_rng(), (world,), (dist.get_rank(),), replica_id=0)
     sd["progress"] = trainer.progress()
-    sd["config"] = str(built.cfg)
-    meta = json.dumps({"config": str(built.cfg), "model": built.spec.to_dict(), **_plain(trainer.progress())})
+    # The tensor layout the shards are in: a DP split is how this run shared its batches, not
+    # part of the state (whoever loads it chooses its own).
+    layout = str(built.cfg.with_even_dp())
+    sd["config"] = layout
+    meta = json.dumps({"config": layout, "model": built.spec.to_dict(), **_plain(trainer.progress())})
 
     def finish() -> None:  # after every rank's shards and the global metadata are written
         if dist.get_rank() == 0:

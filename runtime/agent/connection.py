@@ -119,6 +119,8 @@ def heartbeat_payload(now: float, state: WorkerState, trainer: Any) -> dict:
         "step": t.step_count if t else None,
         "consumed_samples": t.consumed_samples if t else None,
         "step_seconds": t.last_step_seconds if t else None,
+        # [step, compute seconds, layer units] of the recent steps: the coordinator's speed estimate
+        "compute": [list(x) for x in t.compute_log] if t else [],
         "loss": t.last_loss if t else None,
         "pid": os.getpid(),
         "incarnation": state.incarnation,

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from liveshard.runtime.agent.compute_clock import ComputeClock, ComputeGate
 from liveshard.runtime.contract.training import TrainingSpec
 from liveshard.runtime.data.batches import BatchPlan
+from liveshard.runtime.planner.adapt import output_units, work_units
 
 
 @dataclass
@@ -36,6 +39,8 @@ class StepStats:
     skipped: bool = False
     samples: range = field(default_factory=lambda: range(0))
     tokens: int = 0
+    compute_seconds: float | None = None  # this rank's forward and backward, without waits
+    work_units: float | None = None  # the layer units they computed (planner.adapt.work_units)
 
 
 def optimizer_options(training: TrainingSpec) -> dict[str, Any]:
@@ -49,18 +54,28 @@ def optimizer_options(training: TrainingSpec) -> dict[str, Any]:
 class Trainer:
     """Trains a ``BuiltModel`` (``liveshard.runtime.megatron.build``) one step at a time."""
 
-    def __init__(self, built: Any, training: TrainingSpec, data: Any) -> None:
+    def __init__(self, built: Any, training: TrainingSpec, data: Any, compute_gate: ComputeGate | None = None) -> None:
         from megatron.core import parallel_state
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+        from megatron.core.utils import get_model_config
 
         self.built = built
         self.training = training
         self.data = data  # a JobData
         cfg = built.cfg
-        self.batches = BatchPlan(training.global_batch, training.micro_batch, cfg.dp * cfg.cp)
+        self.batches = BatchPlan(training.global_batch, training.micro_batch, cfg.dp * cfg.cp, cfg.dp_split)
         self.dp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
         self.is_last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
         self.dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        # An uneven split: megatron's schedule divides each micro-batch loss by this replica's
+        # count m_r and DDP averages gradients over the dp replicas, so the back-propagated loss
+        # is weighted m_r * dp / M (M: micro-batches of the step) to give every micro-batch of
+        # the global batch 1/M, the even plan's update. None (no multiply) when even. MoE
+        # auxiliary losses keep megatron's 1/m_r per micro-batch (a known approximation: their
+        # scale is set inside the schedule; the runtime builds models with aux-loss coefficient 0).
+        self._loss_weight = (None if self.batches.split is None else
+                             self.batches.micro_batches(self.dp_rank) * self.batches.dp
+                             / self.batches.total_micro_batches)
         o, s = training.optimizer, training.schedule
         for group in built.optimizer.param_groups:
             # megatron's scheduler reads per-group bounds; the optimizer leaves min_lr unset.
@@ -92,6 +107,16 @@ class Trainer:
         self._causal = torch.triu(torch.ones(1, 1, training.seq_length, training.seq_length, dtype=torch.bool,
                                              device=device), diagonal=1)
         self._device = device
+        # Compute time apart from waits: megatron's schedules start and stop these timers
+        # around each micro-batch's forward and backward (``compute_clock``).
+        self.clock = ComputeClock(gate=compute_gate)
+        get_model_config(built.chunks[0]).timers = self.clock
+        rank = built.rank
+        self._work_per_microbatch = work_units(cfg, rank, built.spec.num_layers,
+                                               output_units(built.spec, training.seq_length), 1) \
+            if rank < cfg.world_size else 0.0
+        self.compute_log: deque[tuple[int, float, float]] = deque(maxlen=8)  # (step, seconds, units)
+        self._steps_in_world = 0
 
     # ---- state that travels with a reconfiguration -------------------------------------------
     def progress(self) -> dict:
@@ -155,6 +180,8 @@ class Trainer:
         def loss_func(output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict]:
             # The mean over the micro-batch's loss tokens (megatron's per-sequence-averaged loss).
             loss = (output_tensor.float() * mask).sum() / mask.sum().clamp(min=1.0)
+            if self._loss_weight is not None:
+                return loss * self._loss_weight, {"lm loss": loss.detach().clone()}
             return loss, {"lm loss": loss.detach().clone()}  # megatron divides loss in place
 
         return output, loss_func
@@ -173,9 +200,15 @@ class Trainer:
         )
 
     def _mean_over_dp(self, losses: list[dict]) -> float | None:
-        """The mean of the micro-batch losses over DP, on the last pipeline stage; None elsewhere."""
+        """The mean of the micro-batch losses over DP, on the last pipeline stage; None elsewhere.
+        With an uneven split every micro-batch counts alike (the replicas' sums over M)."""
         if not self.is_last_stage:
             return None
+        if self.batches.split is not None:
+            value = torch.stack([x["lm loss"] for x in losses]).sum()
+            if self.dp_group is not None and dist.get_world_size(self.dp_group) > 1:
+                dist.all_reduce(value, group=self.dp_group)
+            return float(value / self.batches.total_micro_batches)
         value = torch.stack([x["lm loss"] for x in losses]).mean()
         if self.dp_group is not None and dist.get_world_size(self.dp_group) > 1:
             dist.all_reduce(value, group=self.dp_group)
@@ -192,7 +225,10 @@ class Trainer:
         lr = self.built.optimizer.param_groups[0]["lr"]
         built.ddp.zero_grad_buffer()
         built.optimizer.zero_grad()
+        self.clock.begin_step()
         losses = self._schedule(micro, forward_only=False)
+        compute = self.clock.end_step()
+        units = self._work_per_microbatch * len(micro)
         ok, grad_norm, _ = built.optimizer.step()
         if ok:
             self.scheduler.step(increment=1)
@@ -204,7 +240,10 @@ class Trainer:
         self.last_stats = StepStats(
             lr=float(lr), grad_norm=float(grad_norm) if ok and grad_norm is not None else None,
             loss_scale=float(scale) if scale is not None else None, skipped=not ok, samples=samples,
-            tokens=t.global_batch * t.seq_length)
+            tokens=t.global_batch * t.seq_length, compute_seconds=compute, work_units=units)
+        self._steps_in_world += 1
+        if self._steps_in_world > 1 and units > 0:  # the first step in a world pays one-off costs
+            self.compute_log.append((self.step_count, compute, units))
         self.last_step_seconds = time.perf_counter() - start  # the update is applied: the step is done
         loss = self._mean_over_dp(losses)
         self.last_loss = loss

@@ -51,6 +51,7 @@ from liveshard.runtime.agent import switch as switching
 from liveshard.runtime.agent import training
 from liveshard.runtime.agent import world as worlds
 from liveshard.runtime.agent.checkpoint_schedule import SafetyCheckpoints
+from liveshard.runtime.agent.compute_clock import ComputeGate
 from liveshard.runtime.agent.connection import (
     StoreClients,
     heartbeat_payload,
@@ -122,6 +123,8 @@ class StepRecord:
     lr: float | None = None  # the learning rate the step was taken with
     grad_norm: float | None = None  # before clipping; None on a skipped step
     loss_scale: float | None = None  # fp16's dynamic loss scale, None otherwise
+    compute_seconds: float | None = None  # this rank's forward and backward, without waits
+    work_units: float | None = None  # the layer units it computed (planner.adapt.work_units)
     skipped: bool = False  # fp16 found inf/nan gradients: no update, the scale backs off
     samples: list[int] = field(default_factory=list)  # global dataset sample indices of the step, in order
     tokens: int = 0  # tokens in the global batch (global_batch * seq_length)
@@ -157,7 +160,8 @@ class WorkerState:
         self.records.append(StepRecord(t.step_count, loss, t.last_step_seconds, self.generation,
                                        world_size, t.consumed_samples, time.time(), lr=s.lr,
                                        grad_norm=s.grad_norm, loss_scale=s.loss_scale, skipped=s.skipped,
-                                       samples=list(s.samples), tokens=s.tokens))
+                                       samples=list(s.samples), tokens=s.tokens,
+                                       compute_seconds=s.compute_seconds, work_units=s.work_units))
 
 
 class WorkerAgent:
@@ -165,12 +169,13 @@ class WorkerAgent:
     collaborators that move it between worlds. ``step_gate`` and ``phase_gate``: called at
     every step boundary before the agreement and at every phase of a reconfiguration
     (``training.StepGate``, ``training.PhaseGate``; None in production, dev tooling holds
-    workers there)."""
+    workers there); ``compute_gate``: after every forward and backward
+    (``compute_clock.ComputeGate``; None in production, dev tooling slows a device there)."""
 
     def __init__(self, worker_id: str, host: str, port: int, spec: ModelSpec,
                  training: TrainingSpec, options: WorkerOptions | None = None,
                  job: str = "job", step_gate: StepGate | None = None,
-                 phase_gate: PhaseGate | None = None) -> None:
+                 phase_gate: PhaseGate | None = None, compute_gate: ComputeGate | None = None) -> None:
         self.id = worker_id
         self.spec = spec
         self.training = training
@@ -183,6 +188,7 @@ class WorkerAgent:
         self.trainer: Trainer | None = None
         self.preparations = Preparations()
         self.phase_gate = phase_gate
+        self.compute_gate = compute_gate
         self.checkpoints = SafetyCheckpoints(self.options, self.state, self.clients)
         self._device = worlds.device()  # fixed in the main thread (CUDA's current device is per thread)
         preparer = Preparer(worker_id, spec, self.options, self._device, self.clients, self.preparations,
@@ -330,7 +336,7 @@ class WorkerAgent:
                                  optimizer_options=optimizer_options(self.training), hidden_dropout=0.0,
                                  attention_dropout=0.0, perform_initialization=initialize,
                                  spare_buffers=spare_buffers)
-        self.trainer = Trainer(self.built, self.training, self.data)
+        self.trainer = Trainer(self.built, self.training, self.data, compute_gate=self.compute_gate)
         from megatron.core import parallel_state
 
         # The log line and TensorBoard come from the first rank of the last pipeline stage.

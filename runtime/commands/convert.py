@@ -95,7 +95,7 @@ def _import(args: argparse.Namespace, source: str, target: str) -> int:
     config = read_config(source)
     spec = spec_from_hf_config(config, params_dtype=args.dtype or config_dtype(config), source=f"{source}/config.json")
     if args.parallel:
-        parallel = ParallelConfig.parse(args.parallel)
+        parallel = ParallelConfig.parse(args.parallel).with_even_dp()  # the import's layout; no batches
         if args.procs is not None and args.procs != parallel.world_size:
             raise ConfigError("--procs", f"{args.procs} differs from --parallel's world size {parallel.world_size}",
                               "leave --procs out: an import runs one process per rank")

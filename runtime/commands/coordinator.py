@@ -37,6 +37,17 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-dir", default=os.environ.get("LIVESHARD_CHECKPOINT_DIR") or None,
                    help="the job's checkpoints: a first world continues from the newest complete one")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    g = p.add_argument_group("straggler policy (with --source kubernetes: the job's spec.elasticity.adaptive)")
+    g.add_argument("--adaptive", action="store_true", help="re-plan around slow devices")
+    g.add_argument("--adaptive-threshold", type=float, default=0.7,
+                   help="relative speed below which a device is slow (default 0.7)")
+    g.add_argument("--adaptive-window", type=int, default=8, help="steps per speed estimate (default 8)")
+    g.add_argument("--adaptive-horizon", type=int, default=200,
+                   help="steps over which a switch must pay for itself (default 200)")
+    g.add_argument("--adaptive-min-gain", type=float, default=0.05,
+                   help="least predicted saving, as a share of the step, worth a switch (default 0.05)")
+    g.add_argument("--adaptive-probation", type=int, default=200,
+                   help="steps a device set aside for slowness waits before it is tried again (default 200)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,9 +69,15 @@ def run(args: argparse.Namespace) -> int:
         source = KubePlanSource(None, args.job_name, args.namespace, api=api_client(args.kubeconfig))
     # The kubernetes source plans from the job's spec (refreshed at every poll); these are the
     # inputs until it has read a valid one, and the store source's for good.
+    from liveshard.runtime.contract.jobspec import AdaptivePolicy
+
+    adaptive = AdaptivePolicy(enabled=args.adaptive, threshold=args.adaptive_threshold, window=args.adaptive_window,
+                              horizon=args.adaptive_horizon, min_gain=args.adaptive_min_gain,
+                              probation=args.adaptive_probation)
     planning = PlanningInputs(Constraints(
         global_batch=args.global_batch or (training.global_batch if training else 8),
-        micro_batch=args.micro_batch or (training.micro_batch if training else 1), objective=args.objective))
+        micro_batch=args.micro_batch or (training.micro_batch if training else 1), objective=args.objective),
+        adaptive=adaptive)
     if args.source == "kubernetes":
         planning = source.planning(refresh=True) or planning
     secret = job_secret()  # before serving: a pod without its job's secret does not start

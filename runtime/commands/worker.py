@@ -73,8 +73,9 @@ def worker_id(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None,
-        command: list[str] | None = None, phase_gate: Callable[[str, int], None] | None = None) -> int:
-    """``step_gate``, ``phase_gate``: see ``WorkerAgent`` (dev tooling only); ``command``: what a pod's
+        command: list[str] | None = None, phase_gate: Callable[[str, int], None] | None = None,
+        compute_gate: Callable[[float], None] | None = None) -> int:
+    """``step_gate``, ``phase_gate``, ``compute_gate``: see ``WorkerAgent`` (dev tooling only); ``command``: what a pod's
     supervisor starts once per GPU (default: this ``liveshard worker`` command line)."""
     from liveshard.runtime.agent import local_workers as lw
     from liveshard.runtime.errors import ConfigError
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None
                             checkpoint_finalize_steps=args.checkpoint_finalize_steps,
                             checkpoint_keep=args.checkpoint_keep)
     agent = WorkerAgent(wid, host, int(port), spec, training, options, job=args.job_name, step_gate=step_gate,
-                        phase_gate=phase_gate)
+                        phase_gate=phase_gate, compute_gate=compute_gate)
     state = agent.run()
     if result:
         out = {

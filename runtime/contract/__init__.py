@@ -9,6 +9,7 @@ from liveshard.runtime.contract.causes import ALWAYS_ACT, LOSSES, NODE_KINDS, Ca
 from liveshard.runtime.contract.crd import GROUP, KIND, PLURAL, VERSION
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.contract.status import (
+    AdaptiveReport,
     InvalidStatus,
     PlanAbort,
     PlanAck,
@@ -20,6 +21,26 @@ from liveshard.runtime.contract.status import (
 )
 from liveshard.runtime.contract.times import iso, parse_time
 
-__all__ = ["ALWAYS_ACT", "GROUP", "KIND", "LOSSES", "NODE_KINDS", "PLURAL", "VERSION", "Cause", "InvalidStatus",
-           "Keys", "PlanAbort", "PlanAck", "StatusPlan", "Straggler", "Telemetry", "cause_of", "iso",
-           "parse_time", "pod_of", "worker_ids"]
+__all__ = [
+    "ALWAYS_ACT",
+    "GROUP",
+    "KIND",
+    "LOSSES",
+    "NODE_KINDS",
+    "PLURAL",
+    "VERSION",
+    "AdaptiveReport",
+    "Cause",
+    "InvalidStatus",
+    "Keys",
+    "PlanAbort",
+    "PlanAck",
+    "StatusPlan",
+    "Straggler",
+    "Telemetry",
+    "cause_of",
+    "iso",
+    "parse_time",
+    "pod_of",
+    "worker_ids",
+]

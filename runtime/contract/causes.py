@@ -36,6 +36,8 @@ class Cause(StrEnum):
     RETRY = "retry"
     # the runtime's own: a member lost without notice, seen by the coordinator first
     LOST_WITHOUT_NOTICE = "lost-without-notice"
+    # the runtime's straggler policy: a slow device, planned around (spec.elasticity.adaptive)
+    STRAGGLER = "straggler"
 
 
 NODE_KINDS: tuple[Cause, ...] = (

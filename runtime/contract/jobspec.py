@@ -39,12 +39,36 @@ class Parallelism:
 
 
 @dataclass(frozen=True)
+class AdaptivePolicy:
+    """``spec.elasticity.adaptive``: when a slow device is worth a new plan (``planner.adapt``)."""
+
+    enabled: bool = False
+    threshold: float = 0.7  # relative speed (1.0 = the median device) below which a device is slow
+    window: int = 8  # steps of measurements in each estimate; a device must stay slow this long
+    horizon: int = 200  # steps over which a switch must pay for itself
+    min_gain: float = 0.05  # the least predicted saving, as a share of the step, worth a switch
+    probation: int = 200  # steps after which a device sent to standby for slowness is tried again
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.threshold < 1.0:
+            raise ConfigError("spec.elasticity.adaptive.threshold", f"must be between 0 and 1, got {self.threshold!r}",
+                              "e.g. 0.7: a device at under 70% of the median speed is slow")
+        for name in ("window", "horizon", "probation"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"spec.elasticity.adaptive.{name}", f"must be a positive number of steps, got {value!r}")
+        if not 0.0 <= self.min_gain < 1.0:
+            raise ConfigError("spec.elasticity.adaptive.minGain", f"must be in [0, 1), got {self.min_gain!r}")
+
+
+@dataclass(frozen=True)
 class Elasticity:
     act_on: frozenset[str]
     scale_up_cooldown_seconds: float
     reconfiguration_timeout_seconds: float
     debounce_seconds: float = 5.0  # withdrawable signals count only after holding this long
     max_pod_failures: int | None = None  # failed worker pods the job survives; None: no limit
+    adaptive: AdaptivePolicy = field(default_factory=lambda: AdaptivePolicy())
 
 
 @dataclass(frozen=True)
@@ -172,6 +196,7 @@ def read_spec(spec: dict[str, Any]) -> JobSpec:
                                                    "spec.elasticity", 300)),
         debounce_seconds=float(_int(e, "debounceSeconds", "spec.elasticity", 5, 0)),
         max_pod_failures=_int(e, "maxPodFailures", "spec.elasticity", None, 0),
+        adaptive=read_adaptive(e.get("adaptive")),
     )
     return JobSpec(model=model, image=image, workers=workers, parallelism=par, elasticity=elastic, training=training,
                    network=read_network(spec.get("network")), raw=spec)
@@ -209,3 +234,31 @@ def validate_spec(spec: dict[str, Any]) -> str | None:
     except ConfigError as e:
         return str(e)
     return None
+
+
+def read_adaptive(section: Any) -> AdaptivePolicy:
+    """``spec.elasticity.adaptive`` (absent: off)."""
+    if section is None:
+        return AdaptivePolicy()
+    if not isinstance(section, dict):
+        raise ConfigError("spec.elasticity.adaptive", f"must be a mapping, got {section!r}",
+                          "e.g. adaptive: {enabled: true}")
+    path = "spec.elasticity.adaptive"
+    enabled = section.get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{path}.enabled", f"must be true or false, got {enabled!r}")
+    numbers = {}
+    for key in ("threshold", "minGain"):
+        value = section.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"{path}.{key}", f"must be a number, got {value!r}")
+        numbers[key] = value
+    defaults = AdaptivePolicy()
+    return AdaptivePolicy(
+        enabled=enabled,
+        threshold=float(numbers["threshold"]) if numbers["threshold"] is not None else defaults.threshold,
+        window=_int(section, "window", path, defaults.window),
+        horizon=_int(section, "horizonSteps", path, defaults.horizon),
+        min_gain=float(numbers["minGain"]) if numbers["minGain"] is not None else defaults.min_gain,
+        probation=_int(section, "probationSteps", path, defaults.probation),
+    )

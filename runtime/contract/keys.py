@@ -130,5 +130,9 @@ class Keys:
     def at_phase(worker: str) -> str:
         return f"dev/at-phase/{worker}"
 
+    @staticmethod
+    def slowdown(worker: str) -> str:
+        return f"dev/slowdown/{worker}"
+
 
 COMMITTED = "committed"  # the value of Keys.decision / Keys.outcome for a generation that took effect

@@ -228,6 +228,46 @@ class Telemetry:
 
 
 @dataclass(frozen=True)
+class AdaptiveReport:
+    """``status.adaptive``: the straggler policy's switches and its newest decision, with the
+    numbers it decided on (``planner.adapt.Decision.to_dict``)."""
+
+    enabled: bool = False
+    switches: int = 0
+    last_decision: Mapping[str, Any] | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        return {"adaptive": {"enabled": self.enabled, "switches": self.switches,
+                             "lastDecision": dict(self.last_decision) if self.last_decision else None}}
+
+    @classmethod
+    def from_coordinator(cls, report: Mapping[str, Any]) -> AdaptiveReport:
+        decisions = [d for d in report.get("decisions") or () if isinstance(d, Mapping)]
+        last = None
+        if decisions:
+            d = decisions[-1]
+            last = {"switch": bool(d.get("switch")), "kind": str(d.get("kind") or ""),
+                    "config": str(d.get("config") or ""), "step": d.get("step"),
+                    "time": iso(parse_time(d.get("time"))) if d.get("time") else None,
+                    "predictedStepSeconds": d.get("predictedStepSeconds"),
+                    "predictedStepSecondsAfter": d.get("predictedStepSecondsAfter"),
+                    "measuredStepSeconds": d.get("measuredStepSeconds"),
+                    "switchCostSeconds": d.get("switchCostSeconds"), "horizonSteps": d.get("horizonSteps"),
+                    "stragglers": [str(x) for x in d.get("stragglers") or ()],
+                    "reason": str(d.get("reason") or "")[:300]}
+        return cls(bool(report.get("enabled")), int(report.get("switches") or 0), last)
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> AdaptiveReport:
+        raw = status.get("adaptive") or {}
+        if not isinstance(raw, Mapping):
+            raise InvalidStatus("adaptive", f"must be a mapping, got {raw!r}")
+        last = raw.get("lastDecision")
+        return cls(bool(raw.get("enabled")), int(_float(raw.get("switches"), "adaptive.switches") or 0),
+                   last if isinstance(last, Mapping) else None)
+
+
+@dataclass(frozen=True)
 class Progress:
     """Where training is (``status.progress``), from the coordinator's view of the heartbeats."""
 

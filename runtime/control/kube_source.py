@@ -41,7 +41,6 @@ for the same loss finds the world already running and is acked at once.
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -51,6 +50,7 @@ from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 from liveshard.runtime.contract.jobspec import read_spec
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.contract.status import (
+    AdaptiveReport,
     CheckpointReport,
     Finished,
     InvalidStatus,
@@ -86,20 +86,13 @@ def same_config(a: str | None, b: str | None) -> bool:
     return str(ParallelConfig.parse(a)) == str(ParallelConfig.parse(b))
 
 
-def pod_speeds(telemetry: dict[str, dict]) -> dict[str, float]:
-    """Relative throughput per pod (1.0 = as fast as the median worker), from heartbeats.
-
-    Data-parallel training is synchronous, so every rank's step time includes waiting for the
-    slowest; the figures separate pods only where step times really differ.
-    """
-    times = {w: hb.get("step_seconds") for w, hb in telemetry.items() if hb.get("step_seconds")}
-    if not times:
-        return {}
-    median = statistics.median(times.values())
+def pod_speeds(health: dict) -> dict[str, float]:
+    """Relative compute speed per pod (1.0 = as fast as the median device, capped there), from
+    the coordinator's straggler summary: a pod is as fast as its slowest device."""
     per_pod: dict[str, float] = {}
-    for w, seconds in times.items():
-        speed = round(min(1.0, max(0.05, median / seconds)), 3)
-        pod = pod_of(w)
+    for device, m in (health.get("members") or {}).items():
+        speed = round(min(1.0, max(0.05, float(m.get("speed") or 1.0))), 3)
+        pod = pod_of(device)
         per_pod[pod] = min(per_pod.get(pod, 1.0), speed)
     return per_pod
 
@@ -137,7 +130,8 @@ class KubePlanSource:
         self._waiting_since: dict[int, float] = {}  # operator generation -> first seen (members not up)
         self._planning: PlanningInputs | None = None
         self._unwritten: dict[int, dict[str, Any]] = {}  # operator generation -> ack/abort to write again
-        self._slow_since: dict[str, float] = {}  # device -> first seen a straggler
+        self._stragglers_written: tuple[str, ...] = ()  # the devices status.stragglers names
+        self._adaptive_written: dict | None = None
         self._bad_status: str | None = None  # the last malformed status field reported
 
     # ---- the job -----------------------------------------------------------------------------
@@ -165,7 +159,8 @@ class KubePlanSource:
         except (ConfigError, InvalidStatus) as e:
             log.warning("job %s/%s: cannot plan from it: %s", self.namespace, self.job, e)
             return
-        self._planning = PlanningInputs(constraints_for(spec), spec.workers.gpu_memory_bytes, speeds)
+        self._planning = PlanningInputs(constraints_for(spec), spec.workers.gpu_memory_bytes, speeds,
+                                        spec.elasticity.adaptive)
 
     # ---- PlanSource --------------------------------------------------------------------------
     def poll(self) -> PlanRequest | None:
@@ -289,11 +284,17 @@ class KubePlanSource:
         if checkpoints != self._checkpoints_written and self._write(checkpoints):
             self._checkpoints_written = checkpoints
         self._report_progress(status, now)
-        if now >= self._next_speeds:
-            speeds = pod_speeds(status.get("telemetry") or {})
-            if speeds:
+        health = status.get("health") or {}
+        stragglers = self._stragglers(status)
+        changed = tuple(s.device for s in stragglers) != self._stragglers_written
+        if now >= self._next_speeds or changed:
+            speeds = pod_speeds(health)
+            if speeds and self._write(Telemetry(speeds, stragglers).to_status()):
                 self._next_speeds = now + SPEEDS_INTERVAL
-                self._write(Telemetry(speeds, self._stragglers(status)).to_status())
+                self._stragglers_written = tuple(s.device for s in stragglers)
+        adaptive = AdaptiveReport.from_coordinator(health.get("adaptive") or {}).to_status()
+        if adaptive != self._adaptive_written and self._write(adaptive):
+            self._adaptive_written = adaptive
 
     def _report_progress(self, status: dict, now: float) -> None:
         """``status.progress`` every ``PROGRESS_INTERVAL`` seconds; ``finishedAt`` once, when
@@ -311,21 +312,23 @@ class KubePlanSource:
             self._write(Progress.from_coordinator(status["progress"]).to_status())
 
     def _stragglers(self, status: dict) -> tuple[Straggler, ...]:
-        """The coordinator's straggler summary (``telemetry.summarize``), with the first time
-        each device was seen slow."""
+        """The coordinator's straggler summary (``telemetry.SpeedTracker``): each slow device,
+        since when, and the measurements that say so."""
         health = status.get("health") or {}
         members = health.get("members") or {}
-        slow = set(health.get("stragglers") or ())
+        reference = health.get("reference_seconds_per_unit")
         now = time.time()
-        self._slow_since = {d: self._slow_since.get(d, now) for d in slow}
         out = []
-        for device in sorted(slow):
+        for device in sorted(set(health.get("stragglers") or ())):
             m = members.get(device) or {}
-            evidence = f"median step {m.get('step_seconds')} s vs job {health.get('job_step_seconds')} s"
+            rate = m.get("seconds_per_unit")
+            evidence = (f"compute {rate * 1e3:.2f} ms per layer unit vs the median device's {reference * 1e3:.2f} ms "
+                        f"(median of {m.get('samples')} steps, waits excluded)"
+                        if rate and reference else "compute time per layer unit")
             if m.get("throttled"):
-                evidence += "; GPU reports throttling"
+                evidence += "; GPU reports hardware throttling"
             out.append(Straggler(pod_of(device), device, float(m.get("speed") or 1.0),
-                                 parse_time(self._slow_since[device]), evidence))
+                                 parse_time(m.get("slow_since") or now), evidence))
         return tuple(out)
 
     def _ack(self, op_gen: int, at: float) -> None:

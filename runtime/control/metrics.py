@@ -81,6 +81,17 @@ class JobMetrics:
             ("liveshard_job_checkpoint_failures", "Checkpoint saves that failed (a full disk, an I/O error)"),
             ("liveshard_job_checkpoint_step", "Step of the newest complete checkpoint"),
         )}
+        self.device_speed = Gauge("liveshard_device_relative_speed",
+                                  "Compute speed of a device relative to the job's median device (forward and "
+                                  "backward per unit of work, waits excluded)", ["job", "device"],
+                                  registry=self.registry)
+        self.device_straggler = Gauge("liveshard_device_straggler",
+                                      "1 while the device is a straggler (slower than the threshold for a window)",
+                                      ["job", "device"], registry=self.registry)
+        self.adaptive_switches = Counter("liveshard_job_adaptive_switches",
+                                         "Switches the straggler policy made", ["job"], registry=self.registry)
+        self.adaptive_switches.labels(job=job)
+        self._devices: set[str] = set()
         self.reconfiguration_seconds = Histogram(
             "liveshard_job_reconfiguration_seconds",
             "Seconds of each phase of a committed reconfiguration (slowest member), by phase",
@@ -128,6 +139,23 @@ class JobMetrics:
         self._set("checkpoint_failures", float(failed.get("count") or 0))
         if latest.get("step") is not None:
             self._set("checkpoint_step", float(latest["step"]))
+
+    def observe_speeds(self, health: Mapping[str, Any]) -> None:
+        """The coordinator's straggler summary (``SpeedTracker.summary``); devices no longer
+        measured lose their series."""
+        members = health.get("members") or {}
+        slow = set(health.get("stragglers") or ())
+        for device in self._devices - set(members):
+            self.device_speed.remove(self.job, device)
+            self.device_straggler.remove(self.job, device)
+        self._devices = set(members)
+        for device, m in members.items():
+            self.device_speed.labels(job=self.job, device=device).set(float(m.get("speed") or 1.0))
+            self.device_straggler.labels(job=self.job, device=device).set(1.0 if device in slow else 0.0)
+        switches = int((health.get("adaptive") or {}).get("switches") or 0)
+        counted = self.adaptive_switches.labels(job=self.job)._value.get()
+        if switches > counted:
+            self.adaptive_switches.labels(job=self.job).inc(switches - counted)
 
     def observe_goodput(self, productive_seconds: float, wall_seconds: float) -> None:
         if wall_seconds <= 0:

@@ -106,6 +106,7 @@ def run_import(spec: ModelSpec, parallel: ParallelConfig, source: str, out: str,
     from liveshard.runtime.hf.names import hf_tensors
     from liveshard.runtime.hf.weights import check_matches
 
+    parallel = parallel.with_even_dp()  # a DP split is a training-time choice: no tensor depends on it
     parallel.validate(spec)
     ckpt = HFCheckpoint(source)  # config, index and every tensor's shape, before any process starts
     check_matches(spec, ckpt.config, f"{source}/config.json")

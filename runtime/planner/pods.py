@@ -99,8 +99,11 @@ def members_in_rank_order(plan: ParallelPlan, gpus_per_worker: int) -> tuple[str
 
 
 def micro_batches(spec: JobSpec, plan: ParallelPlan) -> int:
-    """Micro-batches per data-parallel rank per step: the global batch stays fixed."""
+    """Micro-batches per data-parallel rank per step (the most any rank takes, with an uneven
+    ``dp_split``): the global batch stays fixed."""
     cfg = plan.config
+    if cfg.dp_split is not None:
+        return max(cfg.dp_split)
     return spec.training.global_batch // (cfg.dp * spec.training.micro_batch)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from liveshard.runtime.data.batches import BatchPlan
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner.cost_model import Hardware
@@ -146,6 +147,10 @@ def place(spec: ModelSpec, cfg: ParallelConfig, ordered: Sequence[GPU], c: Const
 
 
 def _check_batch(cfg: ParallelConfig, c: Constraints) -> None:
+    if cfg.dp_split is not None:
+        # Micro-batches per replica: they must add up to the global batch, divisible or not.
+        BatchPlan(c.global_batch, c.micro_batch, cfg.dp, cfg.dp_split)
+        return
     if c.global_batch % (cfg.dp * c.micro_batch):
         raise ConfigError("config", f"global batch {c.global_batch} does not split over dp={cfg.dp} "
                                     f"x micro-batch {c.micro_batch}",
@@ -160,7 +165,7 @@ def closest_config(spec: ModelSpec, current: ParallelConfig, gpus: Sequence[GPU]
                    c: Constraints) -> ParallelConfig:
     """The ``fewest-changes`` choice: the most GPUs first, then the fewest changed degrees
     (TP, PP, EP against ``current``), then the smallest TP x PP. Keeps the current config's
-    optimizer settings; a non-uniform layer split is dropped (it was priced for other GPUs)."""
+    optimizer settings; a non-uniform layer or DP split is dropped (it was priced for other GPUs)."""
     limit = min(len(gpus), c.max_gpus or len(gpus))
     candidates: list[tuple[tuple, ParallelConfig]] = []
     for world in range(limit - limit % c.granularity, 0, -c.granularity):
@@ -176,7 +181,7 @@ def closest_config(spec: ModelSpec, current: ParallelConfig, gpus: Sequence[GPU]
                 ep = current.ep if current.ep <= dp * tp and (dp * tp) % current.ep == 0 else 1
                 if c.ep and ep not in c.ep:
                     continue
-                cfg = replace(current, tp=tp, pp=pp, dp=dp, ep=ep, cp=1, layers=None)
+                cfg = replace(current, tp=tp, pp=pp, dp=dp, ep=ep, cp=1, layers=None, dp_split=None)
                 try:
                     cfg.validate(spec)
                 except ConfigError:

@@ -14,6 +14,7 @@ from liveshard.runtime.contract.status import pod_of
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan
 from liveshard.runtime.control.store import JobStore
 from liveshard.runtime.coordinator import Coordinator, PlanningInputs, PlanRequest
+from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner import FEWEST_CHANGES, Constraints
 from liveshard.runtime.planner.pods import Candidate, constraints_for, plan_for
 from liveshard.runtime.presets import PRESETS
@@ -433,3 +434,39 @@ def test_a_member_restarted_under_the_same_id_is_a_death_not_the_same_member():
     c.tick()
     assert c.dead == {"w1"} and c.store.get(Keys.dead("w1")) == "w1-a"
     assert c.pending is not None and "w1" not in c.pending.plan.members  # recovered without its state
+
+
+def test_a_slow_device_measured_in_the_heartbeats_gets_a_straggler_plan_with_its_numbers():
+    from dataclasses import replace as _replace
+
+    from liveshard.runtime.contract.jobspec import AdaptivePolicy
+    from liveshard.runtime.contract.training import read_training
+
+    training = read_training({"data": {"mock": True}, "trainIters": 1000, "globalBatch": 4, "microBatch": 1,
+                              "seqLength": 32, "precision": "fp32"})
+    planning = _replace(LOCAL, adaptive=AdaptivePolicy(enabled=True, window=4))
+    source = Requests()
+    c = Coordinator(JobStore(dist.HashStore()), PRESETS["tiny-gpt"], source, planning, heartbeat_timeout=5.0,
+                    training=training)
+    workers = ("w0", "w1")
+    _running(c, source, workers, "tp=1,pp=2,dp=1")
+    for step in range(1, 11):
+        for w, rate in (("w0", 0.01), ("w1", 0.03)):  # w1 (the last stage) computes three times slower
+            c.store.set_json(Keys.heartbeat(w), {"time": time.time(), "state": "training", "generation": 0,
+                                                 "step": step, "step_seconds": 2.0,
+                                                 "compute": [[step, rate * 10, 10.0]]})
+        c.tick()
+        if c.pending is not None:
+            break
+    assert c.pending is not None, c.status()["health"]
+    plan = c.pending.plan
+    assert plan.cause == "straggler" and set(plan.members) | set(plan.standbys) == set(workers)
+    if "w1" in plan.members:  # the slow last stage gets fewer layers, or w1 waits on standby
+        assert ParallelConfig.parse(plan.config).layers[1] < 2
+    else:
+        assert plan.standbys == ("w1",) and ParallelConfig.parse(plan.config).world_size == 1
+    health = c.status()["health"]
+    assert health["stragglers"] == ["w1"] and health["members"]["w1"]["speed"] < 0.7  # vs the median of two
+    [decision] = [d for d in health["adaptive"]["decisions"] if d["switch"]]
+    assert decision["predictedStepSecondsAfter"] < decision["predictedStepSeconds"] == 2.0
+    assert decision["switchCostSeconds"] > 0 and health["adaptive"]["switches"] == 1

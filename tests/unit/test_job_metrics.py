@@ -5,7 +5,7 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from liveshard.runtime.control.metrics import GoodputTracker, JobMetrics
@@ -137,3 +137,18 @@ def test_serve_answers_a_scrape():
     assert got[("liveshard_job_loss", frozenset({("job", "scraped")}))] == 6.5
     assert got[("liveshard_job_reconfiguration_seconds_count",
                 frozenset({("job", "scraped"), ("phase", "downtime")}))] == 1
+
+
+def test_device_speeds_stragglers_and_adaptive_switches_are_exported():
+    m = JobMetrics("j")
+    health = {"members": {"w0": {"speed": 1.0}, "w1": {"speed": 0.45}}, "stragglers": ["w1"],
+              "adaptive": {"switches": 2}}
+    m.observe_speeds(health)
+    text = generate_latest(m.registry).decode()
+    assert 'liveshard_device_relative_speed{device="w1",job="j"} 0.45' in text
+    assert 'liveshard_device_straggler{device="w1",job="j"} 1.0' in text
+    assert 'liveshard_device_straggler{device="w0",job="j"} 0.0' in text
+    assert 'liveshard_job_adaptive_switches_total{job="j"} 2.0' in text
+    m.observe_speeds({"members": {"w0": {"speed": 1.0}}, "stragglers": [], "adaptive": {"switches": 2}})
+    text = generate_latest(m.registry).decode()
+    assert 'device="w1"' not in text and 'liveshard_job_adaptive_switches_total{job="j"} 2.0' in text

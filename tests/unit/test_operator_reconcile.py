@@ -474,3 +474,22 @@ def test_checkpoint_failures_and_an_unusable_directory_are_conditions_not_a_stop
     d, job = step(job, pods, healthy(4), T0 + timedelta(seconds=90))
     conds = {c["type"]: c for c in job["status"]["conditions"]}
     assert conds["CheckpointUnavailable"]["status"] == "True" and "read-only" in conds["CheckpointUnavailable"]["message"]
+
+
+def test_each_straggler_switch_is_one_event(crd_validator):
+    from liveshard.runtime.contract.status import AdaptiveReport
+
+    job, pods = running_job()
+    decision = {"decisions": [{"switch": True, "kind": "layers", "config": "tp=1,pp=2,dp=2,ep=1,layers=1+3",
+                               "step": 12, "time": 1700000100.0, "predictedStepSeconds": 0.2,
+                               "predictedStepSecondsAfter": 0.15, "measuredStepSeconds": 0.21,
+                               "switchCostSeconds": 0.3, "horizonSteps": 200, "stragglers": ["job-worker-1/0"],
+                               "reason": "layers: predicted 0.2 -> 0.15 s/step"}], "enabled": True, "switches": 1}
+    merge_patch(job["status"], AdaptiveReport.from_coordinator(decision).to_status())  # as the coordinator patches it
+    d, job = step(job, pods, healthy(4), T0 + timedelta(seconds=30))
+    events = [(k, r, m) for k, r, m in d.events if r == "StragglerReplan"]
+    assert len(events) == 1 and "layers=1+3" in events[0][2] and "job-worker-1/0" in events[0][2]
+    assert job["status"]["adaptive"]["switches"] == 1 and job["status"]["adaptive"]["announcedAt"]
+    assert crd_validator.errors(crd_validator.default(job)) == []
+    d, job = step(job, pods, healthy(4), T0 + timedelta(seconds=60))
+    assert not [e for e in d.events if e[1] == "StragglerReplan"]  # announced once

@@ -52,15 +52,29 @@ def test_a_malformed_status_is_reported_not_raised(source):
     assert source.poll() is None  # and the coordinator's loop goes on
 
 
-def test_stragglers_come_from_the_coordinators_health_summary(source):
+def test_stragglers_come_from_the_coordinators_speed_summary(source):
     source.custom = FlakyStatus(0)
-    health = {"members": {"p-0/0": {"step_seconds": 1.0, "speed": 1.0}, "p-1/0": {"step_seconds": 2.0,
-                                                                                  "speed": 0.5}},
-              "stragglers": ["p-1/0"], "job_step_seconds": 1.0}
-    telemetry = {"p-0/0": {"step_seconds": 1.0}, "p-1/0": {"step_seconds": 2.0}}
-    source.report({"history": [], "telemetry": telemetry, "health": health})
-    written = source.custom.patches[-1]
-    assert written["speeds"] == {"p-0": 1.0, "p-1": 0.75}  # relative to the median step (1.5 s)
+    health = {"members": {"p-0/0": {"speed": 1.0, "seconds_per_unit": 0.01, "samples": 8},
+                          "p-1/0": {"speed": 0.5, "seconds_per_unit": 0.02, "samples": 8, "slow_since": 1700000000.0},
+                          "p-1/1": {"speed": 1.1, "seconds_per_unit": 0.009, "samples": 8}},
+              "stragglers": ["p-1/0"], "reference_seconds_per_unit": 0.01,
+              "adaptive": {"enabled": True, "switches": 1, "decisions": [
+                  {"switch": True, "kind": "layers", "config": "tp=1,pp=2,dp=1,ep=1,layers=1+3", "step": 12,
+                   "time": 1700000100.0, "predictedStepSeconds": 0.2, "predictedStepSecondsAfter": 0.15,
+                   "measuredStepSeconds": 0.21, "switchCostSeconds": 0.3, "horizonSteps": 200,
+                   "stragglers": ["p-1/0"], "reason": "layers: predicted 0.2 -> 0.15 s/step"}]}}
+    source.report({"history": [], "telemetry": {}, "health": health})
+    written = next(p for p in source.custom.patches if "speeds" in p)
+    assert written["speeds"] == {"p-0": 1.0, "p-1": 0.5}  # a pod is as fast as its slowest device, capped at 1
     [slow] = written["stragglers"]
     assert slow["pod"] == "p-1" and slow["device"] == "p-1/0" and slow["relativeSpeed"] == 0.5
-    assert slow["since"] and "median step 2.0 s" in slow["evidence"]
+    assert slow["since"].startswith("2023-11-14T22:13:20") and "20.00 ms per layer unit" in slow["evidence"]
+    adaptive = next(p for p in source.custom.patches if "adaptive" in p)["adaptive"]
+    assert adaptive["switches"] == 1 and adaptive["lastDecision"]["config"].endswith("layers=1+3")
+    assert adaptive["lastDecision"]["predictedStepSecondsAfter"] == 0.15
+    # a new straggler set is written at once, not at the next 30 s report
+    count = len([p for p in source.custom.patches if "speeds" in p])
+    health["stragglers"] = []
+    source.report({"history": [], "telemetry": {}, "health": health})
+    speeds = [p for p in source.custom.patches if "speeds" in p]
+    assert len(speeds) == count + 1 and speeds[-1]["stragglers"] == []

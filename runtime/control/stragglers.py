@@ -1,0 +1,144 @@
+"""The coordinator's side of the straggler loop: measurements in, at most one plan request out.
+
+Every heartbeat's compute samples go to a ``telemetry.SpeedTracker``; its summary (relative
+speed per device, stragglers with the time they became one) is the job's ``status.stragglers``
+and the ``liveshard_device_relative_speed`` gauge. With ``AdaptivePolicy.enabled``, once every
+member has a full window of measurements in the running world and a device is slow (or the
+running plan is an adaptive one, which may be undone), ``planner.adapt.decide`` compares the
+running plan with the best one for the measured speeds, and a switch becomes a ``PlanRequest``
+with its numbers in ``decisions``.
+
+A device set aside for slowness stays on standby for ``probation`` steps (it cannot be measured
+while it does not compute); after that the policy counts it healthy again and brings it back if
+that pays, and measures it anew. Pure bookkeeping: the coordinator publishes the plans.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from liveshard.runtime.contract.causes import Cause
+from liveshard.runtime.control.protocol import WorldPlan
+from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.planner.adapt import AdaptivePolicy, LayerCaps, decide
+from liveshard.runtime.spec import ModelSpec
+from liveshard.runtime.telemetry import SpeedTracker
+
+log = logging.getLogger("liveshard.coordinator")
+
+DEFAULT_SWITCH_SECONDS = 2.0  # the cost of a switch before one was measured
+MAX_DECISIONS = 20  # kept in the status
+
+
+class StragglerLoop:
+    def __init__(self, spec: ModelSpec, policy: AdaptivePolicy, *, global_batch: int, micro_batch: int,
+                 seq_length: int, granularity: int = 1, layer_caps: LayerCaps | None = None) -> None:
+        self.spec = spec
+        self.policy = policy
+        self.global_batch, self.micro_batch, self.seq_length = global_batch, micro_batch, seq_length
+        self.granularity = granularity
+        self.layer_caps = layer_caps
+        self.tracker = SpeedTracker(policy.threshold, policy.window)
+        self.decisions: list[dict] = []  # every switch taken, and each new reason not to
+        self.baseline: ParallelConfig | None = None  # the job's layout before its first adaptive switch
+        self.adaptive_generations: set[int] = set()
+        self.probation: dict[str, int] = {}  # device -> the step it was set aside at
+        self.switches = 0
+        self._evaluated_at = -1
+        self._last_reason: str | None = None
+
+    def set_policy(self, policy: AdaptivePolicy) -> None:
+        log.info("straggler policy: %s", policy)
+        self.policy = policy
+        self.tracker.threshold, self.tracker.window = policy.threshold, policy.window
+        for device in self.tracker.devices.values():
+            device.rates = deque(device.rates, maxlen=policy.window)
+
+    # ---- measurements --------------------------------------------------------------------
+    def observe(self, member: str, heartbeat: dict) -> None:
+        self.tracker.observe(member, heartbeat)
+
+    def committed(self, plan: WorldPlan) -> None:
+        """A new world runs: its rates follow new work, measure afresh."""
+        self.tracker.restart_window(plan.members)
+        if plan.generation not in self.adaptive_generations:
+            self.baseline = None  # a plan from elsewhere (a loss, a scale change) is the job's layout now
+            self.probation.clear()
+        self._evaluated_at = -1
+
+    def summary(self, members: Iterable[str]) -> dict:
+        out = self.tracker.summary(members)
+        out["adaptive"] = {"enabled": self.policy.enabled, "switches": self.switches,
+                           "decisions": self.decisions[-MAX_DECISIONS:],
+                           "probation": dict(self.probation)}
+        return out
+
+    # ---- the decision --------------------------------------------------------------------
+    def consider(self, current: WorldPlan, step: int, measured_step: float | None,
+                 history: Sequence[dict], steps_left: int | None = None) -> dict | None:
+        """A plan request (``PlanRequest`` fields) when a switch pays, else None. ``steps_left``:
+        the steps training has left (a switch must pay for itself before the end)."""
+        if not self.policy.enabled or current.is_stop or not current.members or not measured_step:
+            return None
+        if steps_left is not None and steps_left <= self.policy.window:
+            return None  # too close to the end for a switch to pay
+        if step < self._evaluated_at + max(1, self.policy.window // 2):
+            return None  # at most every half window of steps
+        rates = self.tracker.rates(current.members, full_only=True)
+        if len(rates) < len(current.members):
+            return None  # not every member has a full window in this world yet
+        summary = self.tracker.summary(current.members)
+        slow = summary["stragglers"]
+        on_probation = [d for d, at in self.probation.items() if step - at < self.policy.probation]
+        if not slow and self.baseline is None:
+            return None
+        self._evaluated_at = step
+        for d in current.standbys:
+            last = self.tracker.last_rate(d)
+            if d in on_probation and last is not None:
+                rates[d] = last
+        cfg = ParallelConfig.parse(current.config)
+        policy = self.policy if steps_left is None else replace(self.policy,
+                                                                  horizon=min(self.policy.horizon, steps_left))
+        decision = decide(self.spec, cfg, current.members, current.standbys, rates, measured_step=measured_step,
+                          switch_cost=self.switch_cost(history), policy=policy,
+                          global_batch=self.global_batch, micro_batch=self.micro_batch,
+                          seq_length=self.seq_length, granularity=self.granularity, slow_standbys=on_probation,
+                          layer_caps=self.layer_caps, baseline=self.baseline)
+        record = {**decision.to_dict(), "step": step, "time": time.time(), "stragglers": list(slow),
+                  "speeds": {m: summary["members"][m]["speed"] for m in summary["members"]}}
+        if decision.switch or decision.reason != self._last_reason:
+            self.decisions.append(record)
+            del self.decisions[:-MAX_DECISIONS]
+            self._last_reason = decision.reason
+            log.warning("straggler policy at step %d: %s", step, decision.reason) if decision.switch else \
+                log.info("straggler policy at step %d: no switch (%s)", step, decision.reason)
+        if not decision.switch:
+            return None
+        self.switches += 1
+        if self.baseline is None:
+            self.baseline = cfg
+        best = decision.best
+        for d in best.standbys:
+            if d in current.members:
+                self.probation[d] = step
+        for d in best.members:
+            self.probation.pop(d, None)
+        return {"members": (*best.members, *best.standbys), "config": str(best.config),
+                "reason": f"straggler policy: {decision.reason}", "cause": Cause.STRAGGLER.value, "ordered": True}
+
+    def taken(self, generation: int) -> None:
+        """The request became generation ``generation``."""
+        self.adaptive_generations.add(generation)
+
+    @staticmethod
+    def switch_cost(history: Sequence[dict]) -> float:
+        """What the last committed live switches paused training for (their median)."""
+        pauses = [float(h["downtime"]) for h in history[-5:]
+                  if h.get("outcome") == "committed" and h.get("downtime")]
+        return statistics.median(pauses) if pauses else DEFAULT_SWITCH_SECONDS

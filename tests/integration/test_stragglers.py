@@ -1,0 +1,64 @@
+"""A slow device on the local cluster: found from compute times (not step times, which every
+rank of a synchronous job shares), and planned around live by the straggler policy. Real
+coordinator and worker processes on CPU (gloo); ``slow=R@F`` events make a device sleep in
+proportion to what it computes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from liveshard.dev.localrun.driver import RunSpec, run_local
+from liveshard.dev.localrun.events import parse_events
+from liveshard.runtime.contract.jobspec import AdaptivePolicy
+
+pytestmark = pytest.mark.slow
+
+GLOBAL_BATCH = 8
+
+
+def _run(path, events: str, steps: int, adaptive: AdaptivePolicy) -> dict:
+    report = run_local(RunSpec.mock("tiny-llama", workers=4, parallel="tp=1,pp=2,dp=2", steps=steps,
+                                    global_batch=GLOBAL_BATCH, events=parse_events(events), workdir=str(path),
+                                    adaptive=adaptive))
+    (path / "run.json").write_text(json.dumps(report))
+    return report
+
+
+def _exact(report: dict, steps: int) -> None:
+    assert [s["step"] for s in report["steps"]] == list(range(1, steps + 1))
+    assert [s["consumed_samples"] for s in report["steps"]] == [GLOBAL_BATCH * k for k in range(1, steps + 1)]
+    assert [s["samples"] for s in report["steps"]] == [list(range(GLOBAL_BATCH * (k - 1), GLOBAL_BATCH * k))
+                                                       for k in range(1, steps + 1)]
+
+
+def test_a_slowed_device_is_found_and_planned_around_with_every_sample_once(tmp_path):
+    steps = 40
+    report = _run(tmp_path, "3:slow=1@0.2", steps, AdaptivePolicy(enabled=True, window=4))
+    _exact(report, steps)
+    health = report["stragglers"]
+    assert health["stragglers"] == ["w1"], health["members"]  # the slowed device, and no healthy one
+    assert health["members"]["w1"]["speed"] < 0.7
+    assert all(m["speed"] > 0.7 for w, m in health["members"].items() if w != "w1")
+    switches = [a for a in report["adaptive"] if a["outcome"] == "committed"]
+    assert switches, report["adaptive"]
+    first = switches[0]
+    d = first["decision"]
+    assert d["switch"] and d["predictedStepSecondsAfter"] < d["predictedStepSeconds"] and d["switchCostSeconds"] > 0
+    # found after a full window and another one of slowness (window 4), and switched at once
+    # (its preparation runs while training goes on: the switch lands a few steps later)
+    assert "w1" in d["stragglers"] and d["step"] <= 3 + 2 * 4 + 4 and first["switch_step"] <= d["step"] + 8
+    # the device's load is lighter after the switch: fewer layers on its stage, or fewer micro-batches
+    assert "layers=" in first["config"] or "dp_split=" in first["config"]
+    assert [s["config"] for s in report["steps"]][-1] == switches[-1]["config"]
+
+
+def test_a_healthy_run_makes_no_straggler_and_no_switch(tmp_path):
+    steps = 40
+    report = _run(tmp_path, "", steps, AdaptivePolicy(enabled=True, window=8))
+    _exact(report, steps)
+    assert report["stragglers"]["stragglers"] == [], report["stragglers"]["members"]
+    assert report["adaptive"] == []
+    assert {s["config"] for s in report["steps"]} == {"tp=1,pp=2,dp=2,ep=1"}

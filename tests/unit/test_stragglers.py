@@ -1,0 +1,261 @@
+"""The straggler loop's pure parts: the speed estimate, the re-plan policy, its bookkeeping."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from liveshard.dev.localrun.events import parse_events
+from liveshard.runtime.agent.compute_clock import ComputeClock
+from liveshard.runtime.contract.jobspec import AdaptivePolicy, read_adaptive
+from liveshard.runtime.control.protocol import WorldPlan
+from liveshard.runtime.control.stragglers import StragglerLoop
+from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.parallel import ParallelConfig
+from liveshard.runtime.planner.adapt import decide, output_units, predict_compute, work_units
+from liveshard.runtime.presets import PRESETS
+from liveshard.runtime.telemetry import SpeedTracker
+
+SPEC16 = replace(PRESETS["tiny-llama"], name="tiny-llama-16", num_layers=16)
+POLICY = AdaptivePolicy(enabled=True, window=4, horizon=200, min_gain=0.05)
+
+
+def beats(tracker: SpeedTracker, rates: dict[str, float], steps: range, noise: float = 0.0, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    for step in steps:
+        for m, r in rates.items():
+            seconds = r * 10 * (1 + rng.uniform(-noise, noise))
+            tracker.observe(m, {"compute": [[step, seconds, 10.0]]})
+
+
+# ---- the speed estimate ------------------------------------------------------------------------
+def test_a_slow_device_is_a_straggler_once_slow_for_a_window_after_a_full_one():
+    t = SpeedTracker(threshold=0.8, window=4)
+    rates = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 1.0}
+    beats(t, rates, range(1, 4))
+    assert t.summary(rates, now=10.0)["stragglers"] == []  # 3 samples: no estimate yet
+    beats(t, rates, range(4, 5))
+    s = t.summary(rates, now=11.0)
+    assert s["stragglers"] == [] and s["members"]["c"]["speed"] == 0.5  # slow, not for long enough
+    beats(t, rates, range(5, 8))
+    assert t.summary(rates, now=12.0)["stragglers"] == []
+    beats(t, rates, range(8, 9))
+    s = t.summary(rates, now=13.0)
+    assert s["stragglers"] == ["c"] and s["members"]["c"]["slow_since"] == 13.0
+    assert s["members"]["a"]["speed"] == 1.0
+
+
+def test_one_slow_window_from_a_busy_host_is_not_a_straggler():
+    t = SpeedTracker(threshold=0.8, window=4)
+    rates = {"a": 1.0, "b": 1.0, "c": 1.0}
+    beats(t, rates, range(1, 5))
+    beats(t, {**rates, "c": 3.0}, range(5, 9))  # four slow steps, then back
+    assert t.summary(rates)["stragglers"] == []
+    beats(t, rates, range(9, 13))
+    assert t.summary(rates)["stragglers"] == []
+    # delays on some steps only: the lower quartile of the window sees through them
+    beats(t, {**rates, "c": 1.0}, range(13, 15))
+    beats(t, {**rates, "c": 4.0}, range(15, 17))
+    assert t.summary(rates)["members"]["c"]["speed"] == 1.0
+
+
+def test_noise_of_a_loaded_machine_makes_no_straggler_and_recovery_needs_the_margin():
+    t = SpeedTracker(threshold=0.8, window=8)
+    rates = {f"w{i}": 1.0 for i in range(4)}
+    for start in range(1, 200, 8):  # +-35% per step around the same speed
+        beats(t, rates, range(start, start + 8), noise=0.35, seed=start)
+        assert t.summary(rates)["stragglers"] == []
+    beats(t, {**rates, "w2": 1.6}, range(200, 208))
+    t.summary(rates, now=1.0)
+    beats(t, {**rates, "w2": 1.6}, range(208, 216))
+    assert t.summary(rates, now=1.5)["stragglers"] == ["w2"]
+    beats(t, {**rates, "w2": 1.15}, range(216, 224))  # 0.87: above the threshold, within the margin
+    assert t.summary(rates, now=2.0)["stragglers"] == ["w2"]
+    beats(t, rates, range(224, 232))
+    assert t.summary(rates, now=3.0)["stragglers"] == []
+
+
+def test_repeated_and_malformed_samples_count_once_or_not_at_all():
+    t = SpeedTracker(window=4)
+    t.observe("a", {"compute": [[1, 1.0, 10.0], [1, 5.0, 10.0], ["x", 1, 1], [2, 0.0, 10.0], [3, 1.0]]})
+    assert [r for _, r in t.devices["a"].rates] == [0.1]
+    t.observe("a", {"compute": [[1, 1.0, 10.0], [2, 2.0, 10.0]]})
+    assert [s for s, _ in t.devices["a"].rates] == [1, 2]
+
+
+def test_hardware_throttling_makes_a_straggler_at_once():
+    t = SpeedTracker(window=4)
+    t.observe("a", {"compute": [[1, 1.0, 1.0]], "health": {"throttle": ["hw_thermal_slowdown"]}})
+    t.observe("b", {"compute": [[1, 1.0, 1.0]], "health": {"throttle": ["applications_clocks"]}})
+    assert t.summary(["a", "b"])["stragglers"] == ["a"]
+
+
+# ---- prediction and policy ---------------------------------------------------------------------
+def test_work_units_count_layers_and_the_output_layer_on_the_last_stage():
+    cfg = ParallelConfig(pp=2, dp=2, layers=(6, 10))
+    out = output_units(SPEC16, 32)
+    assert out > 0
+    assert work_units(cfg, 0, 16, out, 3) == 18  # rank 0: stage 0
+    assert work_units(cfg, 3, 16, out, 2) == pytest.approx(2 * (10 + out))  # rank 3: stage 1, the last
+
+
+def test_predicted_step_is_the_1f1b_pipeline_of_the_slowest_replica():
+    cfg = ParallelConfig(pp=2, dp=2)
+    rates = {"a": 1.0, "b": 1.0, "c": 1.0, "d": 2.0}  # d: stage 1 of replica 1
+    t = predict_compute(cfg, ["a", "b", "c", "d"], rates, 16, 0.0, 8)
+    # replica 1: stages 8 and 16 s per micro-batch, 4 micro-batches: 3 * 16 + 24
+    assert t == pytest.approx(3 * 16 + 24)
+
+
+def test_a_slow_pipeline_stage_gets_fewer_layers():
+    cfg = ParallelConfig(pp=4)
+    members = ["w0", "w1", "w2", "w3"]
+    rates = {"w0": 1.0, "w1": 2.0, "w2": 1.0, "w3": 1.0}
+    d = decide(SPEC16, cfg, members, [], rates, measured_step=100.0, switch_cost=1.0, policy=POLICY,
+               global_batch=8, micro_batch=1, seq_length=32)
+    assert d.switch and d.best.kind == "layers"
+    layers = d.best.config.layers
+    assert sum(layers) == 16 and layers[1] == min(layers) and layers[1] < 4
+    assert d.predicted_after < d.predicted_now
+    assert d.to_dict()["predictedStepSecondsAfter"] == round(d.predicted_after, 5)
+
+
+def test_a_slow_replica_gets_fewer_micro_batches_of_the_same_global_batch():
+    cfg = ParallelConfig(pp=1, dp=2)
+    d = decide(SPEC16, cfg, ["a", "b"], [], {"a": 1.0, "b": 3.0}, measured_step=1e3, switch_cost=1.0,
+               policy=POLICY, global_batch=8, micro_batch=1, seq_length=32)
+    assert d.switch and d.best.kind == "data"
+    assert d.best.config.dp_split is not None and sum(d.best.config.dp_split) == 8
+    assert d.best.config.dp_split[1] < d.best.config.dp_split[0]
+
+
+def test_healthy_devices_keep_the_running_plan():
+    cfg = ParallelConfig(pp=2, dp=2)
+    d = decide(SPEC16, cfg, ["a", "b", "c", "d"], [], dict.fromkeys("abcd", 1.0), measured_step=50.0,
+               switch_cost=1.0, policy=POLICY, global_batch=8, micro_batch=1, seq_length=32)
+    assert not d.switch and d.best.config == cfg
+
+
+def test_a_recovered_device_gets_the_even_plan_back():
+    cfg = ParallelConfig(pp=4, layers=(5, 2, 5, 4))
+    d = decide(SPEC16, cfg, ["a", "b", "c", "d"], [], dict.fromkeys("abcd", 1.0), measured_step=80.0,
+               switch_cost=1.0, policy=POLICY, global_batch=8, micro_batch=1, seq_length=32,
+               baseline=ParallelConfig(pp=4))
+    assert d.switch and d.best.config.layers is None and d.best.config.dp_split is None
+
+
+def test_a_switch_that_does_not_pay_over_the_horizon_is_not_taken():
+    cfg = ParallelConfig(pp=4)
+    rates = {"w0": 1.0, "w1": 2.0, "w2": 1.0, "w3": 1.0}
+    d = decide(SPEC16, cfg, list(rates), [], rates, measured_step=100.0, switch_cost=1e6,
+               policy=replace(POLICY, horizon=10), global_batch=8, micro_batch=1, seq_length=32)
+    assert not d.switch and "does not pay" in d.reason and d.best.kind == "layers"
+
+
+def test_a_hopeless_device_goes_to_standby_and_stays_there_on_probation():
+    spec = PRESETS["tiny-llama"]  # 4 layers: pp=4 has no layer to move
+    cfg = ParallelConfig(pp=4)
+    rates = {"w0": 1.0, "w1": 10.0, "w2": 1.0, "w3": 1.0}
+    d = decide(spec, cfg, list(rates), [], rates, measured_step=100.0, switch_cost=1.0, policy=POLICY,
+               global_batch=8, micro_batch=1, seq_length=32)
+    assert d.switch and d.best.kind.startswith("standby") and d.best.standbys == ("w1",)
+    assert d.best.config.world_size == 3 and "w1" not in d.best.members
+    # on probation w1 is not brought back; after it, with the job's layout as the baseline, it is
+    now = d.best
+    healthy = {m: 1.0 for m in now.members}
+    kept = decide(spec, now.config, now.members, now.standbys, {**healthy, "w1": 10.0}, measured_step=40.0,
+                  switch_cost=1.0, policy=POLICY, global_batch=8, micro_batch=1, seq_length=32,
+                  slow_standbys=("w1",), baseline=cfg)
+    assert not kept.switch
+    back = decide(spec, now.config, now.members, now.standbys, healthy, measured_step=40.0, switch_cost=1.0,
+                  policy=POLICY, global_batch=8, micro_batch=1, seq_length=32, baseline=cfg)
+    assert back.switch and back.best.kind == "rejoin" and back.best.config == cfg and "w1" in back.best.members
+
+
+def test_memory_caps_bound_the_layers_a_fast_stage_takes():
+    cfg = ParallelConfig(pp=4)
+    rates = {"w0": 1.0, "w1": 3.0, "w2": 1.0, "w3": 1.0}
+    d = decide(SPEC16, cfg, list(rates), [], rates, measured_step=100.0, switch_cost=1.0, policy=POLICY,
+               global_batch=8, micro_batch=1, seq_length=32, layer_caps=lambda c: (5, 5, 5, 5) if c.pp == 4 else None)
+    assert d.switch and max(d.best.config.layers) <= 5
+
+
+def test_policy_settings_are_validated_with_the_field_named():
+    assert read_adaptive(None) == AdaptivePolicy()
+    assert read_adaptive({"enabled": True, "threshold": 0.7, "horizonSteps": 50}).horizon == 50
+    with pytest.raises(ConfigError, match=r"spec\.elasticity\.adaptive\.threshold"):
+        read_adaptive({"threshold": 1.5})
+    with pytest.raises(ConfigError, match=r"spec\.elasticity\.adaptive\.window"):
+        read_adaptive({"window": 0})
+    with pytest.raises(ConfigError, match=r"spec\.elasticity\.adaptive\.enabled"):
+        read_adaptive({"enabled": "yes"})
+
+
+# ---- the coordinator's loop --------------------------------------------------------------------
+def plan(gen: int, config: str, members: tuple[str, ...], standbys: tuple[str, ...] = ()) -> WorldPlan:
+    return WorldPlan(generation=gen, config=config, members=members, standbys=standbys, reason="", previous=None)
+
+
+def test_the_loop_requests_a_switch_once_every_member_has_a_window():
+    loop = StragglerLoop(SPEC16, POLICY, global_batch=8, micro_batch=1, seq_length=32)
+    world = plan(0, "tp=1,pp=4,dp=1", ("w0", "w1", "w2", "w3"))
+    loop.committed(world)
+    rates = {"w0": 1.0, "w1": 2.0, "w2": 1.0, "w3": 1.0}
+    for step in range(1, 9):
+        for m, r in rates.items():
+            loop.observe(m, {"compute": [[step, r, 1.0]]})
+        if step in (3, 5, 8):
+            # 3: no full window; 5: a full window below the threshold, 8: not yet for another
+            assert loop.consider(world, step, 10.0, []) is None
+    for m, r in rates.items():
+        loop.observe(m, {"compute": [[9, r, 1.0]]})
+    request = loop.consider(world, 9, 10.0, [{"outcome": "committed", "downtime": 0.4}])
+    assert request is not None and request["cause"] == "straggler" and "layers=" in request["config"]
+    assert request["members"] == ("w0", "w1", "w2", "w3") and loop.baseline == ParallelConfig(pp=4)
+    assert loop.decisions[-1]["switch"] and loop.decisions[-1]["switchCostSeconds"] == 0.4
+    loop.taken(1)
+    loop.committed(plan(1, request["config"], request["members"]))
+    assert loop.baseline == ParallelConfig(pp=4)  # kept across its own switches
+    loop.committed(plan(2, "tp=1,pp=2,dp=1", ("w0", "w2")))  # a plan from elsewhere: the job's layout now
+    assert loop.baseline is None
+
+
+def test_the_loop_does_nothing_when_disabled():
+    loop = StragglerLoop(SPEC16, AdaptivePolicy(window=2), global_batch=8, micro_batch=1, seq_length=32)
+    world = plan(0, "tp=1,pp=4,dp=1", ("w0", "w1", "w2", "w3"))
+    for step in range(1, 9):
+        for m, r in {"w0": 1.0, "w1": 5.0, "w2": 1.0, "w3": 1.0}.items():
+            loop.observe(m, {"compute": [[step, r, 1.0]]})
+        loop.summary(world.members)
+    assert loop.consider(world, 8, 10.0, []) is None
+    assert loop.summary(world.members)["stragglers"] == ["w1"]  # measured and reported all the same
+
+
+# ---- dev events and the clock ------------------------------------------------------------------
+def test_slow_events_parse_and_bad_ones_name_the_fix():
+    [ev] = parse_events("5:slow=1,2@0.5")
+    assert ev.kind == "slow" and ev.ranks == (1, 2) and ev.factor == 0.5 and str(ev) == "5:slow=1,2@0.5"
+    for bad in ("5:slow=1", "5:slow=1@0", "5:slow=1@1.5", "5:slow=x@0.5"):
+        with pytest.raises(ConfigError, match="slow"):
+            parse_events(bad)
+
+
+def test_the_clock_times_compute_segments_only_and_calls_the_gate():
+    seen = []
+    clock = ComputeClock(cuda=False, gate=seen.append)
+    clock.begin_step()
+    clock("forward-backward", log_level=1).start(barrier=False)
+    clock("forward-compute", log_level=2).start()
+    sum(range(20000))
+    clock("forward-compute").stop()
+    clock("forward-recv", log_level=2).start()
+    clock("forward-recv").stop()
+    clock("backward-compute", log_level=2).start()
+    clock("backward-compute").stop()
+    clock("forward-backward").stop()
+    total = clock.end_step()
+    assert len(seen) == 2 and total >= sum(seen) and total > 0
+    clock.begin_step()
+    assert clock.end_step() == 0.0
