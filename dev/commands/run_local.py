@@ -37,7 +37,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--adaptive-threshold", type=float, default=0.7, help="relative speed below which a device is slow")
     g.add_argument("--adaptive-window", type=int, default=8, help="steps per speed estimate")
     g.add_argument("--adaptive-horizon", type=int, default=200, help="steps over which a switch must pay for itself")
-    g.add_argument("--adaptive-min-gain", type=float, default=0.05,
+    g.add_argument("--adaptive-min-gain", type=float, default=0.1,
                    help="least predicted saving, as a share of the step, worth a switch")
     g.add_argument("--adaptive-probation", type=int, default=200,
                    help="steps a device set aside for slowness waits before it is tried again")

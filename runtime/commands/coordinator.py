@@ -44,8 +44,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--adaptive-window", type=int, default=8, help="steps per speed estimate (default 8)")
     g.add_argument("--adaptive-horizon", type=int, default=200,
                    help="steps over which a switch must pay for itself (default 200)")
-    g.add_argument("--adaptive-min-gain", type=float, default=0.05,
-                   help="least predicted saving, as a share of the step, worth a switch (default 0.05)")
+    g.add_argument("--adaptive-min-gain", type=float, default=0.1,
+                   help="least predicted saving, as a share of the step, worth a switch (default 0.1)")
     g.add_argument("--adaptive-probation", type=int, default=200,
                    help="steps a device set aside for slowness waits before it is tried again (default 200)")
 

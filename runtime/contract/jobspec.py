@@ -46,7 +46,7 @@ class AdaptivePolicy:
     threshold: float = 0.7  # relative speed (1.0 = the median device) below which a device is slow
     window: int = 8  # steps of measurements in each estimate; a device must stay slow this long
     horizon: int = 200  # steps over which a switch must pay for itself
-    min_gain: float = 0.05  # the least predicted saving, as a share of the step, worth a switch
+    min_gain: float = 0.1  # the least predicted saving, as a share of the step, worth a switch
     probation: int = 200  # steps after which a device sent to standby for slowness is tried again
 
     def __post_init__(self) -> None:

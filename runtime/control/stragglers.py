@@ -51,6 +51,11 @@ class StragglerLoop:
         self.switches = 0
         self._evaluated_at = -1
         self._last_reason: str | None = None
+        # step times per generation: {generation: {step: seconds of its slowest member}}
+        self._step_seconds: dict[int, dict[int, float]] = {}
+        # the switch on trial: the layout it left, the step time measured before, its generation
+        self._trial: dict | None = None
+        self._hold_until = -1  # no new switch before this step (after one that did not pay)
 
     def set_policy(self, policy: AdaptivePolicy) -> None:
         log.info("straggler policy: %s", policy)
@@ -62,6 +67,21 @@ class StragglerLoop:
     # ---- measurements --------------------------------------------------------------------
     def observe(self, member: str, heartbeat: dict) -> None:
         self.tracker.observe(member, heartbeat)
+        gen, step, seconds = heartbeat.get("generation"), heartbeat.get("step"), heartbeat.get("step_seconds")
+        if isinstance(gen, int) and isinstance(step, int) and isinstance(seconds, int | float) and seconds > 0:
+            steps = self._step_seconds.setdefault(gen, {})
+            steps[step] = max(steps.get(step, 0.0), float(seconds))
+            if len(steps) > 4 * self.policy.window:
+                del steps[min(steps)]
+            for old in [g for g in self._step_seconds if g < gen - 4]:
+                del self._step_seconds[old]
+
+    def measured_step(self, generation: int) -> float | None:
+        """The median step time of the newest steps of ``generation`` (its first two steps, which
+        pay a new world's one-off costs, left out); None before there are enough of them."""
+        steps = self._step_seconds.get(generation) or {}
+        recent = [steps[k] for k in sorted(steps)[2:]][-self.policy.window:]
+        return statistics.median(recent) if len(recent) >= min(3, self.policy.window) else None
 
     def committed(self, plan: WorldPlan) -> None:
         """A new world runs: its rates follow new work, measure afresh."""
@@ -92,6 +112,12 @@ class StragglerLoop:
         rates = self.tracker.rates(current.members, full_only=True)
         if len(rates) < len(current.members):
             return None  # not every member has a full window in this world yet
+        measured = self.measured_step(current.generation)
+        if self._trial is not None and self._trial["generation"] == current.generation:
+            return None if measured is None else self._judge(current, step, measured)
+        measured_step = measured or measured_step
+        if step < self._hold_until:
+            return None
         summary = self.tracker.summary(current.members)
         slow = summary["stragglers"]
         on_probation = [d for d, at in self.probation.items() if step - at < self.policy.probation]
@@ -121,6 +147,8 @@ class StragglerLoop:
         if not decision.switch:
             return None
         self.switches += 1
+        self._trial = {"generation": None, "before": measured_step, "config": current.config,
+                       "members": current.members, "standbys": current.standbys}
         if self.baseline is None:
             self.baseline = cfg
         best = decision.best
@@ -135,6 +163,35 @@ class StragglerLoop:
     def taken(self, generation: int) -> None:
         """The request became generation ``generation``."""
         self.adaptive_generations.add(generation)
+        if self._trial is not None and self._trial["generation"] is None:
+            self._trial["generation"] = generation
+
+    def _judge(self, current: WorldPlan, step: int, measured: float) -> dict | None:
+        """A switch on trial, measured: kept if the step got faster by half the least gain worth
+        a switch, else undone (the model was wrong for this job: no new switch for a probation)."""
+        trial, self._trial = self._trial, None
+        self._evaluated_at = step
+        before = trial["before"]
+        if measured <= before * (1 - self.policy.min_gain / 2):
+            self._record({"switch": False, "kind": "kept", "config": current.config, "step": step,
+                          "reason": f"the switch paid: {measured:.4f} s/step measured against {before:.4f} before"})
+            return None
+        self._hold_until = step + self.policy.probation
+        self.switches += 1
+        reason = (f"the switch did not pay: {measured:.4f} s/step measured against {before:.4f} before; "
+                  f"back to {trial['config']}, no new switch for {self.policy.probation} steps")
+        self._record({"switch": True, "kind": "undo", "config": trial["config"], "members": list(trial["members"]),
+                      "standbys": list(trial["standbys"]), "step": step, "measuredStepSeconds": round(measured, 5),
+                      "predictedStepSeconds": round(measured, 5), "predictedStepSecondsAfter": round(before, 5),
+                      "reason": reason})
+        log.warning("straggler policy at step %d: %s", step, reason)
+        return {"members": (*trial["members"], *trial["standbys"]), "config": trial["config"],
+                "reason": f"straggler policy: {reason}", "cause": Cause.STRAGGLER.value, "ordered": True}
+
+    def _record(self, decision: dict) -> None:
+        self.decisions.append({"time": time.time(), "stragglers": [], **decision})
+        del self.decisions[:-MAX_DECISIONS]
+        self._last_reason = decision.get("reason")
 
     @staticmethod
     def switch_cost(history: Sequence[dict]) -> float:

@@ -17,8 +17,9 @@ keep the tensor-parallel degree:
 A switch is taken only when the predicted saving over ``horizon`` steps beats the measured cost
 of a switch, and by at least ``min_gain`` of the step; with every device healthy the best plan is
 the even one, so the same rule restores it. Predictions use the run's own measurements: the
-compute terms from the rates, plus the part of the measured step the rates do not explain
-(communication, optimizer), carried over unchanged. Pure: no torch, no I/O.
+compute terms from the rates, calibrated so the running plan's prediction is its measured step
+(the part the rates do not explain, communication and the optimizer, carried over unchanged).
+Pure: no torch, no I/O.
 """
 
 from __future__ import annotations
@@ -254,7 +255,12 @@ def decide(spec: ModelSpec, current: ParallelConfig, members: Sequence[str], sta
     full = {m: rates.get(m, median) for m in (*members, *standbys)}
     now_layout = Layout(current, tuple(members), tuple(standbys))
     predicted_now = predict_compute(current, members, full, spec.num_layers, out_units, total)
-    overhead = max(0.0, measured_step - predicted_now)  # what the rates do not explain
+    # Calibrated on the running plan: what the rates do not explain (communication, the
+    # optimizer) is added to every candidate unchanged; rates that explain more than the step
+    # measured (compute overlapping other ranks' on shared hosts) are scaled down alike.
+    overhead = max(0.0, measured_step - predicted_now)
+    scale = min(1.0, measured_step / predicted_now) if predicted_now > 0 else 1.0
+    predicted_now *= scale
 
     candidates: list[Layout] = []
     probation = [s for s in standbys if s in set(slow_standbys)]
@@ -291,7 +297,7 @@ def decide(spec: ModelSpec, current: ParallelConfig, members: Sequence[str], sta
             _check_split(lay.config, total)
         except ConfigError:
             continue
-        t = predict_compute(lay.config, lay.members, full, spec.num_layers, out_units, total) + overhead
+        t = predict_compute(lay.config, lay.members, full, spec.num_layers, out_units, total) * scale + overhead
         priced.append((t, i, lay))
     current_total = predicted_now + overhead
     if not priced:

@@ -259,3 +259,37 @@ def test_the_clock_times_compute_segments_only_and_calls_the_gate():
     assert len(seen) == 2 and total >= sum(seen) and total > 0
     clock.begin_step()
     assert clock.end_step() == 0.0
+
+
+def _feed(loop: StragglerLoop, world: WorldPlan, rates: dict[str, float], steps: range, step_seconds: float) -> None:
+    for step in steps:
+        for m, r in rates.items():
+            loop.observe(m, {"compute": [[step, r, 1.0]], "generation": world.generation, "step": step,
+                             "step_seconds": step_seconds})
+        loop.summary(world.members)
+
+
+@pytest.mark.parametrize("after, undone", [(0.6, False), (1.05, True)])
+def test_a_switch_is_kept_only_if_the_measured_step_gets_faster(after, undone):
+    loop = StragglerLoop(SPEC16, POLICY, global_batch=8, micro_batch=1, seq_length=32)
+    world = plan(0, "tp=1,pp=4,dp=1", ("w0", "w1", "w2", "w3"))
+    loop.committed(world)
+    slow = {"w0": 1.0, "w1": 2.0, "w2": 1.0, "w3": 1.0}
+    _feed(loop, world, slow, range(1, 10), 1.0)
+    request = loop.consider(world, 9, 1.0, [])
+    assert request is not None
+    loop.taken(1)
+    new = plan(1, request["config"], request["members"])
+    loop.committed(new)
+    _feed(loop, new, slow, range(10, 16), after)
+    judged = loop.consider(new, 15, after, [])
+    if undone:
+        assert judged is not None and judged["config"] == "tp=1,pp=4,dp=1" and "did not pay" in judged["reason"]
+        assert loop.decisions[-1]["kind"] == "undo"
+        loop.taken(2)
+        back = plan(2, judged["config"], judged["members"])
+        loop.committed(back)
+        _feed(loop, back, slow, range(16, 30), 1.0)
+        assert loop.consider(back, 29, 1.0, []) is None  # on hold for a probation
+    else:
+        assert judged is None and loop.decisions[-1]["kind"] == "kept"
