@@ -11,9 +11,12 @@ Then a healthy run of ``--healthy-steps`` steps with the policy on must make no 
 
     python bench/bench_stragglers.py [--steps 60] [--factor 0.5] [--out bench/results/stragglers.json]
 
-The model: a 16-layer tiny Llama (hidden 128, sequence 64), where compute is about half of a
-step on this machine; the ranks share its two cores, so the slowed rank's sleep also frees CPU
-for the others (a GPU straggler frees nothing): the cost of a straggler here is a lower bound.
+The model: a 16-layer tiny Llama (hidden 128, sequence 64). Four ranks share this machine's two
+cores, so a slowed rank's sleep would free CPU for the others (a GPU straggler frees nothing)
+and hide most of its cost: with ``--stretch K`` (default 4) every device is emulated K times
+slower than the CPU by sleeping in proportion to its compute, so compute is mostly sleep, the
+ranks stop competing for the cores, and a straggler costs what it would on dedicated devices.
+The healthy run for false switches runs without stretch (real CPU noise, 4 ranks on 2 cores).
 """
 
 from __future__ import annotations
@@ -40,14 +43,15 @@ GLOBAL_BATCH = 8
 SEQ = 64
 
 
-def run(model: str, parallel: str, steps: int, events: str, adaptive: bool, window: int, workdir: Path) -> dict:
+def run(model: str, parallel: str, steps: int, events: str, adaptive: bool, window: int, workdir: Path,
+        stretch: float = 1.0) -> dict:
     from liveshard.dev.localrun.driver import RunSpec, run_local
     from liveshard.dev.localrun.events import parse_events
     from liveshard.runtime.contract.jobspec import AdaptivePolicy
 
     return run_local(RunSpec.mock(model, workers=4, parallel=parallel, steps=steps, global_batch=GLOBAL_BATCH,
                                   seq_length=SEQ, events=parse_events(events), workdir=str(workdir),
-                                  adaptive=AdaptivePolicy(enabled=adaptive, window=window)))
+                                  adaptive=AdaptivePolicy(enabled=adaptive, window=window), stretch=stretch))
 
 
 def throughput(report: dict, first: int, last: int) -> float:
@@ -83,11 +87,13 @@ def plans(report: dict) -> list[dict]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--slow-at", type=int, default=10)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--slow-at", type=int, default=8)
+    p.add_argument("--stretch", type=float, default=4.0,
+                   help="devices emulated this many times slower than the CPU (sleep), so ranks do not share cores")
     p.add_argument("--factor", type=float, default=0.5)
     p.add_argument("--window", type=int, default=4)
-    p.add_argument("--tail", type=int, default=15)
+    p.add_argument("--tail", type=int, default=10)
     p.add_argument("--healthy-steps", type=int, default=200)
     p.add_argument("--layouts", default=";".join(LAYOUTS),
                    help="layouts separated by ';'")
@@ -105,7 +111,7 @@ def main() -> int:
                                        ("policy", events, True)):
                 t0 = time.time()
                 reports[name] = run(str(model), layout, args.steps, ev, adaptive, args.window,
-                                    Path(tmp) / f"{layout}-{name}")
+                                    Path(tmp) / f"{layout}-{name}", args.stretch)
                 print(f"{layout} {name}: {time.time() - t0:.0f} s", flush=True)
             thr = {k: throughput(r, args.slow_at, args.steps) for k, r in reports.items()}
             tail = {k: tail_step(r, args.tail) for k, r in reports.items()}
@@ -115,6 +121,7 @@ def main() -> int:
             slow_report = reports["slowed"]["stragglers"]
             rows.append({
                 "layout": layout, "factor": args.factor, "slow_at": args.slow_at, "steps": args.steps,
+                "stretch": args.stretch,
                 "throughput": thr, "tail_step_seconds": tail,
                 "recovered": (thr["policy"] - thr["slowed"]) / lost if lost > 0 else None,
                 "recovered_tail": ((tail["slowed"] - tail["policy"]) / (tail["slowed"] - tail["healthy"])

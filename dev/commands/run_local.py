@@ -32,6 +32,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="run.json")
     p.add_argument("--quiet", action="store_true")
     g = p.add_argument_group("stragglers")
+    g.add_argument("--stretch", type=float, default=1.0,
+                   help="emulate devices this many times slower than the CPU by sleeping in proportion to their "
+                        "compute, so ranks do not compete for the cores (benchmarks; default 1: off)")
     g.add_argument("--adaptive", action="store_true",
                    help="let the straggler policy re-plan around slow devices (with slow=R@F events)")
     g.add_argument("--adaptive-threshold", type=float, default=0.7, help="relative speed below which a device is slow")
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every, workdir=args.workdir, log=None if args.quiet else sys.stderr,
         adaptive=AdaptivePolicy(enabled=args.adaptive, threshold=args.adaptive_threshold, window=args.adaptive_window,
                                 horizon=args.adaptive_horizon, min_gain=args.adaptive_min_gain,
-                                probation=args.adaptive_probation)))
+                                probation=args.adaptive_probation), stretch=args.stretch))
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     for e in report["events"]:

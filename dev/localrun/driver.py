@@ -59,6 +59,9 @@ class RunSpec:
     workdir: str | None = None
     log: Any = None  # a file for progress lines (None: quiet)
     adaptive: AdaptivePolicy | None = None  # the coordinator's straggler policy (None: measure only)
+    # > 1: every device emulated this many times slower than the CPU, by sleeping in proportion
+    # to its compute (held_worker.Slowdown), so ranks stop competing for the cores (benchmarks)
+    stretch: float = 1.0
 
     @property
     def steps(self) -> int:
@@ -137,6 +140,8 @@ class LocalRun:
         BatchPlan(run.global_batch, run.micro_batch, self.cfg.dp, self.cfg.dp_split)
         if self.cfg.world_size > run.workers:
             raise ConfigError("--parallel", f"{self.cfg} needs {self.cfg.world_size} workers, --workers is {run.workers}")
+        if not run.stretch >= 1.0:
+            raise ConfigError("--stretch", f"must be >= 1, got {run.stretch!r}", "1 (off) or more, e.g. 4")
         for ev in run.events:
             if ev.kind == "slow" and max(ev.ranks) >= run.workers:
                 raise ConfigError("--events", f"{ev} names device {max(ev.ranks)}, the run starts {run.workers}",
@@ -191,11 +196,12 @@ class LocalRun:
         to trainIters and saves the final checkpoint there."""
         r = self.run
         safe = wid.replace("/", "_")
-        base = [*_held_worker_cli(), "--hold-at-steps", ",".join(map(str, holds))] if holds else [*_cli(), "worker"]
+        held = bool(holds) or r.stretch > 1.0
+        base = [*_held_worker_cli(), "--hold-at-steps", ",".join(map(str, holds))] if held else [*_cli(), "worker"]
         if holds and any(e.phase for e in r.events):
             base.append("--phase-holds")
-        if holds and any(e.kind == "slow" for e in r.events):
-            base.append("--slowdown")
+        if held and (r.stretch > 1.0 or any(e.kind == "slow" for e in r.events)):
+            base += ["--slowdown", "--stretch", repr(r.stretch)]
         cmd = [*base, "--id", wid, "--coordinator", f"127.0.0.1:{port}", "--collective-timeout", str(r.collective_timeout),
                "--result", str(self.dir / f"{safe}.json"), "--local-workers", "1", *(extra or [])]
         # Safety checkpoints (every --checkpoint-every steps) and the checkpoint a stop saves.

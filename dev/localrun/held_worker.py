@@ -51,16 +51,21 @@ def parse_steps(text: str) -> frozenset[int]:
 class Slowdown:
     """A compute gate (``agent.compute_clock.ComputeGate``): a device at ``factor`` of its speed.
 
-    After each compute segment of ``s`` seconds it sleeps ``s * (1/factor - 1)``: the segment
-    then takes ``s / factor``, and the sleeping process leaves the CPU to the others (on this
-    machine every rank shares the same cores, so burning cycles would slow everybody)."""
+    After each compute segment of ``s`` seconds it sleeps ``s * (stretch/factor - 1)``: the
+    segment then takes ``s * stretch / factor``, and the sleeping process leaves the CPU to the
+    others (on this machine every rank shares the same cores, so burning cycles would slow
+    everybody). ``stretch`` > 1 emulates devices that many times slower than this CPU for every
+    rank: most of a step's compute is then sleep, so ranks stop competing for the cores and a
+    slow device costs what it would on dedicated hardware (benchmarks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stretch: float = 1.0) -> None:
         self.factor = 1.0
+        self.stretch = stretch
 
     def __call__(self, seconds: float) -> None:
-        if self.factor < 1.0:
-            time.sleep(seconds * (1.0 / self.factor - 1.0))
+        total = self.stretch / self.factor
+        if total > 1.0:
+            time.sleep(seconds * (total - 1.0))
 
 
 class HeldSteps:
@@ -154,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated steps at whose boundary the worker waits for the driver")
     p.add_argument("--slowdown", action="store_true",
                    help="read a speed factor for this device at every held step (slow events)")
+    p.add_argument("--stretch", type=float, default=1.0,
+                   help="emulate a device this many times slower than the CPU by sleeping (with --slowdown)")
     p.add_argument("--phase-holds", action="store_true",
                    help="wait at the reconfiguration phase the driver names in the store (to be killed there)")
     return p
@@ -166,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     host, _, port = args.coordinator.rpartition(":")
     wid = worker_command.worker_id(args)
-    slowdown = Slowdown() if args.slowdown else None
+    slowdown = Slowdown(args.stretch) if args.slowdown else None
     gate = HeldSteps(host, int(port), args.job_name, wid, parse_steps(args.hold_at_steps), slowdown=slowdown)
     phases = HeldPhases(host, int(port), args.job_name, wid) if args.phase_holds else None
     try:  # a pod's supervisor starts this module again per GPU, holds included

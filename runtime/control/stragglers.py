@@ -167,12 +167,12 @@ class StragglerLoop:
             self._trial["generation"] = generation
 
     def _judge(self, current: WorldPlan, step: int, measured: float) -> dict | None:
-        """A switch on trial, measured: kept if the step got faster by half the least gain worth
-        a switch, else undone (the model was wrong for this job: no new switch for a probation)."""
+        """A switch on trial, measured: kept if the step got faster, else undone (the model was
+        wrong for this job: no new switch for a probation)."""
         trial, self._trial = self._trial, None
         self._evaluated_at = step
         before = trial["before"]
-        if measured <= before * (1 - self.policy.min_gain / 2):
+        if measured < before:
             self._record({"switch": False, "kind": "kept", "config": current.config, "step": step,
                           "reason": f"the switch paid: {measured:.4f} s/step measured against {before:.4f} before"})
             return None
