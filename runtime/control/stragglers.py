@@ -8,6 +8,10 @@ running plan is an adaptive one, which may be undone), ``planner.adapt.decide`` 
 running plan with the best one for the measured speeds, and a switch becomes a ``PlanRequest``
 with its numbers in ``decisions``.
 
+Every switch is on trial: once its world has a window of step times, it is kept if the step got
+faster and undone otherwise (then no switch for ``probation`` steps); how far the measured step
+was from the prediction becomes the least gain the next switch must promise.
+
 A device set aside for slowness stays on standby for ``probation`` steps (it cannot be measured
 while it does not compute); after that the policy counts it healthy again and brings it back if
 that pays, and measures it anew. Pure bookkeeping: the coordinator publishes the plans.
@@ -56,6 +60,9 @@ class StragglerLoop:
         # the switch on trial: the layout it left, the step time measured before, its generation
         self._trial: dict | None = None
         self._hold_until = -1  # no new switch before this step (after one that did not pay)
+        # how far the newest switch's measured step was from its prediction (share of the step):
+        # a later switch must promise more than that
+        self.model_error = 0.0
 
     def set_policy(self, policy: AdaptivePolicy) -> None:
         log.info("straggler policy: %s", policy)
@@ -129,8 +136,9 @@ class StragglerLoop:
             if d in on_probation and last is not None:
                 rates[d] = last
         cfg = ParallelConfig.parse(current.config)
-        policy = self.policy if steps_left is None else replace(self.policy,
-                                                                  horizon=min(self.policy.horizon, steps_left))
+        policy = replace(self.policy, min_gain=min(0.9, max(self.policy.min_gain, self.model_error)))
+        if steps_left is not None:
+            policy = replace(policy, horizon=min(policy.horizon, steps_left))
         decision = decide(self.spec, cfg, current.members, current.standbys, rates, measured_step=measured_step,
                           switch_cost=self.switch_cost(history), policy=policy,
                           global_batch=self.global_batch, micro_batch=self.micro_batch,
@@ -148,7 +156,8 @@ class StragglerLoop:
             return None
         self.switches += 1
         self._trial = {"generation": None, "before": measured_step, "config": current.config,
-                       "members": current.members, "standbys": current.standbys}
+                       "members": current.members, "standbys": current.standbys,
+                       "predicted": decision.predicted_after}
         if self.baseline is None:
             self.baseline = cfg
         best = decision.best
@@ -172,6 +181,7 @@ class StragglerLoop:
         trial, self._trial = self._trial, None
         self._evaluated_at = step
         before = trial["before"]
+        self.model_error = abs(measured - trial["predicted"]) / measured
         if measured < before:
             self._record({"switch": False, "kind": "kept", "config": current.config, "step": step,
                           "reason": f"the switch paid: {measured:.4f} s/step measured against {before:.4f} before"})

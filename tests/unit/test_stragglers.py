@@ -293,3 +293,6 @@ def test_a_switch_is_kept_only_if_the_measured_step_gets_faster(after, undone):
         assert loop.consider(back, 29, 1.0, []) is None  # on hold for a probation
     else:
         assert judged is None and loop.decisions[-1]["kind"] == "kept"
+    # the next switch must promise more than the last prediction missed by
+    predicted = next(d for d in loop.decisions if d.get("kind") == "layers")["predictedStepSecondsAfter"]
+    assert loop.model_error == pytest.approx(abs(after - predicted) / after, rel=1e-3)
