@@ -179,7 +179,8 @@ class Coordinator:
                              micro_batch=t.micro_batch if t else c.micro_batch,
                              seq_length=t.seq_length if t else (c.seq_length or self.spec.max_sequence_length),
                              granularity=c.granularity,
-                             layer_caps=layer_caps_for(self.spec, c, self.planning.gpu_memory_bytes))
+                             layer_caps=layer_caps_for(self.spec, c, self.planning.gpu_memory_bytes),
+                             allowed_pp=c.pp, max_world=c.max_gpus)
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self, stop_after: float | None = None, period: float = 0.02, idle_period: float = 0.2) -> None:
@@ -214,6 +215,8 @@ class Coordinator:
         if self.current is None and self.pending is None:
             self._adopt_running_world()
         self._watch_heartbeats()
+        if self.current is not None:
+            self.stragglers.update(m for m in self.current.members if m not in self.dead)
         if self.metrics is not None and self.current is not None and self.current.members:
             t = self.training
             self.metrics.observe_heartbeats(self.telemetry, self.current.members, generation=self.current.generation,
@@ -579,7 +582,8 @@ class Coordinator:
             self.stragglers.set_policy(inputs.adaptive)  # the job's spec was edited
         step = int(progress["step"])
         left = self.training.train_iters - step if self.training is not None else None
-        request = self.stragglers.consider(current, step, progress.get("step_seconds"),
+        alive = replace(current, standbys=tuple(m for m in current.standbys if m not in self.dead))
+        request = self.stragglers.consider(alive, step, progress.get("step_seconds"),
                                            [h for h in self.history if h.get("generation") is not None], left)
         if request is None:
             return
@@ -587,6 +591,8 @@ class Coordinator:
         self._start(PlanRequest(**request))
         if self.pending is not None and self.pending.plan.generation == generation:
             self.stragglers.taken(generation)
+        else:
+            self.stragglers.rejected()
 
     def _recover(self, reason: str | None = None) -> None:
         assert self.current is not None
@@ -605,8 +611,7 @@ class Coordinator:
             "dead": sorted(self.dead),
             "history": self.history,
             "telemetry": self.telemetry,
-            "health": self.stragglers.summary(
-                (*self.current.members, *self.current.standbys) if self.current else ()),
+            "health": self.stragglers.summary(self.current.members if self.current else ()),
             "progress": self.progress(),
             "finished": self.finished,
             "failure": self.failure,

@@ -9,6 +9,7 @@ status shows: each device's relative speed and which devices are stragglers.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import statistics
 import time
@@ -111,6 +112,7 @@ class _Device:
     rates: deque  # (step, seconds per layer unit), newest last
     slow_since: float | None = None  # wall time the device became a straggler
     below_since: int | None = None  # the step from which its estimate has stayed below the threshold
+    last_step: int | None = None  # the newest step taken (samples of older steps are repeats)
     throttled: bool = False
     last_rate: float | None = None  # kept when the device stops computing (standby)
 
@@ -140,18 +142,24 @@ class SpeedTracker:
         self.devices: dict[str, _Device] = {}
 
     def observe(self, member: str, heartbeat: dict, now: float | None = None) -> None:
+        """Take a heartbeat's new compute samples. Whatever is malformed (an older or foreign
+        writer) is skipped, never raised: the coordinator's loop must go on."""
         device = self.devices.setdefault(member, _Device(deque(maxlen=self.window)))
-        samples = heartbeat.get("compute") or ()
-        for sample in samples:
+        samples = heartbeat.get("compute") if isinstance(heartbeat, dict) else None
+        for sample in samples if isinstance(samples, list) else ():
             try:
                 step, seconds, units = int(sample[0]), float(sample[1]), float(sample[2])
-            except (TypeError, ValueError, IndexError):
-                continue  # a malformed sample is skipped, never raised
-            if units <= 0 or seconds <= 0 or (device.rates and step <= device.rates[-1][0]):
+            except Exception:
                 continue
+            if not (math.isfinite(seconds) and math.isfinite(units)) or units <= 0 or seconds <= 0:
+                continue
+            if device.last_step is not None and step <= device.last_step:
+                continue  # seen (also across a new world's emptied window)
+            device.last_step = step
             device.rates.append((step, seconds / units))
-        health = heartbeat.get("health") or {}
-        device.throttled = bool(set(health.get("throttle", ())) & HARDWARE_THROTTLE)
+        health = heartbeat.get("health") if isinstance(heartbeat, dict) else None
+        throttle = health.get("throttle") if isinstance(health, dict) else None
+        device.throttled = isinstance(throttle, list) and bool(set(map(str, throttle)) & HARDWARE_THROTTLE)
 
     def forget(self, member: str) -> None:
         self.devices.pop(member, None)
@@ -183,19 +191,17 @@ class SpeedTracker:
             return None
         return _lower_quartile(r for _, r in d.rates) if d.rates else d.last_rate
 
-    def summary(self, members: Iterable[str], now: float | None = None) -> dict:
-        """Relative speed per device and the stragglers among ``members`` (updates hysteresis)."""
+    def update(self, members: Iterable[str], now: float | None = None) -> None:
+        """Move the hysteresis on: which of the running world's ``members`` are stragglers now
+        (compared among themselves; devices that do not compute keep their state)."""
         now = time.time() if now is None else now
-        members = list(members)
         rates = self.rates(members)
         if not rates:
-            return {"members": {}, "stragglers": []}
+            return
         reference = statistics.median(rates.values())
-        out: dict[str, dict] = {}
-        stragglers = []
-        for m in sorted(rates):
+        for m, rate in rates.items():
             d = self.devices[m]
-            speed = reference / rates[m] if rates[m] > 0 else 1.0
+            speed = reference / rate if rate > 0 else 1.0
             full = len(d.rates) >= self.window
             newest = d.rates[-1][0]
             if full and speed < self.threshold:
@@ -208,6 +214,20 @@ class SpeedTracker:
             elif d.slow_since is not None and full and speed >= self.threshold + self.recover_margin \
                     and not d.throttled:
                 d.slow_since = None
+
+    def summary(self, members: Iterable[str]) -> dict:
+        """Relative speed per device among ``members`` and which are stragglers (read-only:
+        ``update`` moves the hysteresis)."""
+        members = list(members)
+        rates = self.rates(members)
+        if not rates:
+            return {"members": {}, "stragglers": []}
+        reference = statistics.median(rates.values())
+        out: dict[str, dict] = {}
+        stragglers = []
+        for m in sorted(rates):
+            d = self.devices[m]
+            speed = reference / rates[m] if rates[m] > 0 else 1.0
             out[m] = {"speed": round(speed, 3), "seconds_per_unit": rates[m], "samples": len(d.rates),
                       "throttled": d.throttled}
             if d.slow_since is not None:

@@ -120,7 +120,8 @@ def heartbeat_payload(now: float, state: WorkerState, trainer: Any) -> dict:
         "consumed_samples": t.consumed_samples if t else None,
         "step_seconds": t.last_step_seconds if t else None,
         # [step, compute seconds, layer units] of the recent steps: the coordinator's speed estimate
-        "compute": [list(x) for x in t.compute_log] if t else [],
+        # (a tuple first: the training thread appends meanwhile; copying a deque is one C call)
+        "compute": [list(x) for x in tuple(t.compute_log)] if t else [],
         "loss": t.last_loss if t else None,
         "pid": os.getpid(),
         "incarnation": state.incarnation,

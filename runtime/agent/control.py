@@ -73,7 +73,10 @@ class ControlThread:
         while not self._stop.is_set():
             now = time.time()
             if now >= next_hb:
-                self.heartbeat(now)
+                try:
+                    self.heartbeat(now)
+                except Exception:  # never let one bad heartbeat end the thread (and the worker's life)
+                    log.exception("heartbeat failed")
                 next_hb = now + self.options.heartbeat_interval
             try:
                 handled = self._poll(handled)

@@ -227,9 +227,9 @@ class Trainer:
         built.optimizer.zero_grad()
         self.clock.begin_step()
         losses = self._schedule(micro, forward_only=False)
-        compute = self.clock.end_step()
-        units = self._work_per_microbatch * len(micro)
         ok, grad_norm, _ = built.optimizer.step()
+        compute = self.clock.end_step()  # after the optimizer step: on a GPU its events are done by then
+        units = self._work_per_microbatch * len(micro)
         if ok:
             self.scheduler.step(increment=1)
         else:  # fp16 overflow: no update, the scaler backs off; the batch is consumed all the same

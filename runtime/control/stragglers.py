@@ -20,6 +20,7 @@ that pays, and measures it anew. Pure bookkeeping: the coordinator publishes the
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections import deque
@@ -41,18 +42,21 @@ MAX_DECISIONS = 20  # kept in the status
 
 class StragglerLoop:
     def __init__(self, spec: ModelSpec, policy: AdaptivePolicy, *, global_batch: int, micro_batch: int,
-                 seq_length: int, granularity: int = 1, layer_caps: LayerCaps | None = None) -> None:
+                 seq_length: int, granularity: int = 1, layer_caps: LayerCaps | None = None,
+                 allowed_pp: tuple[int, ...] | None = None, max_world: int | None = None) -> None:
         self.spec = spec
         self.policy = policy
         self.global_batch, self.micro_batch, self.seq_length = global_batch, micro_batch, seq_length
         self.granularity = granularity
         self.layer_caps = layer_caps
+        self.allowed_pp, self.max_world = allowed_pp, max_world  # the job's constraints
         self.tracker = SpeedTracker(policy.threshold, policy.window)
         self.decisions: list[dict] = []  # every switch taken, and each new reason not to
         self.baseline: ParallelConfig | None = None  # the job's layout before its first adaptive switch
         self.adaptive_generations: set[int] = set()
         self.probation: dict[str, int] = {}  # device -> the step it was set aside at
         self.switches = 0
+        self._proposed: dict | None = None  # a switch requested, not yet published
         self._evaluated_at = -1
         self._last_reason: str | None = None
         # step times per generation: {generation: {step: seconds of its slowest member}}
@@ -75,7 +79,8 @@ class StragglerLoop:
     def observe(self, member: str, heartbeat: dict) -> None:
         self.tracker.observe(member, heartbeat)
         gen, step, seconds = heartbeat.get("generation"), heartbeat.get("step"), heartbeat.get("step_seconds")
-        if isinstance(gen, int) and isinstance(step, int) and isinstance(seconds, int | float) and seconds > 0:
+        if (isinstance(gen, int) and isinstance(step, int) and isinstance(seconds, int | float)
+                and not isinstance(seconds, bool) and math.isfinite(seconds) and seconds > 0):
             steps = self._step_seconds.setdefault(gen, {})
             steps[step] = max(steps.get(step, 0.0), float(seconds))
             if len(steps) > 4 * self.policy.window:
@@ -97,6 +102,10 @@ class StragglerLoop:
             self.baseline = None  # a plan from elsewhere (a loss, a scale change) is the job's layout now
             self.probation.clear()
         self._evaluated_at = -1
+
+    def update(self, members: Iterable[str]) -> None:
+        """The running world's members measured against each other (the stragglers' hysteresis)."""
+        self.tracker.update(members)
 
     def summary(self, members: Iterable[str]) -> dict:
         out = self.tracker.summary(members)
@@ -136,44 +145,61 @@ class StragglerLoop:
             if d in on_probation and last is not None:
                 rates[d] = last
         cfg = ParallelConfig.parse(current.config)
-        policy = replace(self.policy, min_gain=min(0.9, max(self.policy.min_gain, self.model_error)))
+        # A switch for a straggler must promise more than the last prediction missed by; going
+        # back to the job's layout once every device is healthy needs only the usual gain.
+        margin = min(0.5, self.model_error) if slow else 0.0
+        policy = replace(self.policy, min_gain=max(self.policy.min_gain, margin))
         if steps_left is not None:
             policy = replace(policy, horizon=min(policy.horizon, steps_left))
         decision = decide(self.spec, cfg, current.members, current.standbys, rates, measured_step=measured_step,
                           switch_cost=self.switch_cost(history), policy=policy,
                           global_batch=self.global_batch, micro_batch=self.micro_batch,
                           seq_length=self.seq_length, granularity=self.granularity, slow_standbys=on_probation,
-                          layer_caps=self.layer_caps, baseline=self.baseline)
+                          layer_caps=self.layer_caps, baseline=self.baseline, allowed_pp=self.allowed_pp,
+                          max_world=self.max_world)
         record = {**decision.to_dict(), "step": step, "time": time.time(), "stragglers": list(slow),
                   "speeds": {m: summary["members"][m]["speed"] for m in summary["members"]}}
-        if decision.switch or decision.reason != self._last_reason:
-            self.decisions.append(record)
-            del self.decisions[:-MAX_DECISIONS]
-            self._last_reason = decision.reason
-            log.warning("straggler policy at step %d: %s", step, decision.reason) if decision.switch else \
-                log.info("straggler policy at step %d: no switch (%s)", step, decision.reason)
         if not decision.switch:
+            if decision.reason != self._last_reason:
+                self._record(record)
+                log.info("straggler policy at step %d: no switch (%s)", step, decision.reason)
             return None
-        self.switches += 1
-        self._trial = {"generation": None, "before": measured_step, "config": current.config,
-                       "members": current.members, "standbys": current.standbys,
-                       "predicted": decision.predicted_after}
-        if self.baseline is None:
-            self.baseline = cfg
         best = decision.best
-        for d in best.standbys:
-            if d in current.members:
-                self.probation[d] = step
-        for d in best.members:
-            self.probation.pop(d, None)
+        # applied once the coordinator has published it (taken), dropped if it refuses it (rejected)
+        self._proposed = {"record": record, "step": step, "config": cfg, "best": best,
+                          "trial": {"generation": None, "before": measured_step, "config": current.config,
+                                    "members": current.members, "standbys": current.standbys,
+                                    "predicted": decision.predicted_after}}
         return {"members": (*best.members, *best.standbys), "config": str(best.config),
                 "reason": f"straggler policy: {decision.reason}", "cause": Cause.STRAGGLER.value, "ordered": True}
 
     def taken(self, generation: int) -> None:
-        """The request became generation ``generation``."""
+        """The request was published as generation ``generation``: it counts now."""
         self.adaptive_generations.add(generation)
-        if self._trial is not None and self._trial["generation"] is None:
-            self._trial["generation"] = generation
+        proposed, self._proposed = self._proposed, None
+        if proposed is None:
+            return
+        self.switches += 1
+        self._record(proposed["record"])
+        log.warning("straggler policy at step %d: %s", proposed["step"], proposed["record"]["reason"])
+        if proposed["trial"] is not None:
+            self._trial = {**proposed["trial"], "generation": generation}
+            if self.baseline is None:
+                self.baseline = proposed["config"]
+            for d in proposed["best"].standbys:
+                if d in proposed["trial"]["members"]:
+                    self.probation[d] = proposed["step"]
+            for d in proposed["best"].members:
+                self.probation.pop(d, None)
+
+    def rejected(self) -> None:
+        """The coordinator refused the request (it cannot place or feed that world): nothing
+        changed; the policy looks again a window later."""
+        proposed, self._proposed = self._proposed, None
+        if proposed is not None:
+            self._record({**proposed["record"], "switch": False, "kind": "refused",
+                          "reason": f"the coordinator refused {proposed['record']['config']}"})
+            self._evaluated_at = proposed["step"] + self.policy.window
 
     def _judge(self, current: WorldPlan, step: int, measured: float) -> dict | None:
         """A switch on trial, measured: kept if the step got faster, else undone (the model was
@@ -187,14 +213,13 @@ class StragglerLoop:
                           "reason": f"the switch paid: {measured:.4f} s/step measured against {before:.4f} before"})
             return None
         self._hold_until = step + self.policy.probation
-        self.switches += 1
         reason = (f"the switch did not pay: {measured:.4f} s/step measured against {before:.4f} before; "
                   f"back to {trial['config']}, no new switch for {self.policy.probation} steps")
-        self._record({"switch": True, "kind": "undo", "config": trial["config"], "members": list(trial["members"]),
-                      "standbys": list(trial["standbys"]), "step": step, "measuredStepSeconds": round(measured, 5),
-                      "predictedStepSeconds": round(measured, 5), "predictedStepSecondsAfter": round(before, 5),
-                      "reason": reason})
-        log.warning("straggler policy at step %d: %s", step, reason)
+        record = {"switch": True, "kind": "undo", "config": trial["config"], "members": list(trial["members"]),
+                  "standbys": list(trial["standbys"]), "step": step, "measuredStepSeconds": round(measured, 5),
+                  "predictedStepSeconds": round(measured, 5), "predictedStepSecondsAfter": round(before, 5),
+                  "time": time.time(), "stragglers": [], "reason": reason}
+        self._proposed = {"record": record, "step": step, "config": None, "best": None, "trial": None}
         return {"members": (*trial["members"], *trial["standbys"]), "config": trial["config"],
                 "reason": f"straggler policy: {reason}", "cause": Cause.STRAGGLER.value, "ordered": True}
 

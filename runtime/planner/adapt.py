@@ -24,6 +24,7 @@ Pure: no torch, no I/O.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -236,7 +237,8 @@ def decide(spec: ModelSpec, current: ParallelConfig, members: Sequence[str], sta
            rates: Mapping[str, float], *, measured_step: float, switch_cost: float, policy: AdaptivePolicy,
            global_batch: int, micro_batch: int, seq_length: int, granularity: int = 1,
            slow_standbys: Sequence[str] = (), layer_caps: LayerCaps | None = None,
-           baseline: ParallelConfig | None = None) -> Decision:
+           baseline: ParallelConfig | None = None, allowed_pp: Sequence[int] | None = None,
+           max_world: int | None = None) -> Decision:
     """Whether to leave the running plan for a faster one at the measured ``rates``.
 
     ``rates``: seconds per layer unit of every member (and of standbys that were measured before
@@ -244,7 +246,8 @@ def decide(spec: ModelSpec, current: ParallelConfig, members: Sequence[str], sta
     that were set aside for slowness and are still on probation (they are not brought back).
     ``layer_caps``: the most layers each pipeline stage of a config holds (its memory; None:
     no limit). ``baseline``: the job's own layout before any adaptive switch, restored when its
-    devices are all back and healthy.
+    devices are all back and healthy. ``allowed_pp``, ``max_world``: the job's constraints
+    (pipeline depths it allows, the most GPUs it may use).
     """
     total = global_batch // micro_batch
     out_units = output_units(spec, seq_length)
@@ -272,10 +275,13 @@ def decide(spec: ModelSpec, current: ParallelConfig, members: Sequence[str], sta
     pools = [(pool, "")]
     if len(members) > 1:
         pools.append(([m for m in pool if m not in set(dropped)], "standby"))
-    unit = max(granularity, current.tp)
+    unit = math.lcm(granularity, current.tp)
     for devices, label in pools:
-        size = len(devices) - len(devices) % unit
+        size = min(len(devices), max_world or len(devices))
+        size -= size % unit
         for pp, dp in _shapes(spec, current, size, total, baseline):
+            if allowed_pp is not None and pp not in allowed_pp and pp != current.pp:
+                continue
             try:
                 base = replace(current, pp=pp, dp=dp, layers=None, dp_split=None)
                 caps = layer_caps(base) if layer_caps is not None else None
@@ -297,6 +303,9 @@ def decide(spec: ModelSpec, current: ParallelConfig, members: Sequence[str], sta
             _check_split(lay.config, total)
         except ConfigError:
             continue
+        caps = layer_caps(replace(lay.config, layers=None, dp_split=None)) if layer_caps is not None else None
+        if caps is not None and any(n > c for n, c in zip(lay.config.stage_layers(spec.num_layers), caps)):
+            continue  # a stage that would not fit in its GPUs' memory
         t = predict_compute(lay.config, lay.members, full, spec.num_layers, out_units, total) * scale + overhead
         priced.append((t, i, lay))
     current_total = predicted_now + overhead

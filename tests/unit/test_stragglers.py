@@ -22,6 +22,12 @@ SPEC16 = replace(PRESETS["tiny-llama"], name="tiny-llama-16", num_layers=16)
 POLICY = AdaptivePolicy(enabled=True, window=4, horizon=200, min_gain=0.05)
 
 
+def check(tracker: SpeedTracker, members, now: float | None = None) -> dict:
+    """One coordinator tick: the hysteresis moves, then the summary is read."""
+    tracker.update(members, now)
+    return tracker.summary(members)
+
+
 def beats(tracker: SpeedTracker, rates: dict[str, float], steps: range, noise: float = 0.0, seed: int = 0) -> None:
     rng = random.Random(seed)
     for step in steps:
@@ -35,14 +41,14 @@ def test_a_slow_device_is_a_straggler_once_slow_for_a_window_after_a_full_one():
     t = SpeedTracker(threshold=0.8, window=4)
     rates = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 1.0}
     beats(t, rates, range(1, 4))
-    assert t.summary(rates, now=10.0)["stragglers"] == []  # 3 samples: no estimate yet
+    assert check(t, rates, 10.0)["stragglers"] == []  # 3 samples: no estimate yet
     beats(t, rates, range(4, 5))
-    s = t.summary(rates, now=11.0)
+    s = check(t, rates, 11.0)
     assert s["stragglers"] == [] and s["members"]["c"]["speed"] == 0.5  # slow, not for long enough
     beats(t, rates, range(5, 8))
-    assert t.summary(rates, now=12.0)["stragglers"] == []
+    assert check(t, rates, 12.0)["stragglers"] == []
     beats(t, rates, range(8, 9))
-    s = t.summary(rates, now=13.0)
+    s = check(t, rates, 13.0)
     assert s["stragglers"] == ["c"] and s["members"]["c"]["slow_since"] == 13.0
     assert s["members"]["a"]["speed"] == 1.0
 
@@ -52,13 +58,13 @@ def test_one_slow_window_from_a_busy_host_is_not_a_straggler():
     rates = {"a": 1.0, "b": 1.0, "c": 1.0}
     beats(t, rates, range(1, 5))
     beats(t, {**rates, "c": 3.0}, range(5, 9))  # four slow steps, then back
-    assert t.summary(rates)["stragglers"] == []
+    assert check(t, rates)["stragglers"] == []
     beats(t, rates, range(9, 13))
-    assert t.summary(rates)["stragglers"] == []
+    assert check(t, rates)["stragglers"] == []
     # delays on some steps only: the lower quartile of the window sees through them
     beats(t, {**rates, "c": 1.0}, range(13, 15))
     beats(t, {**rates, "c": 4.0}, range(15, 17))
-    assert t.summary(rates)["members"]["c"]["speed"] == 1.0
+    assert check(t, rates)["members"]["c"]["speed"] == 1.0
 
 
 def test_noise_of_a_loaded_machine_makes_no_straggler_and_recovery_needs_the_margin():
@@ -66,15 +72,15 @@ def test_noise_of_a_loaded_machine_makes_no_straggler_and_recovery_needs_the_mar
     rates = {f"w{i}": 1.0 for i in range(4)}
     for start in range(1, 200, 8):  # +-35% per step around the same speed
         beats(t, rates, range(start, start + 8), noise=0.35, seed=start)
-        assert t.summary(rates)["stragglers"] == []
+        assert check(t, rates)["stragglers"] == []
     beats(t, {**rates, "w2": 1.6}, range(200, 208))
-    t.summary(rates, now=1.0)
+    check(t, rates, 1.0)
     beats(t, {**rates, "w2": 1.6}, range(208, 216))
-    assert t.summary(rates, now=1.5)["stragglers"] == ["w2"]
+    assert check(t, rates, 1.5)["stragglers"] == ["w2"]
     beats(t, {**rates, "w2": 1.15}, range(216, 224))  # 0.87: above the threshold, within the margin
-    assert t.summary(rates, now=2.0)["stragglers"] == ["w2"]
+    assert check(t, rates, 2.0)["stragglers"] == ["w2"]
     beats(t, rates, range(224, 232))
-    assert t.summary(rates, now=3.0)["stragglers"] == []
+    assert check(t, rates, 3.0)["stragglers"] == []
 
 
 def test_repeated_and_malformed_samples_count_once_or_not_at_all():
@@ -89,7 +95,7 @@ def test_hardware_throttling_makes_a_straggler_at_once():
     t = SpeedTracker(window=4)
     t.observe("a", {"compute": [[1, 1.0, 1.0]], "health": {"throttle": ["hw_thermal_slowdown"]}})
     t.observe("b", {"compute": [[1, 1.0, 1.0]], "health": {"throttle": ["applications_clocks"]}})
-    assert t.summary(["a", "b"])["stragglers"] == ["a"]
+    assert check(t, ["a", "b"])["stragglers"] == ["a"]
 
 
 # ---- prediction and policy ---------------------------------------------------------------------
@@ -203,19 +209,23 @@ def test_the_loop_requests_a_switch_once_every_member_has_a_window():
     world = plan(0, "tp=1,pp=4,dp=1", ("w0", "w1", "w2", "w3"))
     loop.committed(world)
     rates = {"w0": 1.0, "w1": 2.0, "w2": 1.0, "w3": 1.0}
-    for step in range(1, 9):
+    for step in range(1, 8):
         for m, r in rates.items():
             loop.observe(m, {"compute": [[step, r, 1.0]]})
-        if step in (3, 5, 8):
-            # 3: no full window; 5: a full window below the threshold, 8: not yet for another
+        loop.update(world.members)
+        if step in (3, 5, 7):
+            # 3: no full window; 4: the first full one below the threshold; 7: not yet for another
             assert loop.consider(world, step, 10.0, []) is None
     for m, r in rates.items():
-        loop.observe(m, {"compute": [[9, r, 1.0]]})
-    request = loop.consider(world, 9, 10.0, [{"outcome": "committed", "downtime": 0.4}])
+        loop.observe(m, {"compute": [[8, r, 1.0]]})
+    loop.update(world.members)
+    request = loop.consider(world, 8, 10.0, [{"outcome": "committed", "downtime": 0.4}])
     assert request is not None and request["cause"] == "straggler" and "layers=" in request["config"]
-    assert request["members"] == ("w0", "w1", "w2", "w3") and loop.baseline == ParallelConfig(pp=4)
-    assert loop.decisions[-1]["switch"] and loop.decisions[-1]["switchCostSeconds"] == 0.4
+    assert request["members"] == ("w0", "w1", "w2", "w3")
+    assert loop.switches == 0 and loop.baseline is None  # nothing counts before the plan is published
     loop.taken(1)
+    assert loop.baseline == ParallelConfig(pp=4) and loop.switches == 1
+    assert loop.decisions[-1]["switch"] and loop.decisions[-1]["switchCostSeconds"] == 0.4
     loop.committed(plan(1, request["config"], request["members"]))
     assert loop.baseline == ParallelConfig(pp=4)  # kept across its own switches
     loop.committed(plan(2, "tp=1,pp=2,dp=1", ("w0", "w2")))  # a plan from elsewhere: the job's layout now
@@ -228,7 +238,7 @@ def test_the_loop_does_nothing_when_disabled():
     for step in range(1, 9):
         for m, r in {"w0": 1.0, "w1": 5.0, "w2": 1.0, "w3": 1.0}.items():
             loop.observe(m, {"compute": [[step, r, 1.0]]})
-        loop.summary(world.members)
+        loop.update(world.members)
     assert loop.consider(world, 8, 10.0, []) is None
     assert loop.summary(world.members)["stragglers"] == ["w1"]  # measured and reported all the same
 
@@ -266,7 +276,7 @@ def _feed(loop: StragglerLoop, world: WorldPlan, rates: dict[str, float], steps:
         for m, r in rates.items():
             loop.observe(m, {"compute": [[step, r, 1.0]], "generation": world.generation, "step": step,
                              "step_seconds": step_seconds})
-        loop.summary(world.members)
+        loop.update(world.members)
 
 
 @pytest.mark.parametrize("after, undone", [(0.6, False), (1.05, True)])
@@ -285,8 +295,8 @@ def test_a_switch_is_kept_only_if_the_measured_step_gets_faster(after, undone):
     judged = loop.consider(new, 15, after, [])
     if undone:
         assert judged is not None and judged["config"] == "tp=1,pp=4,dp=1" and "did not pay" in judged["reason"]
-        assert loop.decisions[-1]["kind"] == "undo"
         loop.taken(2)
+        assert loop.decisions[-1]["kind"] == "undo" and loop.switches == 2
         back = plan(2, judged["config"], judged["members"])
         loop.committed(back)
         _feed(loop, back, slow, range(16, 30), 1.0)
@@ -296,3 +306,50 @@ def test_a_switch_is_kept_only_if_the_measured_step_gets_faster(after, undone):
     # the next switch must promise more than the last prediction missed by
     predicted = next(d for d in loop.decisions if d.get("kind") == "layers")["predictedStepSecondsAfter"]
     assert loop.model_error == pytest.approx(abs(after - predicted) / after, rel=1e-3)
+
+
+def test_a_refused_request_counts_nothing_and_waits_a_window():
+    loop = StragglerLoop(SPEC16, POLICY, global_batch=8, micro_batch=1, seq_length=32)
+    world = plan(0, "tp=1,pp=4,dp=1", ("w0", "w1", "w2", "w3"))
+    loop.committed(world)
+    _feed(loop, world, {"w0": 1.0, "w1": 2.0, "w2": 1.0, "w3": 1.0}, range(1, 10), 1.0)
+    assert loop.consider(world, 9, 1.0, []) is not None
+    loop.rejected()
+    assert loop.switches == 0 and loop.baseline is None and not loop.probation
+    assert loop.decisions[-1]["kind"] == "refused" and not loop.decisions[-1]["switch"]
+    assert loop.consider(world, 10, 1.0, []) is None  # not again before a window has passed
+
+
+def test_malformed_heartbeats_are_skipped_never_raised():
+    t = SpeedTracker(window=2)
+    for hb in ({"compute": 5}, {"compute": [{"a": 1}]}, {"compute": [[1e400, 1.0, 1.0]]},
+               {"compute": [[1, float("nan"), 1.0]]}, {"compute": [[1, float("inf"), 1.0]]},
+               {"health": "x"}, {"health": {"throttle": None}}, {"compute": None}, {}):
+        t.observe("a", hb)
+    assert not t.devices["a"].rates and not t.devices["a"].throttled
+    loop = StragglerLoop(SPEC16, POLICY, global_batch=8, micro_batch=1, seq_length=32)
+    loop.observe("a", {"generation": 0, "step": 1, "step_seconds": float("nan"), "compute": "x"})
+    assert loop.measured_step(0) is None
+
+
+def test_samples_of_the_old_world_do_not_come_back_after_a_switch():
+    t = SpeedTracker(window=4)
+    hb = {"compute": [[s, 1.0, 1.0] for s in range(1, 9)]}
+    t.observe("a", hb)
+    t.restart_window(["a"])
+    t.observe("a", hb)  # the same heartbeat read again before the worker sent a new one
+    assert not t.devices["a"].rates
+    t.observe("a", {"compute": [[9, 2.0, 1.0]]})
+    assert [s for s, _ in t.devices["a"].rates] == [9]
+
+
+def test_every_candidate_fits_the_memory_caps():
+    rates = {"w0": 1.0, "w1": 2.0, "w2": 1.0, "w3": 1.0}
+    caps = {2: (7, 9), 4: (5, 5, 5, 5), 3: (6, 6, 6)}
+    for pp in (2, 4):
+        cfg = ParallelConfig(pp=pp, dp=4 // pp)
+        d = decide(SPEC16, cfg, list(rates), [], rates, measured_step=100.0, switch_cost=1.0, policy=POLICY,
+                   global_batch=8, micro_batch=1, seq_length=32, layer_caps=lambda c: caps.get(c.pp))
+        for lay in ([d.best] if d.switch else []):
+            layers = lay.config.stage_layers(16)
+            assert all(n <= c for n, c in zip(layers, caps[lay.config.pp])), lay
