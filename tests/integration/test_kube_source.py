@@ -49,9 +49,11 @@ def test_worker_ids_expand_pods_in_rank_order():
     assert worker_ids(["b", "a"], 2) == ("b/0", "b/1", "a/0", "a/1")
 
 
-def test_speeds_are_relative_to_the_median_worker():
-    tele = {"a/0": {"step_seconds": 1.0}, "a/1": {"step_seconds": 1.0}, "b/0": {"step_seconds": 2.0}}
-    assert pod_speeds(tele) == {"a": 1.0, "b": 0.5}
+def test_a_pods_speed_is_its_slowest_devices_compute_speed():
+    health = {"members": {"a/0": {"speed": 1.2}, "a/1": {"speed": 0.9}, "b/0": {"speed": 0.5},
+                          "c/0": {"speed": 0.01}}}
+    assert pod_speeds(health) == {"a": 0.9, "b": 0.5, "c": 0.05}  # capped at 1, floored at 0.05
+    assert pod_speeds({}) == {}
 
 
 def test_plan_waits_for_its_workers_then_is_acked_when_committed(env):
