@@ -1,4 +1,11 @@
-"""``liveshard plan-transition``: plan moving training state from one layout to another."""
+"""``liveshard plan-transition``: plan moving training state from one layout to another.
+
+With ``--device D`` only device D's part is planned (``vps.device_plan``): its local copies,
+sends, receives and rounds, equal to D's slice of the whole plan. The rank -> device order is
+the one input that needs both whole layouts (``transition.rank_order``): give it with
+``--rank-to-device`` (a running job has it from its world plan), or it is computed first and
+timed on its own (``mapping_seconds``).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import argparse
 import json
 import time
 
-from liveshard.runtime.commands.transition_args import add_transition_args, as_flags, resolve
+from liveshard.runtime.commands.transition_args import add_transition_args, as_flags, parse_order, resolve
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -14,6 +21,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--intra-gbps", type=float, default=450.0, help="intra-node GB/s per GPU (default 450)")
     p.add_argument("--inter-gbps", type=float, default=50.0, help="inter-node GB/s per GPU (default 50)")
     p.add_argument("--dump", metavar="FILE", help="write the full plan (copies, rounds) as JSON")
+    p.add_argument("--device", type=int, metavar="D",
+                   help="plan only device D's part: its copies, sends, receives and rounds")
+    p.add_argument("--rank-to-device", metavar="LIST",
+                   help="device of each new rank in rank order, e.g. 8-15,0-7 (default: the planner's choice)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,9 +33,12 @@ def run(args: argparse.Namespace) -> int:
     from liveshard.runtime.vps.transition import plan_transition
 
     spec, old, new, devices, budget = resolve(args)
+    order = parse_order(args.rank_to_device) if args.rank_to_device else None
+    if args.device is not None:
+        return run_device(args, spec, old, new, devices, budget, order)
     t0 = time.perf_counter()
     with as_flags():
-        plan = plan_transition(spec, old, new, devices)
+        plan = plan_transition(spec, old, new, devices, order)
         checksum = plan.checksum
         plan_seconds = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -121,3 +135,98 @@ def dump(plan, sched, report: dict, path: str) -> None:
     objects = [m._asdict() for m in plan.objects]
     with open(path, "w") as f:
         json.dump({**report, "copies": copies, "chunks": chunks, "objects": objects}, f)
+
+
+def run_device(args: argparse.Namespace, spec, old, new, devices, budget: int, order) -> int:
+    """``--device D``: D's part of the plan and its rounds."""
+    from liveshard.runtime.vps.device_plan import plan_device
+    from liveshard.runtime.vps.schedule import schedule
+    from liveshard.runtime.vps.transition import rank_order
+
+    with as_flags():
+        t0 = time.perf_counter()
+        if order is None:
+            order = rank_order(spec, old, new, devices)
+        mapping_seconds = time.perf_counter() - t0 if args.rank_to_device is None else 0.0
+        t1 = time.perf_counter()
+        plan = plan_device(spec, old, new, devices, order, args.device)
+        plan_seconds = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        sched = schedule(plan, budget)
+    schedule_seconds = time.perf_counter() - t2
+    report = device_report(plan, sched, plan_seconds, schedule_seconds, mapping_seconds)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_device_text(report)
+    return 0
+
+
+def device_report(plan, sched, plan_seconds: float, schedule_seconds: float, mapping_seconds: float) -> dict:
+    """Device ``plan.device``'s copies with their chunks (round, offset, shape, bytes) and rounds."""
+    d = plan.device
+    chunks: dict[int, list[dict]] = {}
+    for ch in sched.chunks:
+        chunks.setdefault(ch.copy, []).append({"round": ch.round, "offset": list(ch.offset),
+                                               "shape": list(ch.shape), "bytes": ch.nbytes})
+
+    def row(i: int, c, peer: int) -> dict:
+        return {"peer": peer, "key": c.key, "states": list(plan.groups[c.group].states),
+                "offset": list(c.offset), "shape": list(c.shape), "src_tensor": c.src_view[0],
+                "dst_tensor": c.dst_view[0], "bytes": c.nbytes, "chunks": chunks.get(i, [])}
+
+    order = sorted(range(len(plan.copies)), key=lambda i: plan.copies[i])
+    sends = [row(i, plan.copies[i], plan.copies[i].dst) for i in order
+             if plan.copies[i].src == d and plan.copies[i].dst != d]
+    receives = [row(i, plan.copies[i], plan.copies[i].src) for i in order
+                if plan.copies[i].dst == d and plan.copies[i].src != d]
+    local = [plan.copies[i] for i in order if plan.copies[i].src == d == plan.copies[i].dst]
+    rounds: list[dict] = [{"round": r, "send": {}, "receive": {}} for r in range(sched.rounds)]
+    staged = [0] * sched.rounds
+    for ch in sched.chunks:
+        c = plan.copies[ch.copy]
+        side, peer = ("send", c.dst) if c.src == d else ("receive", c.src)
+        per = rounds[ch.round][side]
+        per[str(peer)] = per.get(str(peer), 0) + ch.nbytes
+        staged[ch.round] += ch.staging
+    for r, st in zip(rounds, staged):
+        r["staging_bytes"] = st
+    return {
+        "model": plan.spec.name,
+        "from": str(plan.old_cfg),
+        "to": str(plan.new_cfg),
+        "devices": plan.devices.describe(),
+        "device": d,
+        "new_rank": plan.device_to_rank.get(d),
+        "plan_seconds": plan_seconds,
+        "schedule_seconds": schedule_seconds,
+        "mapping_seconds": mapping_seconds,
+        "inputs_digest": plan.checksum,
+        "rank_to_device": list(plan.rank_to_device),
+        "local_copies": len(local),
+        "local_copy_bytes": sum(c.nbytes for c in local),
+        "bytes_sent": sum(s["bytes"] for s in sends),
+        "bytes_received": sum(s["bytes"] for s in receives),
+        "peers": sorted({s["peer"] for s in sends} | {s["peer"] for s in receives}),
+        "rounds": len(rounds),
+        "budget_bytes": sched.budget,
+        "peak_staging_bytes": max(staged, default=0),
+        "sends": sends,
+        "receives": receives,
+        "round_bytes": rounds,
+        "objects": [m._asdict() for m in plan.objects],
+    }
+
+
+def print_device_text(r: dict) -> None:
+    gb = 1e9
+    print(f"model {r['model']}: {r['from']} -> {r['to']}")
+    rank = "no new rank" if r["new_rank"] is None else f"new rank {r['new_rank']}"
+    print(f"device {r['device']} ({rank}): plan {r['plan_seconds']:.3f} s, schedule {r['schedule_seconds']:.3f} s"
+          + (f", rank order {r['mapping_seconds']:.3f} s" if r["mapping_seconds"] else "")
+          + f", inputs digest {r['inputs_digest'][:16]}")
+    print(f"sends {len(r['sends'])} copies ({r['bytes_sent'] / gb:.3f} GB), receives {len(r['receives'])} "
+          f"({r['bytes_received'] / gb:.3f} GB), local copies {r['local_copies']} "
+          f"({r['local_copy_bytes'] / gb:.3f} GB); peers {_ranges(r['peers']) or '-'}")
+    print(f"rounds {r['rounds']} under a {r['budget_bytes'] / 2**20:.0f} MiB budget, peak staging "
+          f"{r['peak_staging_bytes'] / 2**20:.1f} MiB")

@@ -12,7 +12,7 @@ from liveshard.runtime.spec import ModelSpec, load_model
 from liveshard.runtime.units import parse_bytes
 from liveshard.runtime.vps.devices import DeviceMap, parse_devices
 from liveshard.runtime.vps.schedule import DEFAULT_BUDGET
-from liveshard.runtime.vps.transition import NoSurvivingCopy
+from liveshard.runtime.vps.transition import InvalidDeviceOrder, NoSurvivingCopy
 
 
 def add_transition_args(p: argparse.ArgumentParser) -> None:
@@ -46,7 +46,8 @@ def resolve(args: argparse.Namespace) -> tuple[ModelSpec, ParallelConfig, Parall
 
 # What the pure planner calls a field, as these commands' flags.
 _FLAGS = {"old_world": "--from", "old config": "--from", "new config": "--to", "leaving": "--leave",
-          "dead": "--dead", "joining": "--join", "gpus_per_node": "--gpus-per-node", "budget": "--budget"}
+          "dead": "--dead", "joining": "--join", "gpus_per_node": "--gpus-per-node", "budget": "--budget",
+          "device": "--device"}
 
 
 @contextlib.contextmanager
@@ -60,6 +61,27 @@ def as_flags() -> Iterator[None]:
         raise ConfigError(_FLAGS.get(e.field, e.field), e.problem, fix) from None
     except NoSurvivingCopy as e:
         raise ConfigError("--dead", str(e), "restore from the last checkpoint, or lose fewer devices") from None
+    except InvalidDeviceOrder as e:
+        raise ConfigError("--rank-to-device", str(e), "name each available device at most once, one per new rank") from None
+
+
+def parse_order(text: str, field: str = "--rank-to-device") -> tuple[int, ...]:
+    """Devices in rank order from ``"3,7,11"``, ``"8-15,0-7"`` or a mix (ranges kept in order)."""
+    out: list[int] = []
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if sep else a
+        except ValueError:
+            raise ConfigError(field, f"{part!r} is not a device id or range",
+                              "list the device of each new rank in rank order, e.g. 8-15,0-7") from None
+        if a < 0 or b < a:
+            raise ConfigError(field, f"bad range {part!r}", "write ranges low-high with 0 <= low <= high")
+        out.extend(range(a, b + 1))
+    return tuple(out)
 
 
 def _parse_cfg(text: str, field: str) -> ParallelConfig:

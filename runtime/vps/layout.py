@@ -66,6 +66,10 @@ class LocalParam:
     expert: bool  # lives in the expert-parallel gradient buffer
     tied_copy: bool = False  # last-stage copy of tied word embeddings
     shared_embedding: bool = False  # megatron puts it in a bucket of its own (dist. optimizer)
+    # The global axis split over (expert-)TP, None when every (expert-)TP rank holds the whole
+    # tensor. Rank ``i`` of that split holds the pieces of rank 0 moved by ``i`` times a piece's
+    # extent along it; ``vps.locate`` finds every holder of a box from this and rank 0's pieces.
+    split_axis: int | None = None
 
     @property
     def numel(self) -> int:
@@ -154,7 +158,8 @@ class Layout:
             local = (rows // t,) if cols is None else (rows // t, cols)
             gshape = (*gshape_prefix, rows) if cols is None else (*gshape_prefix, rows, cols)
             off = (*offset_prefix, r * (rows // t)) + (() if cols is None else (0,))
-            return LocalParam(name, key, gshape, local, (Piece(off, 0),), False, expert)
+            return LocalParam(name, key, gshape, local, (Piece(off, 0),), False, expert,
+                              split_axis=len(offset_prefix))
 
         def swiglu(name, key, ffn, cols, gshape_prefix=(), offset_prefix=(), *, t=T, r=tp,
                    expert=False):
@@ -166,13 +171,14 @@ class Layout:
             tail = () if cols is None else (0,)
             pieces = (Piece((*offset_prefix, r * part, *tail), 0),
                       Piece((*offset_prefix, ffn + r * part, *tail), part))
-            return LocalParam(name, key, gshape, local, pieces, False, expert)
+            return LocalParam(name, key, gshape, local, pieces, False, expert, split_axis=len(offset_prefix))
 
         def row(name, key, rows, cols, gshape_prefix=(), offset_prefix=(), *, t=T, r=tp,
                 expert=False):
             """Row-parallel weight (columns split over TP)."""
             return LocalParam(name, key, (*gshape_prefix, rows, cols), (rows, cols // t),
-                              (Piece((*offset_prefix, 0, r * (cols // t)), 0),), False, expert)
+                              (Piece((*offset_prefix, 0, r * (cols // t)), 0),), False, expert,
+                              split_axis=len(offset_prefix) + 1)
 
         def replicated(name, key, shape, gshape_prefix=(), offset_prefix=(), *, expert=False):
             return LocalParam(name, key, (*gshape_prefix, *shape), shape,

@@ -2,10 +2,24 @@
 
 A network copy is packed by its source into a staging buffer (one per peer per round) and
 unpacked by its destination from one. ``schedule(plan, budget)`` splits copies into chunks
-(row-major flat ranges of the piece, as boxes) and puts each chunk in the first round where both
-its source and its destination still have room, so that for every device and round
+(row-major flat ranges of the piece, as boxes) and gives each chunk a round so that for every
+device and round
 
     bytes staged to send + bytes staged to receive <= budget.
+
+Pairwise (every budget but tiny ones): the copies between two devices ``s -> d`` are laid out
+in one order both know (state group, key, offset) and cut into rounds of at most
+``A = e + (budget - 2 * (n - 1) * e) * W / M`` staging bytes, where ``W`` is the pair's data
+bytes, ``M`` the larger of the two devices' load bounds (``plan.device_bound``: what a device
+can send plus what it receives, known without planning its peers), ``n`` the number of devices
+and ``e`` the staging of one element. A device has at most ``n - 1`` peers each way and its
+pairs' ``W`` add up to at most its bound, so its rounds stay within the budget; a pair's rounds
+follow from the pair alone, so each device schedules its own pairs and gets the same rounds as
+the whole plan (``vps.device_plan``). Every pair spreads over about ``M / budget`` rounds, the
+busiest devices keep their links busy in every round.
+
+Greedy (budgets under ``4 * (n - 1) * e``, where the pairs cannot all move an element per round):
+each chunk goes in the first round where both its devices still have room, in plan order.
 
 Each round is executed as one batched P2P group or one all-to-all, so no ordering of messages
 can deadlock. ``last_read`` says after which round each old local tensor is no longer read,
@@ -41,7 +55,10 @@ def aligned(n: int) -> int:
 
 
 def staging_bytes(numel: int, itemsizes: tuple[int, ...]) -> int:
-    return sum(aligned(numel * s) for s in itemsizes)
+    total = 0
+    for s in itemsizes:
+        total += -(-(numel * s) // ALIGN) * ALIGN
+    return total
 
 
 @dataclass
@@ -68,14 +85,121 @@ class Schedule:
         return out
 
 
+def element_staging(groups) -> int:
+    """Staging bytes of one element of the widest state group: the least a round must hold."""
+    return max(staging_bytes(1, g.itemsizes) for g in groups) if groups else ALIGN
+
+
+def pairwise(num_devices: int, groups, budget: int) -> bool:
+    """Whether ``budget`` leaves every pair of devices an element per round (pairwise rounds)."""
+    return budget >= 4 * max(num_devices - 1, 1) * element_staging(groups)
+
+
 def schedule(plan, budget: int = DEFAULT_BUDGET) -> Schedule:
     """Rounds for ``plan``'s network copies, staging at most ``budget`` bytes per device per round."""
     groups = plan.groups
-    smallest = max(staging_bytes(1, g.itemsizes) for g in groups) if groups else ALIGN
+    smallest = element_staging(groups)
     if budget < smallest:
         raise ConfigError("budget", f"{budget} bytes cannot stage even one element of every state "
                                       f"({smallest} bytes with {ALIGN}-byte alignment)",
                           f"give at least {smallest} bytes")
+    if pairwise(plan.devices.num_devices, groups, budget):
+        return _pairwise(plan, budget)
+    greedy = getattr(plan, "greedy_schedule", None)
+    if greedy is not None:  # one device's part of a plan: its slice of the whole plan's rounds
+        return greedy(budget)
+    return _greedy(plan, budget)
+
+
+def canonical(c) -> tuple:
+    """The order of a pair's copies on both of its devices."""
+    return (c.group, c.key, c.offset)
+
+
+def _pairwise(plan, budget: int) -> Schedule:
+    groups = plan.groups
+    e = element_staging(groups)
+    max_chunk = max(e, budget // CHUNKS_PER_BUDGET)
+    share = budget - 2 * max(plan.devices.num_devices - 1, 1) * e
+    pairs: dict[tuple[int, int], list[int]] = {}
+    last_read: dict[tuple[int, int, str], int] = {}
+    copies = plan.copies
+    for ci, c in enumerate(copies):
+        if c.src == c.dst:
+            last_read.setdefault((c.src, c.group, c.src_view[0]), -1)
+        else:
+            pairs.setdefault((c.src, c.dst), []).append(ci)
+    bound = plan.device_bound
+    usage: dict[tuple[int, int], int] = {}
+    chunks: list[Chunk] = []
+    add = chunks.append
+    new_chunk = tuple.__new__
+    staged: dict[tuple[int, int], int] = {}  # (group, elements) -> staging bytes
+    for (src, dst), cis in sorted(pairs.items()):
+        cis.sort(key=lambda i: canonical(copies[i]))
+        total = sum(copies[i].nbytes for i in cis)
+        allowance = e + share * total // max(bound(src), bound(dst))
+        r, used = 0, 0
+        rounds_used: dict[int, int] = {}
+        for ci in cis:
+            c = copies[ci]
+            g = groups[c.group]
+            n = volume(c.shape)
+            st = staged.get((c.group, n))
+            if st is None:
+                st = staged[c.group, n] = staging_bytes(n, g.itemsizes)
+            room = allowance - used
+            if st <= room and st <= max_chunk:  # the whole copy in this round (the usual case)
+                add(new_chunk(Chunk, (ci, (0,) * len(c.shape), c.shape, c.nbytes, st, r)))
+                used += st
+                rounds_used[r] = used
+            else:
+                sizes = g.itemsizes
+                pos = 0
+                while pos < n:
+                    k = _fitting(n - pos, min(allowance - used, max_chunk), sizes, g.itemsum)
+                    if k == 0:
+                        r, used = r + 1, 0
+                        continue
+                    if pos == 0 and k == n:
+                        off, shp = (0,) * len(c.shape), c.shape
+                    else:
+                        off, shp = flat_range_to_boxes(c.shape, pos, pos + k)[0]
+                    numel = volume(shp)
+                    cst = staging_bytes(numel, sizes)
+                    add(new_chunk(Chunk, (ci, off, shp, numel * g.itemsum, cst, r)))
+                    used += cst
+                    rounds_used[r] = used
+                    pos += numel
+            key = (src, c.group, c.src_view[0])
+            if last_read.get(key, -1) < r:
+                last_read[key] = r
+        for rr, u in rounds_used.items():
+            for dev in (src, dst):
+                usage[dev, rr] = usage.get((dev, rr), 0) + u
+    peak = [0] * plan.devices.num_devices
+    for (dev, _), u in usage.items():
+        if u > peak[dev]:
+            peak[dev] = u
+    own = getattr(plan, "device", None)
+    if own is not None:  # one device's plan: its peers' figures here would be partial
+        peak = [u if dev == own else 0 for dev, u in enumerate(peak)]
+        last_read = {k: v for k, v in last_read.items() if k[0] == own}
+    rounds = max((ch.round for ch in chunks), default=-1) + 1
+    return Schedule(budget, chunks, rounds, peak, last_read)
+
+
+def _fitting(remaining: int, limit: int, itemsizes: tuple[int, ...], itemsum: int) -> int:
+    """The most elements, up to ``remaining``, whose staging fits ``limit`` bytes."""
+    k = min(remaining, limit // itemsum)  # staging is at least the data; alignment adds < 16 per state
+    while k > 0 and staging_bytes(k, itemsizes) > limit:
+        k -= 1
+    return k
+
+
+def _greedy(plan, budget: int) -> Schedule:
+    groups = plan.groups
+    smallest = element_staging(groups)
     max_chunk = max(smallest, budget // CHUNKS_PER_BUDGET)
     per_elem = [max(1, (max_chunk - ALIGN * len(g.itemsizes)) // g.itemsum) for g in groups]
     # a round stays open for a device while it has room for the largest chunk

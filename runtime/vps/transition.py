@@ -3,14 +3,18 @@
 ``plan_transition(spec, old_cfg, new_cfg, devices)`` intersects the old and new layouts and
 returns a ``TransitionPlan``: the device that runs each new rank, and a list of ``Copy``s (one
 box of one logical tensor, for every state of a state group, from a source device's local
-tensor to a destination device's new local tensor). Source choice, in order:
+tensor to a destination device's new local tensor). Source choice:
 
 1. keep data where it is: a device that already holds a piece copies it locally;
-2. otherwise every surviving old holder is a candidate (DP replicas, TP-replicated norms,
-   tied-embedding copies, standbys and leaving devices included); pieces are assigned largest
-   first (LPT) to the candidate with the fewest bytes to send, except that a candidate on the
-   destination's node is taken whenever its load stays within the lower bound
-   (``bound.lower_bound``), so locality never costs balance.
+2. otherwise the piece comes from the pool of its old box (the surviving holders that stay,
+   DP replicas, TP-replicated norms, tied-embedding copies and standbys included; leaving
+   devices only when no other holder survives): a one-member pool sends everything it alone
+   holds (its *forced* load), a larger pool shares the demands on its boxes out by
+   water-filling on its members' forced loads, destinations on a member's node first
+   (``sources``).
+
+The rule reads nothing beyond a piece's boxes and their holders, so one device's part of the
+plan can be computed on its own, with the same result (``device_plan``).
 
 The plan is a pure function of its inputs: every rank computes the same plan with no
 communication, and ``checksum`` (sha256 over the canonical plan) lets ranks confirm it before
@@ -26,7 +30,7 @@ from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from heapq import heapify, heapreplace
+from operator import itemgetter
 from typing import NamedTuple
 
 from liveshard.runtime.errors import ConfigError
@@ -36,7 +40,8 @@ from liveshard.runtime.vps.boxes import BoxIndex, Geometry, View, build_geometry
 from liveshard.runtime.vps.devices import DeviceMap
 from liveshard.runtime.vps.layout import Layout
 from liveshard.runtime.vps.mapping import assign_devices
-from liveshard.runtime.vps.region import Shape, volume
+from liveshard.runtime.vps.region import Shape, flat_range_to_boxes, volume
+from liveshard.runtime.vps.sources import Demand, pool_of, split, targets
 
 
 class NoSurvivingCopy(Exception):
@@ -108,6 +113,8 @@ class TransitionPlan:
     objects: list[ObjectMove]
     lower_bound: dict = field(default_factory=dict)  # see bound.lower_bound
     plan_seconds: float = 0.0
+    forced: list[int] = field(default_factory=list)  # per device: bytes only it can send (sources)
+    pool_shares: dict = field(default_factory=dict)  # (geometry, holders) -> PoolShares
 
     @cached_property
     def old_layout(self) -> Layout:
@@ -152,6 +159,20 @@ class TransitionPlan:
     def bottleneck_bytes(self) -> int:
         send, recv = self.link_bytes
         return max(max(send, default=0), max(recv, default=0))
+
+    @cached_property
+    def device_bounds(self) -> list[int]:
+        """Per device: bytes it receives plus the most it can send (its forced load, and for each
+        pool it is in, its share plus two elements: ``sources``). ``schedule`` sizes rounds with it."""
+        out = [self.forced[d] + r for d, r in enumerate(self.lower_bound["must_receive"])]
+        for ps in self.pool_shares.values():
+            if ps.total:
+                for s, x in zip(ps.pool, ps.shares):
+                    out[s] += x + 2 * ps.elem
+        return out
+
+    def device_bound(self, device: int) -> int:
+        return self.device_bounds[device]
 
     @cached_property
     def checksum(self) -> str:
@@ -223,6 +244,27 @@ def _plan_cached(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConf
     from liveshard.runtime.vps.bound import lower_bound
 
     t0 = time.perf_counter()
+    groups, inters, rank_to_device = _intersections(spec, old_cfg, new_cfg, devices, given_order)
+    copies, demands, forced, shares = _copies_and_demands(inters, groups, rank_to_device, devices)
+    bound = lower_bound(demands, devices.num_devices)
+    objects = object_moves(old_cfg, new_cfg, rank_to_device, devices)
+    plan = TransitionPlan(spec, old_cfg, new_cfg, devices, groups, rank_to_device, copies, objects, bound,
+                          forced=forced, pool_shares=shares)
+    plan.plan_seconds = time.perf_counter() - t0
+    return plan
+
+
+def rank_order(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig,
+               devices: DeviceMap) -> tuple[int, ...]:
+    """The device each new rank runs on when no world plan fixed it: what ``plan_transition``
+    picks (``mapping``). It weighs every rank's overlap with every device, so it needs both
+    whole layouts; a running job gets its order from the world planner instead."""
+    return _intersections(spec, old_cfg, new_cfg, devices, None)[2]
+
+
+def _intersections(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig, devices: DeviceMap,
+                   given_order: tuple[int, ...] | None):
+    """(state groups, every intersection of the two layouts, rank -> device)."""
     if devices.old_world != old_cfg.world_size:
         raise ConfigError("old config", f"the old config has {old_cfg.world_size} ranks but the device map "
                                     f"{devices.old_world} old devices", "old rank i runs on device i")
@@ -239,13 +281,7 @@ def _plan_cached(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConf
     rank_to_device = given_order or assign_devices(new_cfg.world_size, devices, overlap,
                                                    (any_new.class_members, any_new.rank_class),
                                                    (any_old.class_members, any_old.rank_class))
-    copies, demands = _local_copies_and_demands(inters, groups, rank_to_device, devices)
-    bound = lower_bound(demands, devices.num_devices)
-    copies.extend(_choose_sources(demands, devices, bound["lower_bound_bytes"]))
-    objects = object_moves(old_cfg, new_cfg, rank_to_device, devices)
-    plan = TransitionPlan(spec, old_cfg, new_cfg, devices, groups, rank_to_device, copies, objects, bound)
-    plan.plan_seconds = time.perf_counter() - t0
-    return plan
+    return groups, inters, rank_to_device
 
 
 # An intersection: (state group index, new box, old box, common offset, common shape).
@@ -305,17 +341,56 @@ def _sources(ob, devices: DeviceMap) -> tuple[int, ...]:
     return src
 
 
-# A demand: (bytes, destination device, candidate sources, Copy fields with src left open).
-Demand = tuple
+# A demand as ``bound.lower_bound`` reads it: (bytes, destination device, surviving holders).
+BoundDemand = tuple
 
 
-def _local_copies_and_demands(inters: list[Inter], groups: tuple[StateGroup, ...],
-                              rank_to_device: tuple[int, ...],
-                              devices: DeviceMap) -> tuple[list[Copy], list[Demand]]:
+@dataclass
+class PoolShares:
+    """How the demands on one holder set's boxes were shared (``sources.targets``)."""
+
+    pool: tuple[int, ...]
+    shares: list[int]
+    total: int
+    elem: int  # the largest element (bytes, all states) of the holder set's state groups
+
+
+def part_copies(c: Copy, npre: int, first: int, count: int) -> list[Copy]:
+    """Elements ``[first, first + count)`` (row-major) of piece ``c``, as copies of boxes."""
+    if first == 0 and count == volume(c.shape):
+        return [c]
+    per_elem = c.nbytes // volume(c.shape)
+    out = []
+    pre = c.offset[:npre]
+    for boff, bshape in flat_range_to_boxes(c.shape, first, first + count):
+        out.append(c._replace(
+            offset=(*pre, *(o + b for o, b in zip(c.offset[npre:], boff))), shape=bshape,
+            src_rel=tuple(o + b for o, b in zip(c.src_rel, boff)),
+            dst_rel=tuple(o + b for o, b in zip(c.dst_rel, boff)), nbytes=volume(bshape) * per_elem))
+    return out
+
+
+def elem_bytes(groups: tuple[StateGroup, ...], geometry: str) -> int:
+    """The largest element (bytes, all states) among the state groups whose old geometry is
+    ``geometry``: what bounds a pool member's rounding (``sources.split``)."""
+    return max((g.itemsum for g in groups if g.old_geometry == geometry), default=0)
+
+
+def _copies_and_demands(inters: list[Inter], groups: tuple[StateGroup, ...],
+                        rank_to_device: tuple[int, ...], devices: DeviceMap,
+                        ) -> tuple[list[Copy], list[BoundDemand], list[int], dict]:
+    """Every copy of the plan: a device that holds a piece copies it locally, the others get it
+    by the rule of ``sources`` (the same ``device_plan`` runs for one device). Also returns the
+    bound's demands, each device's forced load and how each pool was shared."""
     copies: list[Copy] = []
-    demands: list[Demand] = []
+    demands: list[BoundDemand] = []
+    forced = [0] * devices.num_devices
     alive = [devices.holds_old_state(d) for d in range(devices.num_devices)]
-    new_copy = tuple.__new__
+    new_copy = new_demand = tuple.__new__
+    pooled: dict[tuple, list] = {}
+    holder_sets: dict[int, tuple] = {}
+    pools: dict[tuple[int, ...], tuple[int, ...]] = {}
+    itemsums = [g.itemsum for g in groups]
     for gi, nb, ob, off, shp in inters:
         views = ob.views()
         sources = _sources(ob, devices)
@@ -324,10 +399,12 @@ def _local_copies_and_demands(inters: list[Inter], groups: tuple[StateGroup, ...
                                             f"{sorted(views)}")
         npre = nb.npre
         lshape = shp[npre:]
-        nbytes = volume(shp) * groups[gi].itemsum
+        isum = itemsums[gi]
+        nbytes = volume(shp) * isum
         srel = tuple(o - b for o, b in zip(off[npre:], ob.offset[npre:]))
         drel = tuple(o - b for o, b in zip(off[npre:], nb.offset[npre:]))
         key = nb.key
+        dests: list[tuple[int, View]] = []
         for _, ranks, nview in nb.groups:
             for r in ranks:
                 d = rank_to_device[r]
@@ -335,62 +412,65 @@ def _local_copies_and_demands(inters: list[Inter], groups: tuple[StateGroup, ...
                 if sview is not None and alive[d]:
                     copies.append(new_copy(Copy, (d, d, gi, key, off, lshape, sview, srel, nview, drel, nbytes)))
                 else:
-                    demands.append((nbytes, d, sources, gi, key, off, lshape, views, srel, nview, drel))
-    return copies, demands
-
-
-def _choose_sources(demands: list[Demand], devices: DeviceMap, target: int) -> list[Copy]:
+                    dests.append((d, nview))
+                    demands.append((nbytes, d, sources))
+        if not dests:
+            continue
+        hs = holder_sets.get(id(ob))
+        if hs is None:
+            holders = tuple(sorted(views))
+            pool = pools.get(holders)
+            if pool is None:
+                pool = pools[holders] = pool_of(holders, devices)
+            hs = holder_sets[id(ob)] = (groups[gi].old_geometry, holders, pool)
+        geometry, holders, pool = hs
+        if len(pool) == 1:
+            s = pool[0]
+            forced[s] += nbytes * len(dests)
+            sview = views[s]
+            for d, nview in dests:
+                copies.append(new_copy(Copy, (s, d, gi, key, off, lshape, sview, srel, nview, drel, nbytes)))
+            continue
+        entry = pooled.get((geometry, holders))
+        if entry is None:
+            entry = pooled[geometry, holders] = []
+        entry.append(((gi, key, off), (gi, key, off, lshape, srel, drel, nbytes, npre, views, isum), dests))
+    shares: dict[tuple, PoolShares] = {}
     nodes = devices.nodes
-    load = [0] * devices.num_devices
-    by_node_cache: dict[tuple[int, ...], dict[int, list[int]]] = {}
-    heaps: dict[tuple[int, ...], list[tuple[int, int]]] = {}
-    weights = [-dm[0] for dm in demands]
-    order = sorted(range(len(demands)), key=weights.__getitem__)  # largest first (LPT), stable
-    chosen = [0] * len(demands)
-    get = load.__getitem__
-    for i in order:
-        w, d, sources = demands[i][0], demands[i][1], demands[i][2]
-        if len(sources) == 1:
-            s = sources[0]
-        else:
-            by_node = by_node_cache.get(sources)
-            if by_node is None:
-                by_node = by_node_cache[sources] = defaultdict(list)
-                for c in sources:
-                    by_node[nodes[c]].append(c)
-            same = by_node.get(nodes[d])
-            s = -1
-            if same:
-                s = min(same, key=get)
-                if load[s] + w > target:
-                    s = -1
-            if s < 0:
-                if len(sources) <= 8:
-                    s = min(sources, key=get)
-                else:  # many replicas: a lazy heap per candidate set (loads only grow)
-                    h = heaps.get(sources)
-                    if h is None:
-                        h = heaps[sources] = [(load[c], c) for c in sources]
-                        heapify(h)
-                    while h[0][0] != load[h[0][1]]:
-                        heapreplace(h, (load[h[0][1]], h[0][1]))
-                    s = h[0][1]
-                    heapreplace(h, (load[s] + w, s))
-        load[s] += w
-        chosen[i] = s
-    new_copy = tuple.__new__
-    return [new_copy(Copy, (s, d, gi, key, off, lshape, views[s], srel, nview, drel, nbytes))
-            for s, (nbytes, d, _, gi, key, off, lshape, views, srel, nview, drel) in zip(chosen, demands)]
+    for (geometry, holders), pieces in pooled.items():
+        pieces.sort(key=itemgetter(0))  # ``split`` takes demands in piece order
+        dms: list[Demand] = []
+        for order, piece, dests in pieces:
+            nbytes, isum = piece[6], piece[9]
+            dms.extend([new_demand(Demand, (d, order, nbytes, isum)) for d, _ in dests])
+        pool = pool_of(holders, devices)
+        total = sum(dm.nbytes for dm in dms)
+        sh = targets(pool, forced, total)
+        shares[geometry, holders] = PoolShares(pool, sh, total, elem_bytes(groups, geometry))
+        parts = split(pool, sh, dms, nodes)
+        q = 0
+        for _, (gi, key, off, lshape, srel, drel, nbytes, npre, views, isum), dests in pieces:
+            whole = nbytes // isum
+            for d, nview in dests:
+                for s, first, count in parts[q]:
+                    c = new_copy(Copy, (s, d, gi, key, off, lshape, views[s], srel, nview, drel, nbytes))
+                    if first == 0 and count == whole:
+                        copies.append(c)
+                    else:
+                        copies.extend(part_copies(c, npre, first, count))
+                q += 1
+    return copies, demands, forced, shares
 
 
 def object_moves(old_cfg: ParallelConfig, new_cfg: ParallelConfig, rank_to_device: tuple[int, ...],
-                 devices: DeviceMap) -> list[ObjectMove]:
+                 devices: DeviceMap, device: int | None = None) -> list[ObjectMove]:
     """Who sends each new rank its small objects.
 
     Global objects come from the rank's own device when it held an old rank, else from a
     surviving old device on its node, else from surviving old devices in turn. A per-rank
     object (RNG state) comes from the old rank at the same (tp, cp, dp, pp) coordinate, clipped
     to the old grid; if that device is dead, from a surviving old rank with the same tp and pp.
+    With ``device``, only the moves it sends or receives.
     """
     alive = [d for d in range(devices.old_world) if devices.holds_old_state(d)]
     if not alive:
@@ -408,7 +488,10 @@ def object_moves(old_cfg: ParallelConfig, new_cfg: ParallelConfig, rank_to_devic
         else:
             src = alive[turn % len(alive)]
             turn += 1
-        moves.extend(ObjectMove(name, src, d, src, r) for name in GLOBAL_OBJECTS)
+        if device is None or device in (src, d):
+            moves.extend(ObjectMove(name, src, d, src, r) for name in GLOBAL_OBJECTS)
+        if device is not None and d != device and not devices.holds_old_state(device):
+            continue
         c = new_cfg.coord(r)
         q = old_cfg.rank_of(tp=c.tp % old_cfg.tp, cp=c.cp % old_cfg.cp, dp=c.dp % old_cfg.dp,
                             pp=c.pp % old_cfg.pp)
@@ -416,5 +499,6 @@ def object_moves(old_cfg: ParallelConfig, new_cfg: ParallelConfig, rank_to_devic
             peers = [old_cfg.rank_of(tp=c.tp % old_cfg.tp, cp=c.cp % old_cfg.cp, dp=k, pp=c.pp % old_cfg.pp)
                      for k in range(old_cfg.dp)]
             q = next((p for p in peers if devices.holds_old_state(p)), alive[0])
-        moves.extend(ObjectMove(name, q, d, q, r) for name in PER_RANK_OBJECTS)
+        if device is None or device in (q, d):
+            moves.extend(ObjectMove(name, q, d, q, r) for name in PER_RANK_OBJECTS)
     return moves
