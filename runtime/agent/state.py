@@ -206,7 +206,8 @@ def logical_checksums(layout: Layout, rank: int, tensors: dict[StateKey, torch.T
     for reg in layout.regions(rank):
         if not reg.primary:
             continue
-        values = region_view(tensors, reg).contiguous()
+        # on the host: the indices are built there, and a GPU's copy is one small transfer
+        values = region_view(tensors, reg).detach().to("cpu").contiguous()
         bits = values.view(torch.int16 if values.element_size() == 2 else torch.int32).to(torch.int64)
         idx = torch.zeros(reg.box_shape, dtype=torch.int64)
         stride = 1
