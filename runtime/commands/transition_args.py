@@ -10,7 +10,7 @@ from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec, load_model
 from liveshard.runtime.units import parse_bytes
-from liveshard.runtime.vps.devices import DeviceMap, parse_devices
+from liveshard.runtime.vps.devices import DeviceMap, device_list, parse_devices
 from liveshard.runtime.vps.schedule import DEFAULT_BUDGET
 from liveshard.runtime.vps.transition import InvalidDeviceOrder, NoSurvivingCopy
 
@@ -67,21 +67,7 @@ def as_flags() -> Iterator[None]:
 
 def parse_order(text: str, field: str = "--rank-to-device") -> tuple[int, ...]:
     """Devices in rank order from ``"3,7,11"``, ``"8-15,0-7"`` or a mix (ranges kept in order)."""
-    out: list[int] = []
-    for part in text.replace(" ", "").split(","):
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        try:
-            a = int(lo)
-            b = int(hi) if sep else a
-        except ValueError:
-            raise ConfigError(field, f"{part!r} is not a device id or range",
-                              "list the device of each new rank in rank order, e.g. 8-15,0-7") from None
-        if a < 0 or b < a:
-            raise ConfigError(field, f"bad range {part!r}", "write ranges low-high with 0 <= low <= high")
-        out.extend(range(a, b + 1))
-    return tuple(out)
+    return tuple(device_list(text, field, "list the device of each new rank in rank order, e.g. 8-15,0-7"))
 
 
 def _parse_cfg(text: str, field: str) -> ParallelConfig:

@@ -17,9 +17,15 @@ from liveshard.runtime.errors import ConfigError
 
 def parse_devices(text: str | None, field: str = "devices") -> frozenset[int]:
     """Device ids from ``"1,3,5,7"``, ``"248-255"`` or a mix (``"0,8-15"``)."""
-    if text is None or not text.strip():
-        return frozenset()
-    out: set[int] = set()
+    return frozenset(device_list(text, field, "write ids and ranges, e.g. 1,3,5,7 or 248-255"))
+
+
+def device_list(text: str | None, field: str, fix: str) -> list[int]:
+    """Device ids from ids and ranges, in the order written (ranges ascending, repeats kept);
+    ``fix`` is the advice of the error a malformed part raises."""
+    out: list[int] = []
+    if text is None:
+        return out
     for part in text.replace(" ", "").split(","):
         if not part:
             continue
@@ -28,12 +34,11 @@ def parse_devices(text: str | None, field: str = "devices") -> frozenset[int]:
             a = int(lo)
             b = int(hi) if sep else a
         except ValueError:
-            raise ConfigError(field, f"{part!r} is not a device id or range",
-                              "write ids and ranges, e.g. 1,3,5,7 or 248-255") from None
+            raise ConfigError(field, f"{part!r} is not a device id or range", fix) from None
         if a < 0 or b < a:
             raise ConfigError(field, f"bad range {part!r}", "write ranges low-high with 0 <= low <= high")
-        out.update(range(a, b + 1))
-    return frozenset(out)
+        out.extend(range(a, b + 1))
+    return out
 
 
 @dataclass(frozen=True)

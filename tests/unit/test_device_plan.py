@@ -6,7 +6,6 @@ changes with every input. (Speed at scale: bench/bench_transition_planning.py.)"
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
+from liveshard.dev.cli import run_cli
 from liveshard.dev.reshard.cases import CASES, SPECS, Case, transition_case
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.presets import PRESETS
@@ -202,15 +202,6 @@ def test_inputs_digest_changes_with_every_input_and_nothing_else():
         assert out.stdout.strip() == base
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    from liveshard.runtime.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(args))
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
-
-
 def test_cli_device_prints_exactly_its_slice_of_the_whole_plan():
     args = ("plan-transition", "--model", "tiny-moe", "--from", "tp=1,pp=2,dp=4,ep=2,dist_opt",
             "--to", "tp=2,pp=1,dp=3,ep=2,etp=1", "--leave", "6,7", "--join", "1", "--gpus-per-node", "4",
@@ -221,7 +212,7 @@ def test_cli_device_prints_exactly_its_slice_of_the_whole_plan():
     sched = schedule(whole, 64 * 1024)
     checked = 0
     for d in (0, 3, 6, 8):
-        out = _cli(*args, "--device", str(d), "--json")
+        out = run_cli(*args, "--device", str(d), "--json")
         assert out.returncode == 0, out.stderr
         r = json.loads(out.stdout)
         assert r["device"] == d and r["plan_seconds"] > 0 and r["rank_to_device"] == list(whole.rank_to_device)
@@ -240,13 +231,13 @@ def test_cli_device_prints_exactly_its_slice_of_the_whole_plan():
         assert r["rounds"] == (max(rounds) + 1 if rounds else 0)
     assert checked > 0
     order = ",".join(map(str, whole.rank_to_device))
-    given_order = json.loads(_cli(*args, "--device", "0", "--rank-to-device", order, "--json").stdout)
+    given_order = json.loads(run_cli(*args, "--device", "0", "--rank-to-device", order, "--json").stdout)
     assert given_order["mapping_seconds"] == 0.0 and given_order["inputs_digest"] == r["inputs_digest"]
-    text = _cli(*args, "--device", "0")
+    text = run_cli(*args, "--device", "0")
     assert text.returncode == 0 and "device 0 (new rank" in text.stdout and r["inputs_digest"][:16] in text.stdout
-    bad = _cli(*args, "--device", "0", "--rank-to-device", "0,0,1,2,3,4")
+    bad = run_cli(*args, "--device", "0", "--rank-to-device", "0,0,1,2,3,4")
     assert bad.returncode == 2 and "--rank-to-device" in bad.stderr
-    assert _cli(*args, "--device", "99").returncode == 2
+    assert run_cli(*args, "--device", "99").returncode == 2
 
 
 def test_per_device_planning_imports_no_torch():

@@ -4,9 +4,7 @@ schedules behave as documented. (Real transfers: tests/test_reshard_exec.py.)"""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
 import os
 import subprocess
@@ -17,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
+from liveshard.dev.cli import run_cli
 from liveshard.dev.reshard.cases import CASES, transition_case
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
@@ -273,26 +272,16 @@ def test_device_map_checks():
 
 
 def test_cli_names_the_flag_behind_a_planner_error():
-    out = _cli("plan-transition", "--model", "tiny-gpt", "--from", "tp=1,pp=1,dp=2", "--to", "tp=1,pp=1,dp=2",
+    out = run_cli("plan-transition", "--model", "tiny-gpt", "--from", "tp=1,pp=1,dp=2", "--to", "tp=1,pp=1,dp=2",
                "--leave", "5")
     assert out.returncode == 2 and "--leave: device 5 is not an old device" in out.stderr, out.stderr
-    out = _cli("plan-transition", "--model", "tiny-gpt", "--from", "tp=2,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1",
+    out = run_cli("plan-transition", "--model", "tiny-gpt", "--from", "tp=2,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1",
                "--dead", "1")
     assert out.returncode == 2 and "--dead: " in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    """``liveshard ARGS`` in this process (the CLI prints and returns its exit code)."""
-    from liveshard.runtime.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(args))
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
-
-
 def test_cli_plan_transition_json_fields():
-    out = _cli("plan-transition", "--model", "tiny-moe", "--from", "tp=1,pp=2,dp=4,ep=2,dist_opt",
+    out = run_cli("plan-transition", "--model", "tiny-moe", "--from", "tp=1,pp=2,dp=4,ep=2,dist_opt",
                "--to", "tp=2,pp=1,dp=3,ep=2,etp=1", "--leave", "6,7", "--join", "1", "--gpus-per-node", "4",
                "--budget", "64KiB", "--json")
     assert out.returncode == 0, out.stderr
@@ -303,7 +292,7 @@ def test_cli_plan_transition_json_fields():
     assert r["peak_staging_bytes"] <= 64 * 1024
     assert len(r["rank_to_device"]) == 6 and not {6, 7} & set(r["rank_to_device"])
     assert r["bottleneck_bytes"] >= r["lower_bound_bytes"] > 0
-    text = _cli("plan-transition", "--model", "tiny-moe", "--from", "tp=1,pp=2,dp=4,ep=2,dist_opt",
+    text = run_cli("plan-transition", "--model", "tiny-moe", "--from", "tp=1,pp=2,dp=4,ep=2,dist_opt",
                 "--to", "tp=2,pp=1,dp=3,ep=2,etp=1", "--leave", "6,7", "--join", "1", "--gpus-per-node", "4")
     assert text.returncode == 0 and "lower bound" in text.stdout and r["checksum"][:16] in text.stdout
 
@@ -316,14 +305,14 @@ def test_cli_plan_transition_json_fields():
     (("--budget", "4"), "--budget"),
 ])
 def test_cli_plan_transition_bad_input_is_one_line(args, field):
-    out = _cli("plan-transition", "--model", "tiny-gpt", "--from", "tp=2,pp=1,dp=2", "--to", "tp=1,pp=1,dp=4", *args)
+    out = run_cli("plan-transition", "--model", "tiny-gpt", "--from", "tp=2,pp=1,dp=2", "--to", "tp=1,pp=1,dp=4", *args)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0], out.stderr
 
 
 def test_cli_new_world_too_big():
-    out = _cli("plan-transition", "--model", "tiny-gpt", "--from", "tp=2,pp=1,dp=2", "--to", "tp=2,pp=1,dp=2",
+    out = run_cli("plan-transition", "--model", "tiny-gpt", "--from", "tp=2,pp=1,dp=2", "--to", "tp=2,pp=1,dp=2",
                "--leave", "0")
     assert out.returncode == 2 and "--to" in out.stderr and "--join" in out.stderr
 
