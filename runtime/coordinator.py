@@ -315,18 +315,16 @@ class Coordinator:
         return str(info.get("node") or info.get("host") or worker)
 
     def _no_live_copy(self, plan: WorldPlan) -> str | None:
-        """Why ``plan`` cannot take its state from the running world (None: it can)."""
-        from liveshard.runtime.agent.transition import plan_for
-        from liveshard.runtime.vps.transition import NoSurvivingCopy
+        """Why ``plan`` cannot take its state from the running world (None: it can): whether
+        some state is held only by dead members, from their holder sets (``lost_state``), not
+        by planning the transition (each member plans its own part)."""
+        from liveshard.runtime.agent.transition import transition_inputs
+        from liveshard.runtime.vps.device_plan import lost_state
 
         assert self.current is not None
         if self.current.is_stop:
             return "the job was stopped: its state is in its last checkpoint"
-        try:
-            plan_for(self.spec, self.current, plan)
-        except NoSurvivingCopy as e:
-            return str(e)
-        return None
+        return lost_state(self.spec, *transition_inputs(self.current, plan))
 
     def _start_stop(self, request: PlanRequest) -> None:
         """A stop: the running world saves a checkpoint, and every worker waits for a plan that

@@ -3,9 +3,11 @@
 For a live transition every member of the old and the new world (``Preparer.prepare``, run by
 the control thread):
 
-1. computes the transition plan (``transition.plan_for``: pure, the same on every member);
-2. publishes its checksum (``gen/<N>/prepared/<id>``) and waits for every other member's,
-   heartbeating meanwhile: all must be equal;
+1. computes its own device's part of the transition plan (``transition.device_plan_for``:
+   pure, no communication, only the boxes around its device);
+2. publishes the plan's inputs digest (``gen/<N>/prepared/<id>``: every input of the plan and
+   the planner's version) and waits for every other member's, heartbeating meanwhile: all must
+   be equal, so that the parts are parts of one plan;
 3. builds the transition group over old and new members (``world.build_transition_group``);
 4. allocates and touches the new tensors the transfer will fill, and gradient memory when the
    old buffer is too small (joiners always; members too per ``WorkerOptions.preallocate``), so
@@ -32,7 +34,7 @@ import torch
 
 from liveshard.runtime.agent import world as worlds
 from liveshard.runtime.agent.connection import StoreClients, report_result
-from liveshard.runtime.agent.transition import plan_for
+from liveshard.runtime.agent.transition import device_plan_for
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan, transition_devices, transition_members
 from liveshard.runtime.spec import ModelSpec
@@ -49,7 +51,7 @@ class Prepared:
 
     plan: WorldPlan
     old: WorldPlan | None
-    transition: Any  # liveshard.runtime.vps.transition.TransitionPlan (None for generation 0)
+    transition: Any  # this member's liveshard.runtime.vps.device_plan.DevicePlan (None for generation 0)
     group: Any  # the transition ProcessGroup (None for generation 0)
     group_rank: int
     members: tuple[str, ...]  # transition group members
@@ -173,7 +175,7 @@ class Preparer:
             report_result(self.clients.store, self.id, plan.generation, MemberResult(ok=False, error=f"prepare: {e}"))
 
     def _prepare_live(self, plan: WorldPlan, old: WorldPlan, start: float) -> Prepared:
-        transition = plan_for(self.spec, old, plan)
+        transition = device_plan_for(self.spec, old, plan, self.id)
         members = transition_members(old, plan)
         self.at_phase("prepare", plan.generation)
         self._agree(plan.generation, members, transition.checksum)
@@ -185,7 +187,7 @@ class Preparer:
                         destinations, grad_buffer)
 
     def _agree(self, gen: int, members: tuple[str, ...], checksum: str) -> None:
-        """Publish our transition plan's checksum and check every member's against it."""
+        """Publish our plan's inputs digest and check every member's against it."""
         self.clients.store.set(Keys.prepared(gen, self.id), checksum)
         for m in members:
             other = self._wait_heartbeating(Keys.prepared(gen, m), timeout=120.0, gen=gen)
@@ -194,7 +196,7 @@ class Preparer:
                 raise RuntimeError(f"member {m} did not prepare generation {gen}"
                                    + (f" ({decided})" if decided else ""))
             if other != checksum:
-                raise RuntimeError(f"transition plan checksum of {m} differs from ours")
+                raise RuntimeError(f"transition plan inputs digest of {m} differs from ours")
 
     def _wait_heartbeating(self, key: str, timeout: float, gen: int) -> str | None:
         """Wait for a store key from the control thread, heartbeating meanwhile (a member

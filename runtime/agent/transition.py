@@ -2,8 +2,10 @@
 
 A world plan names workers in rank order (the planner chose it: ``planner.world``); the
 transition planner numbers devices (old rank ``i`` is device ``i``, joiners follow in sorted
-order). ``plan_for`` is what every member recomputes, with no communication, before it moves
-data, and what the coordinator checks a plan with (is there a live copy of everything?).
+order). ``device_plan_for`` is what each member computes, with no communication, before it
+moves data: its own device's part of the transition (``vps.device_plan``), which equals its
+slice of the whole plan; members compare the plan's inputs digest. ``plan_for`` is the whole
+plan, for tools and tests.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 from liveshard.runtime.control.protocol import WorldPlan, joiners, transition_devices
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec
+from liveshard.runtime.vps.device_plan import DevicePlan, plan_device
 from liveshard.runtime.vps.devices import DeviceMap
 from liveshard.runtime.vps.transition import TransitionPlan, plan_transition
 
@@ -30,17 +33,33 @@ def device_map(old: WorldPlan, candidates: tuple[str, ...], dead: tuple[str, ...
                      joining=len(joiners(old, candidates)), dead=dead_ids)
 
 
-def plan_for(spec: ModelSpec, old: WorldPlan, new: WorldPlan,
-             gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> TransitionPlan:
-    """The transition plan of ``new``, with its ranks on the devices its members order names.
-
-    Raises ``vps.transition.NoSurvivingCopy`` when some state has no live holder left."""
+def transition_inputs(old: WorldPlan, new: WorldPlan, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+                      ) -> tuple[ParallelConfig, ParallelConfig, DeviceMap, tuple[int, ...]]:
+    """(old config, new config, device map, new rank -> device) of the transition to ``new``."""
     candidates = (*new.members, *new.standbys)
     devices = device_map(old, candidates, new.dead, gpus_per_node)
     device_of = {m: d for d, m in enumerate(transition_devices(old, new))}
     rank_to_device = tuple(device_of[m] for m in new.members)
-    return plan_transition(spec, ParallelConfig.parse(old.config), ParallelConfig.parse(new.config), devices,
-                           rank_to_device)
+    return ParallelConfig.parse(old.config), ParallelConfig.parse(new.config), devices, rank_to_device
+
+
+def plan_for(spec: ModelSpec, old: WorldPlan, new: WorldPlan,
+             gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> TransitionPlan:
+    """The whole transition plan of ``new``, with its ranks on the devices its members order names.
+
+    Raises ``vps.transition.NoSurvivingCopy`` when some state has no live holder left."""
+    return plan_transition(spec, *transition_inputs(old, new, gpus_per_node))
+
+
+def device_plan_for(spec: ModelSpec, old: WorldPlan, new: WorldPlan, worker: str,
+                    gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> DevicePlan:
+    """``worker``'s part of the transition to ``new`` (``vps.device_plan.plan_device``); its
+    ``checksum`` is the inputs digest, equal on every member exactly when their plans are parts
+    of one plan.
+
+    Raises ``vps.transition.NoSurvivingCopy`` when state this worker needs has no live holder."""
+    device = transition_devices(old, new).index(worker)
+    return plan_device(spec, *transition_inputs(old, new, gpus_per_node), device)
 
 
 def group_ranks(old: WorldPlan, new: WorldPlan) -> list[Any]:

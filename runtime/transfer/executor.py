@@ -1,7 +1,9 @@
 """Run a transition plan on real tensors over torch.distributed.
 
 Every process of the transition (old ranks, joiners, standbys, leavers; device ``d`` is process
-``ranks[d]`` of ``group``) calls ``execute`` with the same plan and schedule:
+``ranks[d]`` of ``group``) calls ``execute`` with the same plan and schedule, or each with its
+own device's part of it (``vps.device_plan``: the same copies and rounds as its slice of the
+whole plan; all-to-all rounds then agree on their number first, one small all-reduce):
 
 1. a new local tensor that is exactly an old tensor kept in place is the old tensor itself (no
    copy); the others are allocated on the old shards' device when first written;
@@ -95,6 +97,8 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: LocalSha
     run = _Transfer.begin(plan, sched, device_id, old, verify=verify, group=group, ranks=ranks,
                           release_old=release_old, tensor_device=tensor_device, destinations=destinations)
     per_round = rounds.device_rounds(plan, sched, device_id)
+    if mode == A2A and rounds.own_part(plan):
+        per_round = _as_many_rounds_as_everyone(per_round, group, run.dev)
     _move_tensors(run, per_round, mode, direct_min_bytes)
     new_objects = (_move_objects(plan, device_id, old_objects or {}, run.rank_of, group, run.dev)
                    if run.member else {})
@@ -449,6 +453,16 @@ def _a2a_rounds(run: _Transfer, per_round: list[Round]) -> None:
         run.record_sent(sends)
         _a2a_round(run, sends, recvs, group_size)
         run.end_round(r, sends, recvs)
+
+
+def _as_many_rounds_as_everyone(per_round: list[Round], group, dev) -> list[Round]:
+    """``per_round`` padded with empty rounds to the most rounds any device has. A device's
+    own plan schedules its own pairs only, so it knows its own last round, not the others';
+    an all-to-all needs every process in every round (P2P rounds pair up peer by peer and need
+    no such agreement)."""
+    n = torch.tensor([len(per_round)], dtype=torch.int64, device=dev)
+    transport.all_reduce(n, dist.ReduceOp.MAX, group)
+    return per_round + [({}, {})] * (int(n.item()) - len(per_round))
 
 
 def _a2a_round(run: _Transfer, sends: ByPeer, recvs: ByPeer, group_size: int) -> None:

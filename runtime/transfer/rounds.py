@@ -55,6 +55,12 @@ class Direct(NamedTuple):
 Message = Packed | Direct
 
 
+def own_part(plan: TransitionPlan) -> bool:
+    """Whether ``plan`` is one device's part of a transition (``vps.device_plan.DevicePlan``):
+    its copies and rounds are that device's only."""
+    return getattr(plan, "device", None) is not None
+
+
 def new_rank_of(plan: TransitionPlan, device_id: int) -> int | None:
     """The new rank device ``device_id`` runs, or None (leaving, standby, not in the transition)."""
     if device_id >= plan.devices.num_devices:

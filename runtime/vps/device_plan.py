@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from operator import itemgetter
 
 from liveshard.runtime.errors import ConfigError
@@ -465,6 +465,14 @@ class DevicePlan(TransitionPlan):
     device: int = -1
     planner: Planner | None = None
 
+    @cached_property
+    def old_layout(self) -> Layout:
+        return self.planner.old if self.planner is not None else Layout(self.spec, self.old_cfg)
+
+    @cached_property
+    def new_layout(self) -> Layout:
+        return self.planner.new if self.planner is not None else Layout(self.spec, self.new_cfg)
+
     def device_bound(self, device: int) -> int:
         assert self.planner is not None
         return self.planner.bound(device)
@@ -514,3 +522,36 @@ def planner(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig, d
     devices.check_fits(new_cfg.world_size)
     _check_rank_to_device(tuple(rank_to_device), new_cfg.world_size, devices)
     return Planner(spec, old_cfg, new_cfg, devices, tuple(rank_to_device))
+
+
+def lost_state(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig, devices: DeviceMap,
+               rank_to_device: tuple[int, ...]) -> str | None:
+    """Why the transition cannot take its state from the old world, or None when every piece
+    has a live holder: what ``transition.plan_transition`` raises as ``NoSurvivingCopy``, from
+    the dead devices' own boxes and their holder sets, without planning a copy.
+
+    Every old element is wanted by some new rank (the new layout holds every tensor), and a
+    piece held only by dead devices is held by one of them: so only the dead devices' holder
+    sets (``Side.rank_holder_sets``) need looking at. Raises what planning raises for inputs
+    that cannot be planned at all (``ConfigError``, ``InvalidDeviceOrder``)."""
+    from liveshard.runtime.vps.transition import _check_rank_to_device
+
+    if devices.old_world != old_cfg.world_size:
+        raise ConfigError("old config", f"the old config has {old_cfg.world_size} ranks but the device map "
+                                        f"{devices.old_world} old devices", "old rank i runs on device i")
+    old, new = Layout(spec, old_cfg), Layout(spec, new_cfg)
+    devices.check_fits(new_cfg.world_size)
+    _check_rank_to_device(tuple(rank_to_device), new_cfg.world_size, devices)
+    dead = devices.dead
+    if not dead:
+        return None
+    for geometry in dict.fromkeys(g.old_geometry for g in state_groups(old, new)):
+        side = Side(old, geometry)
+        for d in sorted(dead):
+            for holders in side.rank_holder_sets(d):
+                if all(h in dead for h in holders):
+                    key, off = next((k, o) for k, o, _, hs, _, _ in side.rank_pieces(d) if hs == holders)
+                    return f"{key} at {list(off)} is held only by dead devices {list(holders)}"
+    if len(dead) == devices.old_world:
+        return "every old device is dead"
+    return None

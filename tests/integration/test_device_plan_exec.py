@@ -43,14 +43,21 @@ def pool():
     p.close()
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("dp-shrink-dist-opt", "ep-change", "etp-and-tp",
-                                                                  "everything-moves")],
-                         ids=lambda c: c.name)
-def test_per_device_plans_move_state_bit_exactly(pool, case):
+_RUNS = [(c, "p2p", False) for c in CASES if c.name in ("dp-shrink-dist-opt", "ep-change", "etp-and-tp",
+                                                          "everything-moves")]
+# all-to-all rounds from per-device plans: these devices have different numbers of rounds (a
+# device's own plan knows its own); pre-allocated destinations come from the device plan too
+_RUNS += [(c, "a2a", c.name == "everything-moves") for c in CASES
+          if c.name in ("dp-shrink-dist-opt", "everything-moves")]
+
+
+@pytest.mark.parametrize(("case", "mode", "preallocate"), _RUNS,
+                         ids=[f"{c.name}-{m}{'-prealloc' if p else ''}" for c, m, p in _RUNS])
+def test_per_device_plans_move_state_bit_exactly(pool, case, mode, preallocate):
     whole = case.plan()
     must = whole.lower_bound["must_receive"]
-    job = DeviceJob(case.spec, case.old, case.new, case.leave, case.join, case.gpus_per_node, case.budget, "p2p",
-                    direct_min_bytes=256)
+    job = DeviceJob(case.spec, case.old, case.new, case.leave, case.join, case.gpus_per_node, case.budget, mode,
+                    direct_min_bytes=256, preallocate=preallocate)
     results = pool.run(run_device_rank, job, world=case.procs, timeout_s=120)
     digests = {r["checksum"] for r in results}
     assert len(digests) == 1 and whole.checksum not in digests  # the inputs digest, not the whole plan's checksum
@@ -62,3 +69,4 @@ def test_per_device_plans_move_state_bit_exactly(pool, case):
         assert s["verified"], where
         assert s["peak_staging_bytes"] <= case.budget, where
         assert s["bytes_received"] == must[r["rank"]], where
+        assert r["destinations_used"], where
