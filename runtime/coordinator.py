@@ -21,9 +21,11 @@ the coordinator adopts it (``recover``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -42,6 +44,7 @@ from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner import GPU, Constraints, NoFeasiblePlan, ParallelPlan, plan_world
 from liveshard.runtime.planner.adapt import AdaptivePolicy, layer_caps_for
+from liveshard.runtime.planner.precompute import PlanCache
 from liveshard.runtime.spec import ModelSpec
 
 log = logging.getLogger("liveshard.coordinator")
@@ -142,7 +145,8 @@ class Coordinator:
     def __init__(self, store: JobStore, spec: ModelSpec, source: PlanSource, planning: PlanningInputs, *,
                  heartbeat_timeout: float = 3.0, transition_timeout: float = 120.0,
                  training: TrainingSpec | None = None, metrics: JobMetrics | None = None,
-                 checkpoint_dir: str | None = None, stragglers: StragglerLoop | None = None) -> None:
+                 checkpoint_dir: str | None = None, stragglers: StragglerLoop | None = None,
+                 precompute: bool = True) -> None:
         self.store = store
         self.training = training  # the job's training spec: progress, ETA
         self.metrics = metrics  # Prometheus gauges of the job (None: not exported)
@@ -171,6 +175,13 @@ class Coordinator:
         self._broken_recoveries = 0  # recoveries of broken worlds since the last commit
         self.finished: dict | None = None  # rank 0's report at trainIters (Keys.FINISHED)
         self.failure: dict | None = None  # why the run cannot go on (terminal), see _fail
+        # Answers of the planner and of the no-live-copy check by their full inputs; after each
+        # commit a background thread asks the questions of the likeliest next events
+        # (``_precompute_next``), so that such an event finds its plan worked out.
+        self.plans = PlanCache()
+        self.precompute = precompute
+        self.precomputed: dict | None = None  # the last precomputation: generation, events, seconds
+        self._nodes: dict[str, str] = {}  # each live worker's node, as it registered
 
     def _straggler_loop(self) -> StragglerLoop:
         c, t = self.planning.constraints, self.training
@@ -249,21 +260,7 @@ class Coordinator:
         except (ConfigError, NoFeasiblePlan) as e:
             self._reject(request, str(e))
             return
-        ordered = tuple(g.id for g in world.gpus)
-        used = set(ordered)
-        plan = WorldPlan(
-            generation=self.next_generation,
-            config=str(world.config),
-            members=ordered,
-            standbys=tuple(m for m in members if m not in used),
-            reason=request.reason,
-            previous=self.current.generation if self.current else None,
-            switch_at_step=request.switch_at_step,
-            deadline=request.deadline,
-            dead=tuple(sorted(self.dead & set(self.current.members))) if self.current else (),
-            created=time.time(),
-            cause=request.cause,
-        )
+        plan = self._world_plan(request, world, members, self.current, self.dead, self.next_generation)
         if self.current is None and self.checkpoint_dir:
             # A first world with a complete checkpoint on the job's volume continues from it:
             # every process of the job was replaced (a whole spot pool gone, a restart), not a new run.
@@ -293,38 +290,141 @@ class Coordinator:
                 plan = replace(plan, restore_from=checkpoint["path"])
         self._publish(plan)
 
-    def _choose_world(self, request: PlanRequest, members: tuple[str, ...]) -> ParallelPlan:
+    def _world_plan(self, request: PlanRequest, world: ParallelPlan, members: tuple[str, ...],
+                    current: WorldPlan | None, dead: set[str] | frozenset[str], generation: int) -> WorldPlan:
+        ordered = tuple(g.id for g in world.gpus)
+        used = set(ordered)
+        return WorldPlan(
+            generation=generation,
+            config=str(world.config),
+            members=ordered,
+            standbys=tuple(m for m in members if m not in used),
+            reason=request.reason,
+            previous=current.generation if current else None,
+            switch_at_step=request.switch_at_step,
+            deadline=request.deadline,
+            dead=tuple(sorted(dead & set(current.members))) if current else (),
+            created=time.time(),
+            cause=request.cause,
+        )
+
+    def _choose_world(self, request: PlanRequest, members: tuple[str, ...], *, current: WorldPlan | None = None,
+                      dead: set[str] | frozenset[str] | None = None, inputs: PlanningInputs | None = None,
+                      node_of=None, count: bool = True) -> ParallelPlan:
         """The planner's world for ``members``: a request's explicit config keeps the rank order
         it gives (the operator's planner chose it); otherwise the planner chooses both, from the
-        inputs the operator has: the job's constraints, its GPU memory and measured speeds."""
-        inputs = self.source.planning() or self.planning
-        gpus = [GPU(id=m, node=self._node_of(m), memory_bytes=inputs.gpu_memory_bytes,
-                    speed=float(inputs.speeds.get(pod_of(m), 1.0))) for m in whole_pods(members,
-                                                                                 inputs.constraints.granularity)]
+        inputs the operator has: the job's constraints, its GPU memory and measured speeds.
+
+        From the running world, its dead members, the planning inputs and the workers' nodes
+        as they are now, unless given (what a precomputation supposes); answered from
+        ``self.plans`` when the same question was asked before."""
+        if current is None:
+            current = self.current
+        dead = self.dead if dead is None else dead
+        inputs = inputs or self.source.planning() or self.planning
+        node_of = node_of or self._node_of
+        c = inputs.constraints
+        gpus = tuple(GPU(id=m, node=node_of(m), memory_bytes=inputs.gpu_memory_bytes,
+                         speed=float(inputs.speeds.get(pod_of(m), 1.0))) for m in whole_pods(members, c.granularity))
         config = ParallelConfig.parse(request.config) if request.config is not None else None
-        if config is not None and request.ordered:
-            return plan_world(self.spec, gpus, inputs.constraints, config=config)
-        running = self.current if self.current is not None and not self.current.is_stop else None
-        return plan_world(self.spec, gpus, inputs.constraints, config=config,
-                          current=ParallelConfig.parse(running.config) if running else None,
-                          current_members=running.members if running else (),
-                          lost=tuple(m for m in running.members if m in self.dead) if running else ())
+        placed = config is not None and request.ordered  # the given order, as it is
+        running = current if current is not None and not current.is_stop and not placed else None
+        cfg = ParallelConfig.parse(running.config) if running else None
+        running_members = running.members if running else ()
+        lost = tuple(m for m in running.members if m in dead) if running else ()
+        return self.plans.get(
+            ("world", self.spec, gpus, c, config, cfg, running_members, lost),
+            lambda: plan_world(self.spec, gpus, c, config=config, current=cfg, current_members=running_members,
+                               lost=lost),
+            count=count)
 
     def _node_of(self, worker: str) -> str:
-        info = self.store.get_json(Keys.member(worker)) or {}
-        return str(info.get("node") or info.get("host") or worker)
+        node = self._nodes.get(worker)
+        if node is None:
+            info = self.store.get_json(Keys.member(worker)) or {}
+            node = str(info.get("node") or info.get("host") or worker)
+            if info:
+                self._nodes[worker] = node  # fixed for the process; forgotten when it dies
+        return node
 
-    def _no_live_copy(self, plan: WorldPlan) -> str | None:
+    def _no_live_copy(self, plan: WorldPlan, current: WorldPlan | None = None, count: bool = True) -> str | None:
         """Why ``plan`` cannot take its state from the running world (None: it can): whether
         some state is held only by dead members, from their holder sets (``lost_state``), not
-        by planning the transition (each member plans its own part)."""
+        by planning the transition (each member plans its own part). Answered from
+        ``self.plans`` when the same transition was asked about before."""
         from liveshard.runtime.agent.transition import transition_inputs
         from liveshard.runtime.vps.device_plan import lost_state
 
-        assert self.current is not None
-        if self.current.is_stop:
+        current = current or self.current
+        assert current is not None
+        if current.is_stop:
             return "the job was stopped: its state is in its last checkpoint"
-        return lost_state(self.spec, *transition_inputs(self.current, plan))
+        inputs = transition_inputs(current, plan)
+        return self.plans.get(("lost", self.spec, *inputs), lambda: lost_state(self.spec, *inputs), count=count)
+
+    # ---- plans ahead of events ---------------------------------------------------------------
+    def _precompute_next(self) -> None:
+        """After a commit: ask, in a background thread, what the likeliest next events will ask
+        (``_precompute``). The inputs that need the store or the plan source are read here, in
+        the coordinator's thread; the thread itself only plans."""
+        current = self.current
+        self.plans.clear()  # the questions of the previous world will not be asked again
+        if not self.precompute or current is None or current.is_stop or not current.members:
+            return
+        if any(m in self.dead for m in current.members):
+            return  # a recovery follows at once
+        everyone = (*current.members, *current.standbys)
+        waiting = tuple(m for m in self.store.members() if m not in set(everyone) and m not in self.dead)
+        nodes = {m: self._node_of(m) for m in (*everyone, *waiting)}
+        inputs = self.source.planning() or self.planning
+        threading.Thread(target=self._precompute, args=(current, frozenset(self.dead), inputs, nodes, waiting),
+                         name="precompute-plans", daemon=True).start()
+
+    def _precompute(self, current: WorldPlan, dead: frozenset[str], inputs: PlanningInputs,
+                    nodes: dict[str, str], waiting: tuple[str, ...]) -> None:
+        """The world plans, and their no-live-copy checks, for each node of ``current`` lost
+        without notice (each worker, when they all share one node) and for the waiting workers
+        joining, asked exactly as ``_recover`` and a join request would ask them."""
+        t0 = time.perf_counter()
+        everyone = (*current.members, *current.standbys)
+        by_node: dict[str, list[str]] = {}
+        for m in everyone:
+            by_node.setdefault(nodes[m], []).append(m)
+        domains = list(by_node.values()) if len(by_node) > 1 else [[m] for m in everyone]
+        asked = 0
+        try:
+            for lost in domains:
+                if self.current is not current or self.pending is not None:
+                    break  # an event came: the world is changing, and the CPU is the transition's
+                if not any(m in current.members for m in lost):
+                    continue  # losing only standbys plans nothing
+                gone = dead | set(lost)
+                survivors = tuple(m for m in everyone if m not in gone)
+                self._ask(current, PlanRequest(members=survivors, cause=Cause.LOST_WITHOUT_NOTICE), gone, inputs, nodes)
+                asked += 1
+            if waiting and self.current is current and self.pending is None:
+                self._ask(current, PlanRequest(members=(*everyone, *waiting)), dead, inputs, nodes)
+                asked += 1
+        except Exception:  # a precomputation never takes the coordinator down: the event plans itself
+            log.exception("precomputing plans for generation %d", current.generation)
+        self.precomputed = {"generation": current.generation, "events": asked,
+                            "seconds": time.perf_counter() - t0}
+        log.info("generation %d: plans for %d likely events precomputed in %.2f s", current.generation, asked,
+                 time.perf_counter() - t0)
+
+    def _ask(self, current: WorldPlan, request: PlanRequest, dead: frozenset[str], inputs: PlanningInputs,
+             nodes: dict[str, str]) -> None:
+        """Put ``request``'s world plan and its no-live-copy check into ``self.plans``, supposing
+        ``dead`` (what ``_start`` asks when the request comes)."""
+        members = tuple(m for m in request.members if m not in dead)
+        try:
+            world = self._choose_world(request, members, current=current, dead=dead, inputs=inputs,
+                                       node_of=nodes.__getitem__, count=False)
+        except (ConfigError, NoFeasiblePlan):
+            return  # kept as the answer
+        plan = self._world_plan(request, world, members, current, dead, current.generation + 1)
+        with contextlib.suppress(ConfigError, ValueError):  # kept as the answer
+            self._no_live_copy(plan, current, count=False)
 
     def _start_stop(self, request: PlanRequest) -> None:
         """A stop: the running world saves a checkpoint, and every worker waits for a plan that
@@ -459,6 +559,8 @@ class Coordinator:
         self.pending = None
         log.info("generation %d %s", plan.generation, outcome)
         self._report()
+        if outcome == COMMITTED:
+            self._precompute_next()
         if self.current is not None and any(m in self.dead for m in self.current.members):
             self._recover()  # the world lost a member (before this generation, or after its commit point)
 
@@ -503,6 +605,7 @@ class Coordinator:
             self._note_broken(now)
             return
         for m in newly_dead:
+            self._nodes.pop(m, None)
             incarnation = self._incarnation.pop(m, None) or (self.store.get_json(Keys.member(m)) or {}).get("incarnation")
             self._dead_incarnation[m] = incarnation
             self._broken_since.pop(m, None)
@@ -532,6 +635,7 @@ class Coordinator:
             if (hb and now - hb.get("time", 0) <= self.heartbeat_timeout and hb.get("incarnation")
                     and hb["incarnation"] != self._dead_incarnation.get(m)):
                 self.dead.discard(m)
+                self._nodes.pop(m, None)  # a new process: perhaps on another node
                 self._dead_incarnation.pop(m, None)
                 self._incarnation[m] = hb["incarnation"]
                 self.telemetry[m] = hb
@@ -683,6 +787,7 @@ class Coordinator:
                              "phases": {}, "seconds": 0.0})
         log.info("adopted running world of generation %d (%s)", best.generation, best.config)
         self._report()
+        self._precompute_next()
 
     def _report(self) -> None:
         self._last_report = time.monotonic()
