@@ -9,8 +9,8 @@ from that checkpoint, the way a job that fell below its minimum comes back.
 
 ``kill=R@PHASE`` kills during a reconfiguration instead of at a step: at ``STEP`` the victims
 are armed, and the next event's reconfiguration (a leave, join or parallel event, which must
-follow) kills each when it reaches ``PHASE`` (``prepare``, ``transfer``, ``commit``, ``built``,
-``committed``: ``protocol.PHASES``). ``R`` is a rank of the current world, or ``+K`` for the
+follow) kills each when it reaches ``PHASE`` (``prepare``, ``connect``, ``transfer``, ``commit``,
+``built``, ``committed``: ``protocol.PHASES``). ``R`` is a rank of the current world, or ``+K`` for the
 K-th worker the next join adds.
 
 ``sigstop=R`` freezes ranks (SIGSTOP) at the step: to the job they are lost without notice.

@@ -11,7 +11,10 @@ the control thread):
 3. builds the transition group over old and new members (``world.build_transition_group``);
 4. allocates and touches the new tensors the transfer will fill, and gradient memory when the
    old buffer is too small (joiners always; members too per ``WorkerOptions.preallocate``), so
-   the pause does not pay for fresh memory.
+   the pause does not pay for fresh memory;
+5. connects the new training world's communicators (``world.build_world_ahead``: the default
+   group and every megatron group this member is in; per ``WorkerOptions.build_world_ahead``),
+   so the commit hands them over instead of connecting them.
 
 A first world, or one built through a checkpoint (a stop, a restore), has nothing to plan or
 connect. The result is a ``Prepared``, kept in ``Preparations`` (shared with the training
@@ -58,6 +61,7 @@ class Prepared:
     seconds: float
     destinations: Any = None  # new tensors allocated and touched ahead (see WorkerOptions.preallocate)
     grad_buffer: Any = None  # and memory for its gradients when the old DDP buffer is too small
+    world: Any = None  # the new training world's communicators, built ahead (agent.world.WorldAhead)
 
 
 class Preparations:
@@ -183,8 +187,47 @@ class Preparer:
         group = worlds.build_transition_group(self.clients.store.store, Keys.transfer_prefix(plan.generation),
                                               group_rank, len(members), self.options.collective_timeout)
         destinations, grad_buffer = self._preallocate(plan, old, transition)
+        world = self._build_world_ahead(plan) if self.id in plan.members else None
         return Prepared(plan, old, transition, group, group_rank, members, time.perf_counter() - start,
-                        destinations, grad_buffer)
+                        destinations, grad_buffer, world)
+
+    def _build_world_ahead(self, plan: WorldPlan) -> Any:
+        """Connect the new training world's communicators now (the default group and each of
+        megatron's groups this member is in), so the commit only hands them over; None where
+        the world is made at the commit instead (``WorkerOptions.build_world_ahead``)."""
+        if not self._builds_world_ahead():
+            return None
+        from liveshard.runtime.megatron.build import group_requests
+        from liveshard.runtime.parallel import ParallelConfig
+
+        gen, cfg, rank = plan.generation, ParallelConfig.parse(plan.config), plan.members.index(self.id)
+        requests = group_requests(cfg, rank)
+        store = self.clients.store
+        self.at_phase("connect", gen)
+        # Connecting holds the interpreter lock until every peer of a group is there: a dead
+        # peer would stall this process (training, heartbeats) for the collective timeout. So
+        # first meet on the store, heartbeating, where a death is decided by the coordinator.
+        store.set(Keys.connecting(gen, self.id), "1")
+        for m in plan.members:
+            if self._wait_heartbeating(Keys.connecting(gen, m), timeout=120.0, gen=gen) is None:
+                decided = store.get(Keys.decision(gen))
+                raise RuntimeError(f"member {m} did not connect generation {gen}" + (f" ({decided})" if decided else ""))
+
+        def cancelled() -> str | None:
+            decided = store.get(Keys.decision(gen))
+            return f"generation {gen} was decided while its world was being connected: {decided}" if decided else None
+
+        world = worlds.run_heartbeating(
+            lambda: worlds.build_world_ahead(store.store, f"{Keys.world_prefix(gen)}ahead/", rank, cfg.world_size,
+                                             requests, self.options.collective_timeout),
+            lambda: self.heartbeat(time.time()), cancelled)
+        log.info("generation %d: %d communicators of the new world connected ahead in %.3f s",
+                 gen, len(world.groups) + 1, world.seconds)
+        return world
+
+    def _builds_world_ahead(self) -> bool:
+        mode = self.options.build_world_ahead
+        return mode == "on" or (mode == "auto" and self.device.type == "cpu")
 
     def _agree(self, gen: int, members: tuple[str, ...], checksum: str) -> None:
         """Publish our plan's inputs digest and check every member's against it."""

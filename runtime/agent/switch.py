@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from liveshard.runtime.agent import release
 from liveshard.runtime.agent import world as worlds
 from liveshard.runtime.agent.state import capture_rng, load_state, restore_rng, state_tensors
 from liveshard.runtime.agent.transition import TransitionResult, execute_transition
@@ -185,20 +186,24 @@ def _commit(agent: WorkerAgent, prep: Prepared, switch_step: int, result: Transi
         from liveshard.runtime.megatron.build import gradient_buffers
 
         spare += gradient_buffers(agent.built)  # the new model's gradients reuse this memory
+    t_retire = time.perf_counter()
     old = agent.retire()  # the old world's state, kept until the decision
+    phases["retire"] = time.perf_counter() - t_retire
     agent.state.phase = "committing"
     agent.at_phase("commit", gen)
     error = ""
     if agent.id in plan.members:
         try:
-            _build_new_world(agent, prep, result, spare)
+            _build_new_world(agent, prep, result, spare, phases)
         except Exception as e:
             error = f"commit: {type(e).__name__}: {e}"
             log.error("building the world of generation %d failed: %s", gen, traceback.format_exc())
         spare = []
         if not error:
             agent.at_phase("built", gen)
+    t_decide = time.perf_counter()
     decision = _decide(agent, plan, error)
+    phases["decide"] = time.perf_counter() - t_decide
     if decision == COMMITTED and error:
         # cannot happen unless the store was tampered with: never train on a world not built
         raise CommitPointLost(f"generation {gen} committed although this member failed: {error}")
@@ -210,7 +215,12 @@ def _commit(agent: WorkerAgent, prep: Prepared, switch_step: int, result: Transi
         agent.report(gen, MemberResult(ok=False, error=error or decision, phases=phases, step=switch_step))
         agent.preparations.abort(gen, decision)
         return
-    del old  # the new world is the job's now: the old state goes
+    # The new world is the job's now: the old state goes. On CPU, returning gigabytes of pages
+    # to the OS is slow, so that happens while the next step computes; an accelerator's caching
+    # allocator frees at once, and the next step may need that memory.
+    if worlds.device().type == "cpu":
+        release.later(old)
+    del old
     agent.at_phase("committed", gen)
     stats = result.stats
     if agent.id not in plan.members:
@@ -232,18 +242,23 @@ def _commit(agent: WorkerAgent, prep: Prepared, switch_step: int, result: Transi
 
 
 def _build_new_world(agent: WorkerAgent, prep: Prepared, result: TransitionResult,
-                     spare: list[torch.Tensor]) -> None:
-    """A new member: meet the others, build the training world and the model, load what was received."""
-    plan = prep.plan
+                     spare: list[torch.Tensor], phases: dict[str, float]) -> None:
+    """A new member: make the training world (from the communicators built ahead, when there
+    are), build the model, load what was received."""
+    from liveshard.runtime.megatron.build import init_parallel
+
+    plan, ahead = prep.plan, prep.world
     cfg = ParallelConfig.parse(plan.config)
     rank = plan.members.index(agent.id)
     t0 = time.perf_counter()
-    _arrive(agent, plan)
+    if ahead is None:
+        _arrive(agent, plan)  # with communicators built ahead, nothing below waits for a peer
     t1 = time.perf_counter()
     worlds.init_training_world(agent.store.store, Keys.world_prefix(plan.generation), rank,
-                               cfg.world_size, agent.options.collective_timeout)
+                               cfg.world_size, agent.options.collective_timeout, ahead=ahead)
+    init_parallel(cfg, ahead)
     t2 = time.perf_counter()
-    agent.build(cfg, initialize=False, spare_buffers=spare)
+    agent.build(cfg, initialize=False, spare_buffers=spare, groups_ready=True)
     spare.clear()
     t3 = time.perf_counter()
     objs = result.objects
@@ -252,8 +267,11 @@ def _build_new_world(agent: WorkerAgent, prep: Prepared, result: TransitionResul
     agent.trainer.restore_progress({"step": objs["step"], "consumed_samples": objs["data_cursor"],
                                     "scheduler": objs["scheduler"], **objs["loss_scaler"]})
     restore_rng(objs["rng"])
-    log.info("commit %d: meet %.3fs, world %.3fs, build %.3fs, load %.3fs", plan.generation,
-             t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
+    t4 = time.perf_counter()
+    phases.update(meet=t1 - t0, world=t2 - t1, model=t3 - t2, load=t4 - t3)
+    handed = f", {ahead.handed} communicators built ahead, {len(ahead.missed)} made now" if ahead else ""
+    log.info("commit %d: meet %.3fs, world %.3fs, model %.3fs, load %.3fs%s", plan.generation,
+             t1 - t0, t2 - t1, t3 - t2, t4 - t3, handed)
 
 
 class CommitPointLost(Exception):

@@ -47,8 +47,8 @@ from typing import Any
 
 import torch
 
+from liveshard.runtime.agent import release, training
 from liveshard.runtime.agent import switch as switching
-from liveshard.runtime.agent import training
 from liveshard.runtime.agent import world as worlds
 from liveshard.runtime.agent.checkpoint_schedule import SafetyCheckpoints
 from liveshard.runtime.agent.compute_clock import ComputeGate
@@ -91,6 +91,11 @@ class WorkerOptions:
     # transfer; joiners on GPU, where the caching allocator serves the transfer's tensors and
     # memory taken early would be taken from the training step's activations).
     preallocate: str = "auto"
+    # Whether a new member connects the next training world's communicators during prepare, so
+    # the commit hands them over ("on"), or makes the world at the commit ("off"); "auto": on
+    # with gloo (CPU). On NCCL the hand-over goes through a registered backend whose name
+    # megatron sees instead of "nccl": opt in with "on".
+    build_world_ahead: str = "auto"
     max_steps: int | None = None  # stop here instead of at trainIters (no final checkpoint)
     # Checkpoints (megatron dist_checkpointing): load at start, save and exit at a step (the
     # restart path), and a periodic safety checkpoint for losses with no surviving copy.
@@ -253,6 +258,7 @@ class WorkerAgent:
                     if not switching.wait_for_plan(self):
                         break
                     continue
+                release.start()  # what the last switch retired is freed while this step computes
                 training.train_one(self.state, self.trainer, self.built.cfg.world_size, self._after_step)
             if self._done() and self.state.phase == "training" and self.options.max_steps is None:
                 self._finish()
@@ -328,14 +334,15 @@ class WorkerAgent:
         report_result(self.store, self.id, gen, result)
 
     def build(self, cfg: ParallelConfig, initialize: bool = True,
-              spare_buffers: list[torch.Tensor] | None = None) -> None:
-        """Build the model of ``cfg`` in the current training world, and its trainer."""
+              spare_buffers: list[torch.Tensor] | None = None, groups_ready: bool = False) -> None:
+        """Build the model of ``cfg`` in the current training world, and its trainer
+        (``groups_ready``: megatron's groups are made already, ``megatron.build.init_parallel``)."""
         from liveshard.runtime.megatron.build import build_model
 
         self.built = build_model(self.spec, cfg, seed=self.training.seed,
                                  optimizer_options=optimizer_options(self.training), hidden_dropout=0.0,
                                  attention_dropout=0.0, perform_initialization=initialize,
-                                 spare_buffers=spare_buffers)
+                                 spare_buffers=spare_buffers, init_parallel_state=not groups_ready)
         self.trainer = Trainer(self.built, self.training, self.data, compute_gate=self.compute_gate)
         from megatron.core import parallel_state
 

@@ -39,6 +39,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preallocate", choices=("auto", "all", "joiners"), default="auto",
                    help="who allocates its new tensors while training goes on: joiners, all members, "
                         "or auto (all on CPU, joiners on GPU)")
+    p.add_argument("--build-world-ahead", choices=("auto", "on", "off"), default="auto",
+                   help="a new member connects the next training world's communicators while training goes "
+                        "on (on), or at the commit (off); auto: on with gloo (CPU)")
     p.add_argument("--transformer-impl", choices=("auto", "local", "transformer_engine"), default=None,
                    help="megatron layer modules: TransformerEngine's (GPU) or the local ones; default: the "
                         "model's transformer_impl (auto: TransformerEngine where installed on a GPU)")
@@ -110,7 +113,8 @@ def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None
     result = lw.per_process_path(args.result, local_rank, local_size) if args.result else None
     host, _, port = args.coordinator.rpartition(":")
     options = WorkerOptions(max_steps=args.max_steps, transfer_budget=args.budget, verify=args.verify,
-                            preallocate=args.preallocate, collective_timeout=args.collective_timeout,
+                            preallocate=args.preallocate, build_world_ahead=args.build_world_ahead,
+                            collective_timeout=args.collective_timeout,
                             load_dir=args.load, save_dir=args.save_dir, save_at_step=args.save_at_step,
                             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                             checkpoint_interval=60.0 * args.checkpoint_interval_minutes,

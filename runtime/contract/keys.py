@@ -79,6 +79,11 @@ class Keys:
         return f"gen/{gen}/prepared/{worker}"
 
     @staticmethod
+    def connecting(gen: int, worker: str) -> str:
+        """A new member is about to connect the new world's communicators (agent.world)."""
+        return f"gen/{gen}/connecting/{worker}"
+
+    @staticmethod
     def switch(gen: int) -> str:
         return f"gen/{gen}/switch"
 

@@ -67,8 +67,9 @@ class BuiltModel:
         return dist.get_rank()
 
 
-def init_parallel(cfg: ParallelConfig) -> None:
-    """Create megatron's model-parallel groups for ``cfg`` on the initialised default group."""
+def init_parallel(cfg: ParallelConfig, ahead: Any = None) -> None:
+    """Create megatron's model-parallel groups for ``cfg`` on the initialised default group;
+    groups whose communicators were built ahead (``agent.world.WorldAhead``) get those."""
     from megatron.core import parallel_state
 
     if not dist.is_initialized():
@@ -80,16 +81,64 @@ def init_parallel(cfg: ParallelConfig) -> None:
                                       f"has {world}", "make tp*pp*cp*dp equal the world size")
     if parallel_state.model_parallel_is_initialized():
         destroy()
-    with _recording_new_groups() as created:
-        parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=cfg.tp,
-            pipeline_model_parallel_size=cfg.pp,
-            context_parallel_size=cfg.cp,
-            expert_model_parallel_size=cfg.ep,
-            expert_tensor_parallel_size=cfg.expert_tp,
-            order="tp-cp-ep-dp-pp",
-        )
+    with _recording_new_groups(ahead) as created:
+        parallel_state.initialize_model_parallel(**_model_parallel_args(cfg))
     _groups[:] = created
+
+
+def _model_parallel_args(cfg: ParallelConfig) -> dict[str, Any]:
+    return {"tensor_model_parallel_size": cfg.tp, "pipeline_model_parallel_size": cfg.pp,
+            "context_parallel_size": cfg.cp, "expert_model_parallel_size": cfg.ep,
+            "expert_tensor_parallel_size": cfg.expert_tp, "order": "tp-cp-ep-dp-pp"}
+
+
+def group_requests(cfg: ParallelConfig, rank: int) -> list[Any]:
+    """The process groups megatron's ``initialize_model_parallel`` asks for under ``cfg``, in its
+    order (``agent.world.GroupRequest``), as rank ``rank`` sees them: no process group is made and
+    no parallel state changes (the previous world may be training meanwhile).
+
+    megatron's own function runs on a private copy of its module, whose ``torch.distributed``
+    answers the new world's size and rank and records ``new_group`` calls, so the list is exactly
+    what building the world will ask for."""
+    import importlib.util
+
+    from megatron.core import parallel_state
+
+    from liveshard.runtime.agent.world import GroupRequest
+
+    requests: list[GroupRequest] = []
+
+    class _Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(dist, name)
+
+        def get_world_size(self, group: Any = None) -> int:
+            return cfg.world_size
+
+        def get_rank(self, group: Any = None) -> int:
+            return rank
+
+        def is_initialized(self) -> bool:
+            return True
+
+        def new_group(self, ranks: Any = None, backend: Any = None, **kwargs: Any) -> Any:
+            requests.append(GroupRequest(str(kwargs.get("group_desc") or ""), tuple(ranks), backend == "gloo"))
+            return object() if rank in ranks else dist.GroupMember.NON_GROUP_MEMBER
+
+    class _Torch:
+        distributed = _Recorder()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(torch, name)
+
+    spec = importlib.util.spec_from_file_location(f"{parallel_state.__package__}._liveshard_group_probe",
+                                                  parallel_state.__file__)
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    probe.torch = _Torch()  # type: ignore[attr-defined]
+    probe.initialize_model_parallel(**_model_parallel_args(cfg))
+    return requests
 
 
 def transformer_config(spec: ModelSpec, cfg: ParallelConfig, **overrides: Any) -> Any:
@@ -141,6 +190,7 @@ def transformer_config(spec: ModelSpec, cfg: ParallelConfig, **overrides: Any) -
 def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: float = 1e-3,
                 weight_decay: float = 0.0, clip_grad: float = 1.0, grad_reduce_in_fp32: bool = True,
                 init_parallel_state: bool = True, spare_buffers: list[torch.Tensor] | None = None,
+                world_ahead: Any = None,
                 optimizer_options: dict[str, Any] | None = None, layer_spec: Any = None,
                 **config_overrides: Any) -> BuiltModel:
     """Build this rank's part of ``spec`` under ``cfg``: GPTModel, DDP, Adam optimizer.
@@ -151,6 +201,7 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
     Deterministic: the same (spec, cfg, seed) gives the same weights on every run.
     ``spare_buffers``: the previous world's gradient buffers (``gradient_buffers``), reused for
     this model's instead of allocating fresh memory (a reconfiguration's commit).
+    ``world_ahead``: the world's communicators built ahead (``agent.world.WorldAhead``).
     """
     compat.install()
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -159,7 +210,8 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
     from megatron.core.transformer.module import Float16Module
 
     config, model, pre_process, post_process = build_gpt_model(
-        spec, cfg, seed, init_parallel_state=init_parallel_state, layer_spec=layer_spec, **config_overrides)
+        spec, cfg, seed, init_parallel_state=init_parallel_state, layer_spec=layer_spec, world_ahead=world_ahead,
+        **config_overrides)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     module: Any = Float16Module(config, model) if (config.bf16 or config.fp16) else model
@@ -240,7 +292,7 @@ def layer_spec_for(spec: ModelSpec) -> Any:
 
 
 def build_gpt_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, init_parallel_state: bool = True,
-                    layer_spec: Any = None, **config_overrides: Any) -> tuple[Any, Any, bool, bool]:
+                    layer_spec: Any = None, world_ahead: Any = None, **config_overrides: Any) -> tuple[Any, Any, bool, bool]:
     """This rank's bare ``GPTModel`` of ``spec`` under ``cfg`` (no DDP, no optimizer): what a
     weights conversion fills and saves. Returns (config, model, pre_process, post_process).
     ``layer_spec``: a megatron ``ModuleSpec`` to use instead of ``layer_spec_for(spec)``; its
@@ -251,7 +303,7 @@ def build_gpt_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, i
 
     config = transformer_config(spec, cfg, **config_overrides)
     if init_parallel_state:
-        init_parallel(cfg)
+        init_parallel(cfg, world_ahead)
 
     random.seed(seed)
     torch.manual_seed(seed)
@@ -357,25 +409,40 @@ def destroy() -> None:
     """Tear down megatron's parallel state and free its process groups, so a new config can build.
 
     Drop every reference to the old ``BuiltModel`` as well: its DDP buffers and optimizer hold
-    the groups being freed here.
+    the groups being freed here. The groups' objects go to ``release.later``: a gloo
+    communicator's destructor closes its connections and joins its threads (milliseconds each,
+    tens of them per world), which the pause of a switch does not wait for.
     """
     from megatron.core import parallel_state
+
+    from liveshard.runtime.agent import release
 
     parallel_state.destroy_model_parallel()
     live = dist.distributed_c10d._world.pg_map if dist.is_initialized() else {}
     for group in _groups:
         if group is not None and group in live:
             dist.destroy_process_group(group)
+    release.later(list(_groups))
     _groups.clear()
 
 
 @contextmanager
-def _recording_new_groups() -> Iterator[list[Any]]:
+def _recording_new_groups(ahead: Any = None) -> Iterator[list[Any]]:
+    """Record the process groups made meanwhile; with ``ahead`` (``agent.world.WorldAhead``),
+    hand each group built ahead its communicator instead of connecting a new one."""
+    from liveshard.runtime.agent import world as worlds
+
     created: list[Any] = []
     real = dist.new_group
 
-    def new_group(*args: Any, **kwargs: Any) -> Any:
-        group = real(*args, **kwargs)
+    def new_group(ranks: Any = None, *args: Any, backend: Any = None, **kwargs: Any) -> Any:
+        request = worlds.GroupRequest(str(kwargs.get("group_desc") or ""), tuple(ranks or ()), backend == "gloo")
+        communicator = ahead.take(request) if ahead is not None and dist.get_rank() in request.ranks else None
+        if communicator is None:
+            group = real(ranks, *args, backend=backend, **kwargs)
+        else:
+            with worlds.handing_over(communicator):
+                group = real(ranks, *args, backend=worlds.ahead_backend(request), **kwargs)
         created.append(group)
         return group
 
@@ -386,4 +453,4 @@ def _recording_new_groups() -> Iterator[list[Any]]:
         dist.new_group = real  # type: ignore[assignment]
 
 
-__all__ = ["BuiltModel", "build_gpt_model", "build_model", "destroy", "gradient_buffers", "init_parallel", "layer_spec_for", "resolve_transformer_impl", "transformer_config"]
+__all__ = ["BuiltModel", "build_gpt_model", "build_model", "destroy", "gradient_buffers", "group_requests", "init_parallel", "layer_spec_for", "resolve_transformer_impl", "transformer_config"]

@@ -60,6 +60,21 @@ def test_a_joiner_killed_at_any_phase_of_its_join_leaves_the_run_as_if_it_never_
     assert all(f["recovery_seconds"] < 30 for f in faulted["faults"]), faulted["faults"]
 
 
+def test_a_joiner_killed_while_the_new_world_connects_aborts_only_its_join(tmp_path):
+    """New members connect the next world's communicators during prepare (``connect``), where a
+    dead peer would leave the others blocked in a connection: they meet on the store first,
+    heartbeating, so the coordinator's abort releases them; the old world trains on untouched,
+    and the next join commits. The run ends as the same run with only that join ends."""
+    steps = 8
+    faulted = _run(tmp_path / "faulted", "1:kill=+1@connect 2:join=1 4:join=1", steps, 1, "tp=1,pp=1,dp=1")
+    planned = _run(tmp_path / "planned", "4:join=1", steps, 1, "tp=1,pp=1,dp=1")
+    _same_training(faulted, planned, steps)
+    (connect,) = faulted["faults"]
+    assert [g["outcome"][:7] for g in connect["generations"]] == ["aborted"]
+    assert [s["world_size"] for s in faulted["steps"]] == [1, 1, 1, 1, 2, 2, 2, 2]
+    assert connect["recovery_seconds"] < 30, connect
+
+
 def test_a_frozen_member_comes_back_new_and_a_member_killed_after_the_vote_loses_nothing(tmp_path):
     """A member frozen (SIGSTOP) at step 1 is lost without notice; let go at step 2, it finds the
     job went on without it, drops its stale state and rejoins as a new member. Then the case
