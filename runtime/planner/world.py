@@ -96,13 +96,15 @@ def least_movement(spec: ModelSpec, plan: ParallelPlan, current: ParallelConfig,
     leaving = frozenset(i for i, m in enumerate(current_members) if m not in pool) - dead
     try:
         devices = DeviceMap(len(current_members), leaving=leaving, joining=len(joiners), dead=dead)
-        moved = plan_transition(spec, current, cfg, devices)
+        # not kept: the planner reads the order and the bytes moved, and a coordinator plans
+        # many of these ahead of events (plans of a thousand GPUs hold hundreds of MiB each)
+        moved = plan_transition(spec, current, cfg, devices, cached=False)
     except (NoSurvivingCopy, ConfigError):
         return plan
     order = tuple(pool[by_device[d]] for d in moved.rank_to_device)
     if order == world or not _prices_alike(world, order, cfg, granularity):
         return plan
-    kept = plan_transition(spec, current, cfg, devices, tuple(by_device.index(g.id) for g in world))
+    kept = plan_transition(spec, current, cfg, devices, tuple(by_device.index(g.id) for g in world), cached=False)
     if moved.bytes_moved >= kept.bytes_moved:
         return plan
     note = (f"rank order: {moved.bytes_moved / 1e6:.1f} MB of state move instead of "

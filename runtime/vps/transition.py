@@ -210,17 +210,20 @@ def state_groups(old: Layout, new: Layout) -> tuple[StateGroup, ...]:
 
 def plan_transition(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig,
                     devices: DeviceMap | None = None,
-                    rank_to_device: tuple[int, ...] | None = None) -> TransitionPlan:
+                    rank_to_device: tuple[int, ...] | None = None, *, cached: bool = True) -> TransitionPlan:
     """The transition plan (cached: the same inputs return the same plan object).
 
     ``rank_to_device``: the device each new rank runs on, as the world plan fixed it; without
-    one, ranks go to the devices that already hold most of their state (``mapping``)."""
+    one, ranks go to the devices that already hold most of their state (``mapping``).
+    ``cached=False``: planned anew and not kept (a plan of a thousand devices holds hundreds of
+    MiB; a caller that only reads a figure off it should not keep it alive)."""
     if devices is None:
         devices = DeviceMap(old_cfg.world_size)
     if rank_to_device is not None:
         rank_to_device = tuple(rank_to_device)
         _check_rank_to_device(rank_to_device, new_cfg.world_size, devices)
-    return _plan_cached(spec, old_cfg, new_cfg, devices, rank_to_device)
+    plan = _plan_cached if cached else _plan_cached.__wrapped__
+    return plan(spec, old_cfg, new_cfg, devices, rank_to_device)
 
 
 class InvalidDeviceOrder(ValueError):

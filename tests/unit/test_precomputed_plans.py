@@ -16,6 +16,7 @@ from liveshard.runtime.contract.keys import COMMITTED, Keys
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan
 from liveshard.runtime.control.store import JobStore
 from liveshard.runtime.coordinator import Coordinator, PlanningInputs, PlanRequest
+from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner import FEWEST_CHANGES, THROUGHPUT, Constraints, NoFeasiblePlan
 from liveshard.runtime.planner.precompute import PlanCache
 from liveshard.runtime.presets import PRESETS
@@ -173,3 +174,26 @@ def test_the_cache_computes_each_question_once_and_keeps_exceptions():
     assert cache.misses == 1 and cache.hits == 2
     cache.clear()
     assert len(cache) == 0 and cache.get("k", lambda: "new") == "new"
+
+
+def test_planning_a_world_keeps_no_whole_transition_plan(monkeypatch):
+    """The planner's rank-order comparison plans the transition whole; a coordinator that plans
+    every node's loss ahead must not keep those plans (hundreds of MiB each at a thousand GPUs)."""
+    from liveshard.runtime.planner import GPU, plan_world
+    from liveshard.runtime.vps import transition as transition_mod
+
+    calls: list[bool] = []
+    real = transition_mod.plan_transition
+
+    def counting(*a, **k):
+        calls.append(k.get("cached", True))
+        return real(*a, **k)
+
+    monkeypatch.setattr(transition_mod, "plan_transition", counting)
+    transition_mod._plan_cached.cache_clear()
+    members = ("w0", "w1", "w2", "w3")
+    gpus = [GPU(m, NODES[m], 80 << 30) for m in members if m != "w3"]
+    plan = plan_world(PRESETS["tiny-llama"], gpus, FEWEST.constraints, current=ParallelConfig.parse("tp=2,pp=1,dp=2"),
+                      current_members=members, lost=("w3",))
+    assert plan.config.tp == 1 and calls and not any(calls)  # the layout changed: it compared orders, uncached
+    assert transition_mod._plan_cached.cache_info().currsize == 0
