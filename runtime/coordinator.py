@@ -383,8 +383,10 @@ class Coordinator:
     def _precompute(self, current: WorldPlan, dead: frozenset[str], inputs: PlanningInputs,
                     nodes: dict[str, str], waiting: tuple[str, ...]) -> None:
         """The world plans, and their no-live-copy checks, for each node of ``current`` lost
-        without notice (each worker, when they all share one node) and for the waiting workers
-        joining, asked exactly as ``_recover`` and a join request would ask them."""
+        without notice (each worker, when they all share one node) and for each node of waiting
+        workers joining (and all of them, when they are on several), asked exactly as
+        ``_recover`` and a join request naming the running world's workers, then the joiners,
+        would ask them."""
         t0 = time.perf_counter()
         everyone = (*current.members, *current.standbys)
         by_node: dict[str, list[str]] = {}
@@ -402,8 +404,14 @@ class Coordinator:
                 survivors = tuple(m for m in everyone if m not in gone)
                 self._ask(current, PlanRequest(members=survivors, cause=Cause.LOST_WITHOUT_NOTICE), gone, inputs, nodes)
                 asked += 1
-            if waiting and self.current is current and self.pending is None:
-                self._ask(current, PlanRequest(members=(*everyone, *waiting)), dead, inputs, nodes)
+            arriving: dict[str, list[str]] = {}
+            for m in waiting:
+                arriving.setdefault(nodes[m], []).append(m)
+            joins = list(arriving.values()) + ([list(waiting)] if len(arriving) > 1 else [])
+            for new in joins:  # each waiting node joining, and all of them together
+                if self.current is not current or self.pending is not None:
+                    break
+                self._ask(current, PlanRequest(members=(*everyone, *new)), dead, inputs, nodes)
                 asked += 1
         except Exception:  # a precomputation never takes the coordinator down: the event plans itself
             log.exception("precomputing plans for generation %d", current.generation)
