@@ -8,6 +8,10 @@ Same model (``gpt-125m``: 124M parameters, fp32, Adam), same machine, same run:
   mechanism under Kubeflow PyTorchJob's elasticPolicy) training the same megatron model with a
   checkpoint after every step; one agent and its worker are killed (a node lost);
 * **overhead**: median step time of the agent vs a plain megatron loop, no events;
+* **ahead**: the same leave and join, and the reshape, with the new world's communicators
+  connected during prepare (``--build-world-ahead on``) and at the commit (``off``), alternating,
+  ``--ahead-rounds`` each: the commit split into its parts (retire the old world, meet, make the
+  world, build the model, load, decide) and the pause;
 * **reshape**: a parallelism change on 4 workers (``tp=4`` -> ``pp=4``: every member's state
   changes shape), live with every member allocating its new tensors while it waits
   (``--preallocate all``, the CPU default), live with only joiners doing so (the transfer then
@@ -38,21 +42,23 @@ from pathlib import Path
 from liveshard.dev.ports import free_port
 
 HERE = Path(__file__).resolve().parent
-PARTS = ("live", "checkpoint", "torchrun", "overhead", "reshape")
+PARTS = ("live", "checkpoint", "torchrun", "overhead", "reshape", "ahead")
+# The commit's parts (max over members, as the coordinator records them; agent/switch.py).
+COMMIT_PHASES = ("transfer", "retire", "meet", "world", "model", "load", "decide", "commit", "downtime")
 RESHAPE = {"workers": 4, "parallel": "tp=4,pp=1,dp=1", "global_batch": 4, "events": "2:parallel=tp=1,pp=4,dp=1",
            "steps": 6}
 
 
 def run_liveshard(args, mode: str, events: str, steps: int, workdir: Path, *, workers: int = 2,
                   parallel: str = "tp=1,pp=1,dp=2", global_batch: int | None = None,
-                  preallocate: str = "auto") -> dict:
+                  preallocate: str = "auto", build_world_ahead: str = "auto") -> dict:
     from liveshard.dev.localrun.driver import RunSpec, run_local
     from liveshard.dev.localrun.events import parse_events
 
     return run_local(RunSpec.mock(args.model, workers=workers, parallel=parallel, steps=steps,
                                   global_batch=global_batch or args.global_batch, seq_length=args.seq_length,
                                   events=parse_events(events), mode=mode, preallocate=preallocate,
-                                  workdir=str(workdir)))
+                                  build_world_ahead=build_world_ahead, workdir=str(workdir)))
 
 
 def _kill_tree(pid: int) -> None:
@@ -212,6 +218,41 @@ def print_table(result: dict) -> None:
               f"across the three: {rs['bit_identical']}")
 
 
+def print_ahead(ah: dict) -> None:
+    print("\ncommit split, median over rounds (s; max over members), new world built ahead vs at the commit:")
+    print(f"{'event':<14} {'ahead':<5} " + " ".join(f"{p:>8}" for p in COMMIT_PHASES) + f" {'lost':>7}")
+    for event, by_mode in ah["median"].items():
+        for mode, row in by_mode.items():
+            print(f"{event:<14} {mode:<5} " + " ".join(f"{_f(row.get(p)):>8}" for p in COMMIT_PHASES)
+                  + f" {_f(row.get('lost')):>7}")
+
+
+def run_ahead(args, root: Path) -> dict:
+    """Leave, join and reshape with the new world connected ahead and at the commit, alternating."""
+    runs: dict[str, list[dict]] = {}
+    kw = {k: RESHAPE[k] for k in ("workers", "parallel", "global_batch")}
+    for k in range(args.ahead_rounds):
+        for mode in ("on", "off"):
+            rep = run_liveshard(args, "live", "2:leave=1 5:join=1", args.steps, root / f"ahead-{mode}{k}",
+                                build_world_ahead=mode)
+            add_lost_time(rep)
+            rs = run_liveshard(args, "live", RESHAPE["events"], RESHAPE["steps"], root / f"ahead-reshape-{mode}{k}",
+                               preallocate="all", build_world_ahead=mode, **kw)
+            add_lost_time(rs)
+            for ev in [*rep["events"], *rs["events"]]:
+                row = {p: ev.get("phases", {}).get(p) for p in COMMIT_PHASES}
+                row["downtime"] = ev.get("downtime")
+                row["lost"] = ev.get("lost")
+                runs.setdefault(f"{ev['kind']}|{mode}", []).append(row)
+    median: dict[str, dict[str, dict]] = {}
+    for key, rows in runs.items():
+        kind, mode = key.split("|")
+        median.setdefault(kind, {})[mode] = {
+            p: statistics.median(v) if (v := [r[p] for r in rows if r.get(p) is not None]) else None
+            for p in (*COMMIT_PHASES, "lost")}
+    return {"rounds": args.ahead_rounds, "runs": runs, "median": median}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="gpt-125m")
@@ -220,6 +261,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--overhead-steps", type=int, default=10)
     p.add_argument("--overhead-rounds", type=int, default=2)
+    p.add_argument("--ahead-rounds", type=int, default=2)
     p.add_argument("--out", default=str(HERE / "results" / "elastic_runtime.json"))
     p.add_argument("--parts", default=",".join(PARTS),
                    help="which measurements to run (others are kept from an existing --out file)")
@@ -270,9 +312,14 @@ def main() -> None:
                              "bit_identical": len({json.dumps(r["checksums"], sort_keys=True)
                                                    for r in runs.values()}) == 1}
 
+    if "ahead" in parts:
+        result["ahead"] = run_ahead(args, root)
+
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print_table(result)
+    if "ahead" in result:
+        print_ahead(result["ahead"])
     print(f"wrote {args.out}")
 
 

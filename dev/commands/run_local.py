@@ -28,6 +28,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", action="store_true", help="checksum every transferred region")
     p.add_argument("--preallocate", choices=("auto", "all", "joiners"), default="auto",
                    help="which workers allocate their new tensors while training goes on (liveshard worker)")
+    p.add_argument("--build-world-ahead", choices=("auto", "on", "off"), default="auto",
+                   help="new members connect the next world's communicators while training goes on (liveshard worker)")
     p.add_argument("--workdir", default=None, help="logs, checkpoints and per-worker results")
     p.add_argument("--out", default="run.json")
     p.add_argument("--quiet", action="store_true")
@@ -90,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     report = run_local(RunSpec(
         spec=spec, training=training, workers=workers, parallel=_start_config(args, spec, training, workers),
         events=events, mode=args.mode, verify=args.verify, preallocate=args.preallocate,
+        build_world_ahead=args.build_world_ahead,
         checkpoint_every=args.checkpoint_every, workdir=args.workdir, log=None if args.quiet else sys.stderr,
         adaptive=AdaptivePolicy(enabled=args.adaptive, threshold=args.adaptive_threshold, window=args.adaptive_window,
                                 horizon=args.adaptive_horizon, min_gain=args.adaptive_min_gain,

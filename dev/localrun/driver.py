@@ -53,6 +53,7 @@ class RunSpec:
     mode: str = "live"
     verify: bool = False
     preallocate: str = "auto"  # liveshard worker --preallocate
+    build_world_ahead: str = "auto"  # liveshard worker --build-world-ahead
     checkpoint_every: int = 0
     heartbeat_timeout: float = 10.0
     collective_timeout: float = 20.0
@@ -211,7 +212,7 @@ class LocalRun:
             cmd += ["--checkpoint-every", str(r.checkpoint_every)]
         if r.verify:
             cmd.append("--verify")
-        cmd += ["--preallocate", r.preallocate]
+        cmd += ["--preallocate", r.preallocate, "--build-world-ahead", r.build_world_ahead]
         self.procs.workers[wid] = subprocess.Popen(cmd, stdout=self._logfile(safe), stderr=subprocess.STDOUT,
                                                    env=self._env(), start_new_session=True)
 
