@@ -187,7 +187,7 @@ def _commit(agent: WorkerAgent, prep: Prepared, switch_step: int, result: Transi
 
         spare += gradient_buffers(agent.built)  # the new model's gradients reuse this memory
     t_retire = time.perf_counter()
-    old = agent.retire()  # the old world's state, kept until the decision
+    old = agent.retire(defer_free=True)  # the old world's state, kept until the decision
     phases["retire"] = time.perf_counter() - t_retire
     agent.state.phase = "committing"
     agent.at_phase("commit", gen)

@@ -386,9 +386,10 @@ class WorkerAgent:
         """Drop the model and the training world (a broken world's communicators included)."""
         self.retire()
 
-    def retire(self) -> Retired | None:
+    def retire(self, defer_free: bool = False) -> Retired | None:
         """Tear the training world down (megatron's groups, the default group) and hand its
-        state over to the caller instead of freeing it (None: no world)."""
+        state over to the caller instead of freeing it (None: no world). ``defer_free`` (a
+        switch's pause): the groups' objects are freed once the next step starts (``release``)."""
         self.checkpoints.abandon()  # finalized before any orderly switch; only a broken world has one left
         from liveshard.runtime.megatron.build import destroy
 
@@ -400,8 +401,8 @@ class WorkerAgent:
         self.trainer = None
         self.built = None
         # also without a model: a build that failed half-way leaves its groups behind
-        destroy()
-        worlds.destroy_training_world()
+        destroy(defer_free)
+        worlds.destroy_training_world(defer_free)
         return kept
 
     def reinstate(self, kept: Retired | None) -> None:

@@ -54,14 +54,16 @@ def init_training_world(store: dist.Store, prefix: str, rank: int, size: int, ti
                             timeout=td, **kwargs)
 
 
-def destroy_training_world() -> None:
-    """Shut the default group down; its object is freed by ``release.later`` (see there)."""
+def destroy_training_world(defer_free: bool = False) -> None:
+    """Shut the default group down (``defer_free``: its object is freed by ``release.later``,
+    off a switch's pause, as ``megatron.build.destroy`` does with megatron's groups)."""
     if dist.is_initialized():
         from liveshard.runtime.agent import release
 
         default = dist.group.WORLD
         dist.destroy_process_group()
-        release.later(default)
+        if defer_free:
+            release.later(default)
 
 
 def build_transition_group(store: dist.Store, prefix: str, rank: int, size: int, timeout: float) -> Any:

@@ -405,13 +405,14 @@ class _TorchWith:
         return getattr(self._torch, name)
 
 
-def destroy() -> None:
+def destroy(defer_free: bool = False) -> None:
     """Tear down megatron's parallel state and free its process groups, so a new config can build.
 
     Drop every reference to the old ``BuiltModel`` as well: its DDP buffers and optimizer hold
-    the groups being freed here. The groups' objects go to ``release.later``: a gloo
-    communicator's destructor closes its connections and joins its threads (milliseconds each,
-    tens of them per world), which the pause of a switch does not wait for.
+    the groups being freed here. ``defer_free`` (a switch): the groups' objects go to
+    ``release.later`` instead of being dropped here, since a gloo communicator's destructor
+    closes its connections and joins its threads (milliseconds each, tens of them per world),
+    which the pause of a switch need not wait for.
     """
     from megatron.core import parallel_state
 
@@ -422,7 +423,8 @@ def destroy() -> None:
     for group in _groups:
         if group is not None and group in live:
             dist.destroy_process_group(group)
-    release.later(list(_groups))
+    if defer_free:
+        release.later(list(_groups))
     _groups.clear()
 
 
