@@ -49,6 +49,11 @@ class StoreClients:
         return {name: JobStore(connect_store(self.host, self.port, timeout=timeout), self.job, self.secret)
                 for name in ("main", "control")}
 
+    def dedicated(self, timeout: float = 30.0) -> JobStore:
+        """A new client for one helper thread's blocking work (a communicator's rendezvous),
+        apart from the two above; it closes when the last reference to it goes."""
+        return JobStore(connect_store(self.host, self.port, timeout=timeout), self.job, self.secret)
+
     def replace(self, stores: dict[str, JobStore]) -> None:
         # one assignment: each thread picks its new client up at its next store call
         self._stores = stores

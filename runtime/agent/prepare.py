@@ -35,17 +35,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from liveshard.runtime.agent import release
 from liveshard.runtime.agent import world as worlds
 from liveshard.runtime.agent.connection import StoreClients, report_result
 from liveshard.runtime.agent.transition import device_plan_for
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan, transition_devices, transition_members
+from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec
 
 if TYPE_CHECKING:
     from liveshard.runtime.agent.worker import WorkerOptions
 
 log = logging.getLogger("liveshard.worker")
+
+# What a new member says at the connect meeting (``Keys.connecting``).
+AHEAD, AT_COMMIT = "ahead", "at-commit"
 
 
 @dataclass
@@ -81,9 +86,10 @@ class Preparations:
             self._failed[gen] = error
 
     def abort(self, gen: int, error: str) -> None:
-        """A switch to ``gen`` failed: drop what was prepared for it."""
+        """A switch to ``gen`` failed: drop what was prepared for it (its communicators are
+        freed off the training thread's path, ``release``)."""
         with self._lock:
-            self._ready.pop(gen, None)
+            release.later(self._ready.pop(gen, None))
             self._failed[gen] = error
 
     def known(self, gen: int) -> bool:
@@ -122,7 +128,7 @@ class Preparations:
         """Forget every generation above ``gen`` (all, for None): plans of a store that is gone."""
         with self._lock:
             for g in [g for g in self._ready if gen is None or g > gen]:
-                del self._ready[g]
+                release.later(self._ready.pop(g))
             for g in [g for g in self._failed if gen is None or g > gen]:
                 del self._failed[g]
 
@@ -131,7 +137,7 @@ class Preparations:
         (groups, buffers) goes."""
         with self._lock:
             for g in [g for g in self._ready if g <= gen]:
-                del self._ready[g]
+                release.later(self._ready.pop(g))
 
 
 def confined(path: str, root: str | None) -> str:
@@ -184,43 +190,60 @@ class Preparer:
         self.at_phase("prepare", plan.generation)
         self._agree(plan.generation, members, transition.checksum)
         group_rank = members.index(self.id)
-        group = worlds.build_transition_group(self.clients.store.store, Keys.transfer_prefix(plan.generation),
-                                              group_rank, len(members), self.options.collective_timeout)
+        # Connections are made on a store client of their own, in a thread, while this one
+        # heartbeats and watches the decision: a connection waiting for a peer that died blocks
+        # every other request on its client until the collective timeout.
+        connecting = self.clients.dedicated()
+        group = self._connect(plan.generation, lambda stop: worlds.build_transition_group(
+            connecting.store, Keys.transfer_prefix(plan.generation), group_rank, len(members),
+            self.options.collective_timeout))
         destinations, grad_buffer = self._preallocate(plan, old, transition)
-        world = self._build_world_ahead(plan) if self.id in plan.members else None
+        world = self._build_world_ahead(plan, connecting) if self.id in plan.members else None
         return Prepared(plan, old, transition, group, group_rank, members, time.perf_counter() - start,
                         destinations, grad_buffer, world)
 
-    def _build_world_ahead(self, plan: WorldPlan) -> Any:
-        """Connect the new training world's communicators now (the default group and each of
-        megatron's groups this member is in), so the commit only hands them over; None where
-        the world is made at the commit instead (``WorkerOptions.build_world_ahead``)."""
-        if not self._builds_world_ahead():
-            return None
-        from liveshard.runtime.megatron.build import group_requests
-        from liveshard.runtime.parallel import ParallelConfig
-
-        gen, cfg, rank = plan.generation, ParallelConfig.parse(plan.config), plan.members.index(self.id)
-        requests = group_requests(cfg, rank)
+    def _connect(self, gen: int, work: Callable[[Any], Any]) -> Any:
+        """``work(stop)`` in a thread, heartbeating meanwhile; called off once ``gen`` is decided."""
         store = self.clients.store
-        self.at_phase("connect", gen)
-        # Connecting holds the interpreter lock until every peer of a group is there: a dead
-        # peer would stall this process (training, heartbeats) for the collective timeout. So
-        # first meet on the store, heartbeating, where a death is decided by the coordinator.
-        store.set(Keys.connecting(gen, self.id), "1")
-        for m in plan.members:
-            if self._wait_heartbeating(Keys.connecting(gen, m), timeout=120.0, gen=gen) is None:
-                decided = store.get(Keys.decision(gen))
-                raise RuntimeError(f"member {m} did not connect generation {gen}" + (f" ({decided})" if decided else ""))
 
         def cancelled() -> str | None:
             decided = store.get(Keys.decision(gen))
-            return f"generation {gen} was decided while its world was being connected: {decided}" if decided else None
+            return f"generation {gen} was decided while connecting: {decided}" if decided else None
 
-        world = worlds.run_heartbeating(
-            lambda: worlds.build_world_ahead(store.store, f"{Keys.world_prefix(gen)}ahead/", rank, cfg.world_size,
-                                             requests, self.options.collective_timeout),
-            lambda: self.heartbeat(time.time()), cancelled)
+        return worlds.run_heartbeating(work, lambda: self.heartbeat(time.time()), cancelled)
+
+    def _build_world_ahead(self, plan: WorldPlan, connecting: Any) -> Any:
+        """Connect the new training world's communicators now (the default group and each of
+        megatron's groups this member is in), so the commit only hands them over. The new
+        members first meet on the store, where each says whether it builds ahead (its
+        ``WorkerOptions.build_world_ahead``, and whether megatron's groups could be probed) and a
+        death is decided by the coordinator; unless every one of them builds ahead, none does and
+        the world is made at the commit (None)."""
+        gen, cfg, rank = plan.generation, ParallelConfig.parse(plan.config), plan.members.index(self.id)
+        requests = None
+        if self._builds_world_ahead():
+            from liveshard.runtime.megatron.build import group_requests
+
+            try:
+                requests = group_requests(cfg, rank)
+            except Exception as e:  # a megatron-core this probe does not know: make the world at the commit
+                log.warning("generation %d: megatron's process groups could not be probed (%s: %s); the new "
+                            "world is made at the commit", gen, type(e).__name__, e)
+        store = self.clients.store
+        store.set(Keys.connecting(gen, self.id), AHEAD if requests is not None else AT_COMMIT)
+        answers = []
+        for m in plan.members:
+            answer = self._wait_heartbeating(Keys.connecting(gen, m), timeout=120.0, gen=gen)
+            if answer is None:
+                decided = store.get(Keys.decision(gen))
+                raise RuntimeError(f"member {m} did not connect generation {gen}" + (f" ({decided})" if decided else ""))
+            answers.append(answer)
+        if requests is None or any(a != AHEAD for a in answers):
+            return None
+        self.at_phase("connect", gen)
+        world = self._connect(gen, lambda stop: worlds.build_world_ahead(
+            connecting.store, f"{Keys.world_prefix(gen)}ahead/", rank, cfg.world_size, requests,
+            self.options.collective_timeout, stop))
         log.info("generation %d: %d communicators of the new world connected ahead in %.3f s",
                  gen, len(world.groups) + 1, world.seconds)
         return world

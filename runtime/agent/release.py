@@ -23,6 +23,8 @@ _thread: threading.Thread | None = None
 
 def later(obj: Any) -> None:
     """Free ``obj`` (and what only it keeps alive) once the next training step starts."""
+    if obj is None:
+        return
     with _lock:
         _pending.append(obj)
 
@@ -46,19 +48,3 @@ def _run() -> None:
         items = _queue.get()
         items.clear()  # the last references go here, in this thread
         del items
-
-
-def drain(timeout: float = 30.0) -> bool:
-    """Free everything retired so far now, and wait until it is (True), or ``timeout`` passes."""
-    done = threading.Event()
-    later(_Marker(done))
-    start()
-    return done.wait(timeout)
-
-
-class _Marker:
-    def __init__(self, done: threading.Event) -> None:
-        self.done = done
-
-    def __del__(self) -> None:
-        self.done.set()

@@ -251,8 +251,10 @@ def _build_new_world(agent: WorkerAgent, prep: Prepared, result: TransitionResul
     cfg = ParallelConfig.parse(plan.config)
     rank = plan.members.index(agent.id)
     t0 = time.perf_counter()
-    if ahead is None:
-        _arrive(agent, plan)  # with communicators built ahead, nothing below waits for a peer
+    # Arrival tells the coordinator that the sources have delivered (a leaver's death no longer
+    # matters). With the communicators built ahead the world is made without waiting for the
+    # other members; otherwise its rendezvous would, so they are awaited here first.
+    _arrive(agent, plan, wait=ahead is None)
     t1 = time.perf_counter()
     worlds.init_training_world(agent.store.store, Keys.world_prefix(plan.generation), rank,
                                cfg.world_size, agent.options.collective_timeout, ahead=ahead)
@@ -285,12 +287,15 @@ def _poll_delay(attempt: int) -> float:
     return min(0.1, 0.005 * 1.5 ** min(attempt, 20))
 
 
-def _arrive(agent: WorkerAgent, plan: WorldPlan) -> None:
-    """Wait until every new member is here to build the world (a counter in the store), or the
-    generation is decided against (a member died: the coordinator wrote the decision), rather
-    than in the world's rendezvous, which only gives up after the collective timeout."""
+def _arrive(agent: WorkerAgent, plan: WorldPlan, wait: bool = True) -> None:
+    """Count this member in (``Keys.arrived``: the coordinator reads it as the transfer having
+    delivered) and, with ``wait``, wait until every new member is here to build the world, or
+    the generation is decided against (a member died: the coordinator wrote the decision),
+    rather than in the world's rendezvous, which only gives up after the collective timeout."""
     gen, store = plan.generation, agent.store
     store.store.add(Keys.arrived(gen), 1)
+    if not wait:
+        return
     end = time.monotonic() + agent.options.commit_timeout
     attempt = 0
     while store.store.add(Keys.arrived(gen), 0) < len(plan.members):

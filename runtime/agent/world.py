@@ -46,6 +46,7 @@ def init_training_world(store: dist.Store, prefix: str, rank: int, size: int, ti
         with handing_over(ahead.default):
             dist.init_process_group(AHEAD, store=dist.PrefixStore(prefix, store), rank=rank, world_size=size,
                                     timeout=td)
+        ahead.default = None  # torch.distributed holds it now
         return
     kwargs: dict[str, Any] = {}
     if torch.cuda.is_available():
@@ -99,6 +100,14 @@ class GroupRequest:
     desc: str  # megatron's group description, e.g. TENSOR_MODEL_PARALLEL_GROUP
     ranks: tuple[int, ...]
     gloo: bool  # asked for with backend="gloo" (CPU-side groups); else the world's backend
+    timeout: float | None = None  # seconds megatron asks its collectives to wait (None: torch's default)
+
+    @classmethod
+    def asked(cls, ranks: Any, backend: Any, kwargs: dict[str, Any]) -> GroupRequest:
+        """The request a ``torch.distributed.new_group(ranks, backend=..., **kwargs)`` call makes."""
+        timeout = kwargs.get("timeout")
+        return cls(str(kwargs.get("group_desc") or ""), tuple(ranks or ()), backend == "gloo",
+                   timeout.total_seconds() if isinstance(timeout, timedelta) else timeout)
 
 
 @dataclass
@@ -107,8 +116,8 @@ class WorldAhead:
 
     rank: int
     size: int
-    default: Any = None  # the default group's communicator
-    groups: dict[GroupRequest, Any] = field(default_factory=dict)  # this rank's megatron groups
+    default: Any = None  # the default group's communicator (until it is handed over)
+    groups: dict[GroupRequest, Any] = field(default_factory=dict)  # this rank's megatron groups, until handed over
     seconds: float = 0.0  # building them took (while the previous world trained)
     handed: int = 0  # how many were handed over when the world was made
     missed: list[GroupRequest] = field(default_factory=list)  # asked for, not built ahead: made then
@@ -123,20 +132,29 @@ class WorldAhead:
         return pg
 
 
+class Cancelled(RuntimeError):
+    """Connecting a world ahead was called off (its generation was decided meanwhile)."""
+
+
 def build_world_ahead(store: dist.Store, prefix: str, rank: int, size: int, requests: Sequence[GroupRequest],
-                      timeout: float) -> WorldAhead:
+                      timeout: float, stop: threading.Event | None = None) -> WorldAhead:
     """Connect this rank's communicators of a world: the default group and every group of
-    ``requests`` it is a member of. Every rank walks ``requests`` in the same order, so the
-    members of each group meet there in the same sequence (no rank waits on a group whose
-    other members are still blocked in an earlier one); each group has its own store prefix."""
+    ``requests`` it is a member of, each with the timeout megatron asks for (``timeout`` for the
+    default group and where it names none). Every rank walks ``requests`` in the same order, so
+    the members of each group meet there in the same sequence (no rank waits on a group whose
+    other members are still blocked in an earlier one); each group has its own store prefix.
+    ``store`` should be a client no other thread uses: a connection waiting for a missing peer
+    blocks every other request on it. Raises ``Cancelled`` between groups once ``stop`` is set."""
     start = time.perf_counter()
     ahead = WorldAhead(rank, size)
     ahead.default = _connected(dist.PrefixStore(f"{prefix}default/", store), rank, size, timeout, gloo=False)
     for i, req in enumerate(requests):
+        if stop is not None and stop.is_set():
+            raise Cancelled(f"connecting the world ahead was called off at group {i} of {len(requests)}")
         if rank in req.ranks:
             # a group's ranks are numbered in the order of their world ranks (as new_group does)
             ahead.groups[req] = _connected(dist.PrefixStore(f"{prefix}{i}/", store), sorted(req.ranks).index(rank),
-                                           len(req.ranks), timeout, gloo=req.gloo)
+                                           len(req.ranks), req.timeout or timeout, gloo=req.gloo)
     ahead.seconds = time.perf_counter() - start
     return ahead
 
@@ -200,16 +218,18 @@ def ahead_backend(request: GroupRequest) -> str:
     return AHEAD_GLOO if request.gloo and torch.cuda.is_available() else AHEAD
 
 
-def run_heartbeating(work: Callable[[], Any], beat: Callable[[], None], cancelled: Callable[[], str | None],
-                     poll: float = 0.25) -> Any:
-    """Run ``work`` in a thread and wait for it, calling ``beat`` meanwhile (a worker connecting
-    to slow peers must not look dead); raises if ``cancelled`` says why to stop waiting (the
-    thread is left to fail on its own timeout)."""
+def run_heartbeating(work: Callable[[threading.Event], Any], beat: Callable[[], None],
+                     cancelled: Callable[[], str | None], poll: float = 0.25) -> Any:
+    """Run ``work(stop)`` in a thread and wait for it, calling ``beat`` meanwhile (a worker
+    connecting to slow peers must not look dead); raises ``Cancelled`` if ``cancelled`` says why
+    to stop waiting, after setting ``stop`` (the thread ends at its next check, or on its own
+    timeout when it waits for a peer that is gone)."""
     box: dict[str, Any] = {}
+    stop = threading.Event()
 
     def run() -> None:
         try:
-            box["value"] = work()
+            box["value"] = work(stop)
         except BaseException as e:  # handed to the waiting thread
             box["error"] = e
 
@@ -221,7 +241,8 @@ def run_heartbeating(work: Callable[[], Any], beat: Callable[[], None], cancelle
             break
         reason = cancelled()
         if reason:
-            raise RuntimeError(reason)
+            stop.set()
+            raise Cancelled(reason)
         beat()
     if "error" in box:
         raise box["error"]

@@ -109,8 +109,16 @@ def group_requests(cfg: ParallelConfig, rank: int) -> list[Any]:
     requests: list[GroupRequest] = []
 
     class _Recorder:
+        """megatron's view of torch.distributed during the probe: the new world's size and rank,
+        recorded group requests, types; anything else (a collective on the live world, from
+        this thread) raises."""
+
+        GroupMember = dist.GroupMember
+        ProcessGroupNCCL = getattr(dist, "ProcessGroupNCCL", None)
+
         def __getattr__(self, name: str) -> Any:
-            return getattr(dist, name)
+            raise RuntimeError(f"megatron's group set-up called torch.distributed.{name}, which the "
+                               "group probe does not provide")
 
         def get_world_size(self, group: Any = None) -> int:
             return cfg.world_size
@@ -122,7 +130,7 @@ def group_requests(cfg: ParallelConfig, rank: int) -> list[Any]:
             return True
 
         def new_group(self, ranks: Any = None, backend: Any = None, **kwargs: Any) -> Any:
-            requests.append(GroupRequest(str(kwargs.get("group_desc") or ""), tuple(ranks), backend == "gloo"))
+            requests.append(GroupRequest.asked(ranks, backend, kwargs))
             return object() if rank in ranks else dist.GroupMember.NON_GROUP_MEMBER
 
     class _Torch:
@@ -190,7 +198,6 @@ def transformer_config(spec: ModelSpec, cfg: ParallelConfig, **overrides: Any) -
 def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: float = 1e-3,
                 weight_decay: float = 0.0, clip_grad: float = 1.0, grad_reduce_in_fp32: bool = True,
                 init_parallel_state: bool = True, spare_buffers: list[torch.Tensor] | None = None,
-                world_ahead: Any = None,
                 optimizer_options: dict[str, Any] | None = None, layer_spec: Any = None,
                 **config_overrides: Any) -> BuiltModel:
     """Build this rank's part of ``spec`` under ``cfg``: GPTModel, DDP, Adam optimizer.
@@ -201,7 +208,6 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
     Deterministic: the same (spec, cfg, seed) gives the same weights on every run.
     ``spare_buffers``: the previous world's gradient buffers (``gradient_buffers``), reused for
     this model's instead of allocating fresh memory (a reconfiguration's commit).
-    ``world_ahead``: the world's communicators built ahead (``agent.world.WorldAhead``).
     """
     compat.install()
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -210,8 +216,7 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
     from megatron.core.transformer.module import Float16Module
 
     config, model, pre_process, post_process = build_gpt_model(
-        spec, cfg, seed, init_parallel_state=init_parallel_state, layer_spec=layer_spec, world_ahead=world_ahead,
-        **config_overrides)
+        spec, cfg, seed, init_parallel_state=init_parallel_state, layer_spec=layer_spec, **config_overrides)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     module: Any = Float16Module(config, model) if (config.bf16 or config.fp16) else model
@@ -292,7 +297,7 @@ def layer_spec_for(spec: ModelSpec) -> Any:
 
 
 def build_gpt_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, init_parallel_state: bool = True,
-                    layer_spec: Any = None, world_ahead: Any = None, **config_overrides: Any) -> tuple[Any, Any, bool, bool]:
+                    layer_spec: Any = None, **config_overrides: Any) -> tuple[Any, Any, bool, bool]:
     """This rank's bare ``GPTModel`` of ``spec`` under ``cfg`` (no DDP, no optimizer): what a
     weights conversion fills and saves. Returns (config, model, pre_process, post_process).
     ``layer_spec``: a megatron ``ModuleSpec`` to use instead of ``layer_spec_for(spec)``; its
@@ -303,7 +308,7 @@ def build_gpt_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, i
 
     config = transformer_config(spec, cfg, **config_overrides)
     if init_parallel_state:
-        init_parallel(cfg, world_ahead)
+        init_parallel(cfg)
 
     random.seed(seed)
     torch.manual_seed(seed)
@@ -438,7 +443,7 @@ def _recording_new_groups(ahead: Any = None) -> Iterator[list[Any]]:
     real = dist.new_group
 
     def new_group(ranks: Any = None, *args: Any, backend: Any = None, **kwargs: Any) -> Any:
-        request = worlds.GroupRequest(str(kwargs.get("group_desc") or ""), tuple(ranks or ()), backend == "gloo")
+        request = worlds.GroupRequest.asked(ranks, backend, kwargs)
         communicator = ahead.take(request) if ahead is not None and dist.get_rank() in request.ranks else None
         if communicator is None:
             group = real(ranks, *args, backend=backend, **kwargs)

@@ -61,10 +61,12 @@ def test_a_joiner_killed_at_any_phase_of_its_join_leaves_the_run_as_if_it_never_
 
 
 def test_a_joiner_killed_while_the_new_world_connects_aborts_only_its_join(tmp_path):
-    """New members connect the next world's communicators during prepare (``connect``), where a
-    dead peer would leave the others blocked in a connection: they meet on the store first,
-    heartbeating, so the coordinator's abort releases them; the old world trains on untouched,
-    and the next join commits. The run ends as the same run with only that join ends."""
+    """New members connect the next world's communicators during prepare; the joiner dies at
+    ``connect``, after the members met on the store, so the member is already waiting for it in
+    a connection. That wait runs on a store client and thread of its own: the member keeps
+    heartbeating (not declared dead itself), the coordinator's abort calls the connection off,
+    the old world trains on untouched, and the next join commits. The run ends as the same run
+    with only that join ends."""
     steps = 8
     faulted = _run(tmp_path / "faulted", "1:kill=+1@connect 2:join=1 4:join=1", steps, 1, "tp=1,pp=1,dp=1")
     planned = _run(tmp_path / "planned", "4:join=1", steps, 1, "tp=1,pp=1,dp=1")
@@ -73,6 +75,20 @@ def test_a_joiner_killed_while_the_new_world_connects_aborts_only_its_join(tmp_p
     assert [g["outcome"][:7] for g in connect["generations"]] == ["aborted"]
     assert [s["world_size"] for s in faulted["steps"]] == [1, 1, 1, 1, 2, 2, 2, 2]
     assert connect["recovery_seconds"] < 30, connect
+
+
+def test_a_leaver_killed_after_the_vote_does_not_undo_what_it_delivered(tmp_path):
+    """A leaver dies at ``commit`` (after the vote, its state already sent) while the survivor
+    makes its new world from communicators connected ahead: the leave commits and the run ends
+    as the planned leave ends. (Whether the coordinator or the member decides first depends on
+    timing; ``test_commit_arrival`` and ``test_coordinator`` check the arrival count that makes
+    the coordinator's answer right.)"""
+    steps = 5
+    faulted = _run(tmp_path / "faulted", "2:kill=1@commit 3:leave=1", steps, 2, "tp=1,pp=1,dp=2")
+    planned = _run(tmp_path / "planned", "3:leave=1", steps, 2, "tp=1,pp=1,dp=2")
+    _same_training(faulted, planned, steps)
+    (commit,) = faulted["faults"]
+    assert [g["outcome"] for g in commit["generations"]] == ["committed"]
 
 
 def test_a_frozen_member_comes_back_new_and_a_member_killed_after_the_vote_loses_nothing(tmp_path):

@@ -56,7 +56,7 @@ def world_ahead_job(rank: int, world: int, cfg_text: str, port: int) -> dict[str
 
     def recording(ranks: Any = None, timeout: Any = None, backend: Any = None, pg_options: Any = None,
                   use_local_synchronization: bool = False, group_desc: Any = None) -> Any:
-        asked.append(worlds.GroupRequest(str(group_desc or ""), tuple(ranks), backend == "gloo"))
+        asked.append(worlds.GroupRequest.asked(ranks, backend, {"timeout": timeout, "group_desc": group_desc}))
         return real(ranks, timeout, backend, pg_options, use_local_synchronization, group_desc)
 
     ps.create_group = recording
@@ -76,6 +76,11 @@ def world_ahead_job(rank: int, world: int, cfg_text: str, port: int) -> dict[str
         dist.all_reduce(t, group=group)
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
         sums[name] = (t.item(), float(sum(r + 1 for r in ranks)))
+    # a group asked for later (a library's own new_group on this world) is connected then
+    later = dist.new_group(list(range(world)))
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t, group=later)
+    sums["later"] = (t.item(), float(sum(r + 1 for r in range(world))))
     return {"probe_left_state": probe_left_state, "old_world_works": old_world_works,
             "asked_is_probed": asked == requests, "asked": len(asked), "handed": ahead.handed,
             "missed": [r.desc for r in ahead.missed], "unused": len(ahead.groups), "sums": sums,
