@@ -396,7 +396,7 @@ class Coordinator:
         asked = 0
         try:
             for lost in domains:
-                if self.current is not current or self.pending is not None:
+                if self._event_since(current, dead):
                     break  # an event came: the world is changing, and the CPU is the transition's
                 if not any(m in current.members for m in lost):
                     continue  # losing only standbys plans nothing
@@ -409,7 +409,7 @@ class Coordinator:
                 arriving.setdefault(nodes[m], []).append(m)
             joins = list(arriving.values()) + ([list(waiting)] if len(arriving) > 1 else [])
             for new in joins:  # each waiting node joining, and all of them together
-                if self.current is not current or self.pending is not None:
+                if self._event_since(current, dead):
                     break
                 self._ask(current, PlanRequest(members=(*everyone, *new)), dead, inputs, nodes)
                 asked += 1
@@ -419,6 +419,15 @@ class Coordinator:
                             "seconds": time.perf_counter() - t0}
         log.info("generation %d: plans for %d likely events precomputed in %.2f s", current.generation, asked,
                  time.perf_counter() - t0)
+
+    def _event_since(self, current: WorldPlan, dead: frozenset[str]) -> bool:
+        """Whether the world moved on since a precomputation started: a plan pending, another
+        world, or a death seen (before its recovery is even planned)."""
+        try:
+            seen = frozenset(self.dead)
+        except RuntimeError:  # the set is changing in the coordinator's thread right now
+            return True
+        return self.current is not current or self.pending is not None or seen != dead
 
     def _ask(self, current: WorldPlan, request: PlanRequest, dead: frozenset[str], inputs: PlanningInputs,
              nodes: dict[str, str]) -> None:

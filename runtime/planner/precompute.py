@@ -49,14 +49,9 @@ class PlanCache:
         if mine:
             try:
                 fut.set_result(compute())
-            except Exception as e:  # an answer too: raised to every asker
+            except BaseException as e:  # an answer too: raised to every asker (none left waiting)
                 fut.set_exception(e)
         return fut.result()
-
-    def has(self, key: Hashable) -> bool:
-        """Whether ``key`` is answered (or being answered)."""
-        with self._lock:
-            return key in self._answers
 
     def clear(self) -> None:
         """Forget every answer (a new world: its questions are other ones)."""

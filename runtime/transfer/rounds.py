@@ -58,7 +58,7 @@ Message = Packed | Direct
 def own_part(plan: TransitionPlan) -> bool:
     """Whether ``plan`` is one device's part of a transition (``vps.device_plan.DevicePlan``):
     its copies and rounds are that device's only."""
-    return getattr(plan, "device", None) is not None
+    return getattr(plan, "device", -1) >= 0
 
 
 def new_rank_of(plan: TransitionPlan, device_id: int) -> int | None:

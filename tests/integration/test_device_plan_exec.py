@@ -69,4 +69,5 @@ def test_per_device_plans_move_state_bit_exactly(pool, case, mode, preallocate):
         assert s["verified"], where
         assert s["peak_staging_bytes"] <= case.budget, where
         assert s["bytes_received"] == must[r["rank"]], where
-        assert r["destinations_used"], where
+        if preallocate:  # the transfer filled the tensors allocated ahead (no fresh memory in the pause)
+            assert r["destinations_used"], where
