@@ -1,10 +1,12 @@
 """The restart-based peer: the same megatron training under torchrun's elastic agent.
 
-Run by ``bench_elastic_runtime.py`` as ``torchrun --nnodes=MIN:MAX ... torchrun_peer.py``: every
-(re)start builds the model for the world it gets (DP over all ranks), loads the newest megatron
-``dist_checkpointing`` checkpoint, trains, and saves a checkpoint after every step (the best case
-for a restart-based system: no step is lost). Rank 0 appends one JSON line per completed step
-to ``--step-log``.
+Run by ``bench_elastic_runtime.py`` and ``bench_goodput.py`` as ``torchrun --nnodes=MIN:MAX ...
+torchrun_peer.py``: every (re)start builds the model for the world it gets (DP over all ranks),
+loads the newest megatron ``dist_checkpointing`` checkpoint, trains, and saves a checkpoint every
+``--save-every`` steps (default 1: the best case for a restart-based system, no step is lost) and
+at each step of ``--save-at`` (a spot notice's planned save). Rank 0 appends one JSON line per
+completed step to ``--step-log`` (its end time and the step's own duration), and one per finished
+save to ``--save-log``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ def main() -> None:
     p.add_argument("--seq-length", type=int, default=32)
     p.add_argument("--ckpt", required=True)
     p.add_argument("--step-log", required=True)
+    p.add_argument("--save-every", type=int, default=1)
+    p.add_argument("--save-at", default="", help="comma-separated steps to save at as well")
+    p.add_argument("--save-log", default=None)
     args = p.parse_args()
 
     import torch
@@ -50,14 +55,20 @@ def main() -> None:
     if ckpts:
         checkpoint.load(built, trainer, ckpts[-1])
     rank = dist.get_rank()
+    save_at = {int(x) for x in args.save_at.split(",") if x}
     while trainer.step_count < args.steps:
         loss = trainer.step()
         if rank == 0:
             with open(args.step_log, "a") as f:
                 f.write(json.dumps({"step": trainer.step_count, "time": time.time(), "loss": loss,
-                                    "world": dist.get_world_size(), "restart": int(os.environ.get(
-                                        "TORCHELASTIC_RESTART_COUNT", "0"))}) + "\n")
-        checkpoint.save(built, trainer, Path(args.ckpt) / f"step{trainer.step_count:06d}")
+                                    "seconds": trainer.last_step_seconds, "world": dist.get_world_size(),
+                                    "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}) + "\n")
+        if trainer.step_count % args.save_every == 0 or trainer.step_count in save_at:
+            t0 = time.time()
+            checkpoint.save(built, trainer, Path(args.ckpt) / f"step{trainer.step_count:06d}")
+            if rank == 0 and args.save_log:
+                with open(args.save_log, "a") as f:
+                    f.write(json.dumps({"step": trainer.step_count, "start": t0, "time": time.time()}) + "\n")
     dist.destroy_process_group()
 
 

@@ -38,7 +38,10 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
     while True:
         ev = events[0] if events else None
         end_step = ev.step if ev is not None else r.steps
-        save_dir = ckpt_root / f"seg{seg}"
+        # The segment's save at its event goes with the periodic ones: the next segment's
+        # coordinator continues from the newest complete checkpoint there (by step), which is
+        # this one, not an older periodic save.
+        save_dir = ckpt_root / "periodic" / f"seg{seg}-step{end_step:08d}"
         port = free_port()
         job.procs.workers.clear()
         job.start_coordinator(port)
@@ -71,6 +74,8 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
                     p.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     p.kill()
+            # the newest complete checkpoint: a periodic one, or the one an earlier segment
+            # saved at its event (newer when the last periodic save came before that event)
             load_dir = _latest(ckpt_root / "periodic")
             if load_dir is None:
                 raise RuntimeError("no periodic checkpoint to restart from")
@@ -112,9 +117,9 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
 
 
 def _latest(directory: Path) -> Path | None:
-    if not directory.exists():
-        return None
-    from liveshard.runtime.agent.checkpoint import is_complete
+    """The complete checkpoint of the highest step under ``directory`` (periodic saves and the
+    segments' saves at their events have different names: compare steps, not names)."""
+    from liveshard.runtime.agent.checkpoint import is_complete, read_meta
 
-    done = sorted(p for p in directory.iterdir() if is_complete(p))
-    return done[-1] if done else None
+    found = [p for p in (directory.iterdir() if directory.exists() else ()) if is_complete(p)]
+    return max(found, key=lambda p: int(read_meta(p).get("step", -1)), default=None)
