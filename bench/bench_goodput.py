@@ -547,7 +547,7 @@ def main() -> None:
     result.update({"model": args.model, "machine": f"{os.cpu_count()} CPU cores, gloo", "steps": args.steps,
                    "nodes": args.nodes, "global_batch": args.global_batch, "seq_length": args.seq_length})
     result.setdefault("seeds", {})
-    root = Path(tempfile.mkdtemp(prefix="liveshard-goodput-"))
+    root = None if args.trace_only else Path(tempfile.mkdtemp(prefix="liveshard-goodput-"))
     for seed in args.seeds:
         trace = make_trace(args.steps, seed, nodes=args.nodes, cloud=args.cloud, band=args.band,
                            interruptions=args.interruptions, ref_step_seconds=args.ref_step_seconds,
