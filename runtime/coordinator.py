@@ -4,7 +4,8 @@ It is a small state machine over store keys (``contract.keys``; messages in ``co
 
 * it takes plan requests from a ``PlanSource`` (the local driver through the store, or the
   operator through the job's status), gives each a generation and publishes it;
-* it watches heartbeats; a member silent for ``heartbeat_timeout`` is dead, and the
+* it watches heartbeats; a member silent for ``heartbeat_timeout`` is dead (for half of it once
+  a peer reports their world broken), and the
   coordinator publishes a recovery plan for the survivors at once (the runtime cannot wait for
   an operator to notice a killed process);
 * it collects every member's result for a generation and its outcome: for a live transition
@@ -592,6 +593,7 @@ class Coordinator:
             watched |= {*plan.members, *(transition_members(self.current, plan) if self.current else ())}
         now = time.time()
         newly_dead = []
+        corroborated = self._peer_loss_reported()
         for m in sorted(watched - self.dead):
             hb = self.store.get_json(Keys.heartbeat(m))
             if hb is None:
@@ -615,7 +617,10 @@ class Coordinator:
                 continue
             if hb.get("state") in ("exited", "finished"):
                 continue
-            if now - hb["time"] > self.heartbeat_timeout:
+            # A member of a world whose peers report it broken (their collective failed: gloo and
+            # NCCL see a dead peer at once) is dead once silent for half the timeout, not all of it.
+            limit = self.heartbeat_timeout / 2 if corroborated and m in corroborated else self.heartbeat_timeout
+            if now - hb["time"] > limit:
                 newly_dead.append(m)
         self._readmit(now)
         if not newly_dead:
@@ -634,6 +639,17 @@ class Coordinator:
             return  # _collect_results aborts it; recovery follows
         if self.current and any(m in self.current.members for m in newly_dead):
             self._recover()
+
+    def _peer_loss_reported(self) -> frozenset[str]:
+        """The current world's members, when another of them reports that world broken (from the
+        last heartbeats read): a failed collective, the first sign of a peer lost without notice."""
+        current = self.current
+        if current is None:
+            return frozenset()
+        reporting = [m for m in current.members if m not in self.dead
+                     and (self.telemetry.get(m) or {}).get("state") == "broken"
+                     and (self.telemetry.get(m) or {}).get("generation") == current.generation]
+        return frozenset(m for m in current.members if m not in reporting) if reporting else frozenset()
 
     def _readmit(self, now: float) -> None:
         """A dead member's id heartbeating again as another incarnation is a new process (a

@@ -470,3 +470,22 @@ def test_a_slow_device_measured_in_the_heartbeats_gets_a_straggler_plan_with_its
     [decision] = [d for d in health["adaptive"]["decisions"] if d["switch"]]
     assert decision["predictedStepSecondsAfter"] < decision["predictedStepSeconds"] == 0.4
     assert decision["switchCostSeconds"] > 0 and health["adaptive"]["switches"] == 1
+
+
+def test_a_member_silent_while_its_peers_report_their_world_broken_is_dead_sooner():
+    """A failed collective is the first sign of a peer lost without notice: once a member reports
+    the world broken, a silent peer is dead after half the heartbeat timeout, not all of it; a
+    silence that short with no such report is not a death."""
+    source = Requests()
+    c = _coordinator(source, LOCAL)  # heartbeat_timeout 1.0
+    _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+    gen = c.current.generation
+    _beat(c, "w0")
+    _beat(c, "w1", at=time.time() - 0.7)
+    c.tick()
+    assert not c.dead  # 0.7 s of silence, nobody reports a failure: alive
+    c.store.set_json(Keys.heartbeat("w0"), {"time": time.time(), "state": "broken", "generation": gen})
+    c.tick()  # the coordinator reads w0's report
+    c.tick()
+    assert c.dead == {"w1"}
+    assert c.pending is not None and c.pending.plan.members == ("w0",)
