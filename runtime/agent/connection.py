@@ -49,7 +49,7 @@ class StoreClients:
         return {name: JobStore(connect_store(self.host, self.port, timeout=timeout), self.job, self.secret)
                 for name in ("main", "control")}
 
-    def dedicated(self, timeout: float = 30.0) -> JobStore:
+    def dedicated(self, timeout: float = 300.0) -> JobStore:
         """A new client for one helper thread's blocking work (a communicator's rendezvous),
         apart from the two above; it closes when the last reference to it goes."""
         return JobStore(connect_store(self.host, self.port, timeout=timeout), self.job, self.secret)

@@ -89,7 +89,7 @@ class Preparations:
         """A switch to ``gen`` failed: drop what was prepared for it (its communicators are
         freed off the training thread's path, ``release``)."""
         with self._lock:
-            release.later(self._ready.pop(gen, None))
+            release.later(self._ready.pop(gen, None), device_memory=True)
             self._failed[gen] = error
 
     def known(self, gen: int) -> bool:
@@ -128,7 +128,7 @@ class Preparations:
         """Forget every generation above ``gen`` (all, for None): plans of a store that is gone."""
         with self._lock:
             for g in [g for g in self._ready if gen is None or g > gen]:
-                release.later(self._ready.pop(g))
+                release.later(self._ready.pop(g), device_memory=True)
             for g in [g for g in self._failed if gen is None or g > gen]:
                 del self._failed[g]
 
@@ -137,7 +137,7 @@ class Preparations:
         (groups, buffers) goes."""
         with self._lock:
             for g in [g for g in self._ready if g <= gen]:
-                release.later(self._ready.pop(g))
+                release.later(self._ready.pop(g), device_memory=True)
 
 
 def confined(path: str, root: str | None) -> str:

@@ -15,15 +15,19 @@ import queue
 import threading
 from typing import Any
 
+import torch
+
 _pending: list[Any] = []
 _queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
 
 
-def later(obj: Any) -> None:
-    """Free ``obj`` (and what only it keeps alive) once the next training step starts."""
-    if obj is None:
+def later(obj: Any, device_memory: bool = False) -> None:
+    """Free ``obj`` (and what only it keeps alive) once the next training step starts.
+    ``device_memory``: it holds tensors the next step may need the memory of; on an accelerator
+    (whose caching allocator frees at once) it is not kept, so the caller's drop frees it."""
+    if obj is None or (device_memory and torch.cuda.is_available()):
         return
     with _lock:
         _pending.append(obj)

@@ -218,8 +218,7 @@ def _commit(agent: WorkerAgent, prep: Prepared, switch_step: int, result: Transi
     # The new world is the job's now: the old state goes. On CPU, returning gigabytes of pages
     # to the OS is slow, so that happens while the next step computes; an accelerator's caching
     # allocator frees at once, and the next step may need that memory.
-    if worlds.device().type == "cpu":
-        release.later(old)
+    release.later(old, device_memory=True)
     del old
     agent.at_phase("committed", gen)
     stats = result.stats
