@@ -15,8 +15,8 @@ invocation:
   worker are killed (a node lost) or a new agent is started (a node joins).
 
 liveshard's coordinator runs with its default heartbeat timeout (3 s, ``--heartbeat-timeout``):
-a node lost without notice costs the live run that long before the coordinator plans without
-it.
+a node lost without notice is declared dead after half of it once the survivor reports its world
+broken (its collective failed), and the coordinator plans without it then.
 
 **The trace.** A pool of ``--nodes`` spot nodes (default 2, one worker each) over the run's
 ``--steps`` steps. Three kinds of interruptions, with rates from published figures:
