@@ -42,6 +42,8 @@ from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
+from bench_transition_planning import timed_whole_plan
+
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner import GPU, Constraints, plan_world
 from liveshard.runtime.presets import PRESETS
@@ -216,14 +218,9 @@ def run_transition(model: str, n: int, t: dict, budget: int, per_rank: int) -> d
     spec = PRESETS[model]
     old, new = t["from"], t["to"]
     devices = DeviceMap(t["old_gpus"], GPUS_PER_NODE, t["leave"], t["join"])
-    transition_mod._plan_cached.cache_clear()
     gc.collect()
-    c0, w0 = time.process_time(), time.perf_counter()
-    whole = transition_mod.plan_transition(spec, old, new, devices)
+    whole, sched, whole_times = timed_whole_plan(spec, old, new, devices, budget)
     checksum = whole.checksum
-    c1, w1 = time.process_time(), time.perf_counter()
-    sched = schedule(whole, budget)
-    c2, w2 = time.process_time(), time.perf_counter()
     model_t = modeled_seconds(whole, sched, INTRA_NODE_GBPS, INTER_NODE_GBPS)
     per = device_bytes(whole)
     intra, inter = INTRA_NODE_GBPS * 1e9, INTER_NODE_GBPS * 1e9
@@ -242,8 +239,7 @@ def run_transition(model: str, n: int, t: dict, budget: int, per_rank: int) -> d
         "old_gpus": t["old_gpus"], "new_gpus": new.world_size, "devices": n_dev,
         "leave": sorted(t["leave"]), "join": t["join"], "standbys": len(whole.standbys),
         "planner_wall_s": t["planner_s"],
-        "global_plan_cpu_s": c1 - c0, "global_plan_wall_s": w1 - w0,
-        "global_schedule_cpu_s": c2 - c1, "global_schedule_wall_s": w2 - w1,
+        **whole_times,
         "transfers": len(whole.network_copies), "bytes_moved": whole.bytes_moved,
         "state_bytes": whole.new_layout.state_bytes(),
         "bottleneck_bytes": whole.bottleneck_bytes,
