@@ -79,10 +79,23 @@ def workers() -> list[str]:
     return [f"pod-{k}/{g}" for k in range(NODES) for g in range(PER_NODE)]
 
 
-def beat(store: JobStore, ids, at: float | None = None) -> None:
-    now = at or time.time()
+_sent = [0.0]
+
+
+def beat(store: JobStore, ids) -> None:
+    _sent[0] = max(time.time(), _sent[0] + 1e-3)  # each beat newer than the last
     for w in ids:
-        store.set_json(Keys.heartbeat(w), {"time": now, "state": "training"})
+        store.set_json(Keys.heartbeat(w), {"time": _sent[0], "state": "training"})
+
+
+class Clock:
+    """The coordinator's clock, moved by hand: a node's silence is time passing without its beats."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
 
 
 def running(case: str, precompute: bool) -> Coordinator:
@@ -90,14 +103,12 @@ def running(case: str, precompute: bool) -> Coordinator:
     config, inputs = CASES[case]
     store = JobStore(dist.HashStore())
     store.set_json(Keys.CHECKPOINT, {"path": "/checkpoints/step-100", "step": 100})
-    c = Coordinator(store, PRESETS[MODEL], Source(), inputs, heartbeat_timeout=30.0, precompute=precompute)
+    c = Coordinator(store, PRESETS[MODEL], Source(), inputs, heartbeat_timeout=30.0, precompute=precompute,
+                    clock=Clock())
     c.report_interval = 1e9  # status reports are not what is measured
     ids = workers()
     for w in ids:
-        index = store.store.add(Keys.MEMBER_COUNT, 1) - 1
-        store.set(Keys.member_index(index), w)
-        store.set_json(Keys.member(w), {"host": w.split("/")[0], "node": f"node-{w.split('/')[0]}",
-                                        "time": time.time()})
+        store.register_member(w, {"host": w.split("/")[0], "node": f"node-{w.split('/')[0]}", "time": time.time()})
     beat(store, ids)
     c.source.queue.append(PlanRequest(members=tuple(ids), config=config))
     c.tick()
@@ -112,8 +123,9 @@ def running(case: str, precompute: bool) -> Coordinator:
 def lose_first_node(c: Coordinator) -> tuple[float, float, object]:
     """Node 0 falls silent; returns (wall, cpu) seconds of the tick that publishes the recovery."""
     ids = workers()
+    c.tick()  # the coordinator saw everyone; then node 0 falls silent
+    c.clock.t += 60
     beat(c.store, ids[PER_NODE:])
-    beat(c.store, ids[:PER_NODE], at=time.time() - 60)
     t0, p0 = time.perf_counter(), time.thread_time()
     c.tick()
     wall, cpu = time.perf_counter() - t0, time.thread_time() - p0

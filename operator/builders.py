@@ -25,8 +25,9 @@ from liveshard.runtime.contract.crd import (
     ROLE_COORDINATOR,
     ROLE_WORKER,
 )
+from liveshard.runtime.contract.env import Env
 from liveshard.runtime.contract.jobspec import JobSpec
-from liveshard.runtime.contract.keys import SECRET_ENV
+from liveshard.runtime.contract.keys import INCARNATION_ENV, SECRET_ENV
 from liveshard.runtime.contract.training import TRAINING_ENV
 
 # The coordinator must outlive spot capacity: keep it off nodes any major provider labels spot.
@@ -111,21 +112,23 @@ def _env(job: dict[str, Any], spec: JobSpec, role: str) -> list[dict[str, Any]]:
     ckpt = raw.get("checkpoint") or {}
     port = (raw.get("coordinator") or {}).get("port", DEFAULT_COORDINATOR_PORT)
     env = [
-        {"name": "LIVESHARD_JOB", "value": name},
-        {"name": "LIVESHARD_NAMESPACE", "value": ns},
-        {"name": "LIVESHARD_ROLE", "value": role},
-        {"name": "LIVESHARD_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "LIVESHARD_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": "LIVESHARD_COORDINATOR", "value": coordinator_address(name, ns, port)},
-        {"name": "LIVESHARD_GPUS_PER_WORKER", "value": str(spec.workers.gpus_per_worker)},
-        {"name": "LIVESHARD_MODEL", "value": json.dumps(spec.model.to_dict(), sort_keys=True)},
+        {"name": Env.JOB, "value": name},
+        {"name": Env.NAMESPACE, "value": ns},
+        {"name": Env.ROLE, "value": role},
+        {"name": Env.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": Env.NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": Env.COORDINATOR, "value": coordinator_address(name, ns, port)},
+        {"name": Env.GPUS_PER_WORKER, "value": str(spec.workers.gpus_per_worker)},
+        {"name": Env.MODEL, "value": json.dumps(spec.model.to_dict(), sort_keys=True)},
         # spec.training, every default spelled out: the workers' one source of what to train
         {"name": TRAINING_ENV, "value": spec.training.to_json()},
-        {"name": "LIVESHARD_CHECKPOINT_DIR", "value": ckpt.get("path", "/checkpoints")},
-        {"name": "LIVESHARD_CHECKPOINT_INTERVAL_MINUTES", "value": str(ckpt.get("intervalMinutes", 30))},
-        {"name": "LIVESHARD_CHECKPOINT_KEEP", "value": str(ckpt.get("keep", 3))},
+        {"name": Env.CHECKPOINT_DIR, "value": ckpt.get("path", "/checkpoints")},
+        {"name": Env.CHECKPOINT_INTERVAL_MINUTES, "value": str(ckpt.get("intervalMinutes", 30))},
+        {"name": Env.CHECKPOINT_KEEP, "value": str(ckpt.get("keep", 3))},
         # the job's store authenticates every value with this (runtime/control/store.py)
         {"name": SECRET_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name(name), "key": SECRET_KEY}}},
+        # ... bound to this job object, so values of an earlier job of the same name do not verify
+        {"name": INCARNATION_ENV, "value": str(job["metadata"].get("uid") or "")},
     ]
     return env + list(raw.get("env") or [])
 
@@ -170,7 +173,7 @@ def worker_pod(job: dict[str, Any], spec: JobSpec, index: int) -> dict[str, Any]
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     container: dict[str, Any] = {
         "name": "worker", "image": spec.image, "command": list(spec.raw.get("command") or ["liveshard", "worker"]),
-        "env": [*_env(job, spec, ROLE_WORKER), {"name": "LIVESHARD_WORKER_INDEX", "value": str(index)}],
+        "env": [*_env(job, spec, ROLE_WORKER), {"name": Env.WORKER_INDEX, "value": str(index)}],
         "resources": resources, "volumeMounts": mounts,
     }
     if spec.raw.get("args"):

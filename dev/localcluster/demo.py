@@ -117,7 +117,10 @@ class Demo:
 
             port = self.cluster.agent.coordinator_port(self.ns, self.job)
             try:
-                self.store = JobStore(connect_store("127.0.0.1", port, timeout=5.0), self.job, self.secret())
+                # values are bound to the job's incarnation (its uid), as its pods' are
+                uid = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, self.job)["metadata"]["uid"]
+                self.store = JobStore(connect_store("127.0.0.1", port, timeout=5.0), self.job, self.secret(),
+                                      incarnation=uid)
             except Exception:
                 return {}
         try:

@@ -4,26 +4,37 @@
 
 * **schedules** a pending pod onto a Node object that is Ready, schedulable, has no
   ``NoSchedule``/``NoExecute`` taint the pod does not tolerate, satisfies the pod's required
-  node affinity, and has ``nvidia.com/gpu`` left (allocatable minus the GPUs of its pods);
+  node affinity, and has ``nvidia.com/gpu`` left (allocatable minus the GPUs of its pods,
+  Terminating ones included), and binds it as a scheduler does (``pods/binding``: a pod's spec
+  is immutable);
 * **runs** its containers as processes (``liveshard ...`` runs this Python's ``liveshard``),
   with the container's environment (``fieldRef``s resolved, ``$(VAR)`` expanded in command and
   args as the kubelet does), and reports phase ``Running`` and the pod IP (127.0.0.1);
 * maps the job's coordinator Service to 127.0.0.1 and a free port per job
   (``LIVESHARD_COORDINATOR``, ``LIVESHARD_PORT``, ``LIVESHARD_BIND``);
-* reports ``Succeeded``/``Failed`` when a process exits (``restartPolicy: Always`` restarts it),
-  and kills the processes of pods that are deleted.
+* reports ``Succeeded``/``Failed`` when a process exits (``restartPolicy: Always`` restarts it);
+* finishes a pod that is deleted with a grace period as its kubelet would: SIGTERM to its
+  processes, SIGKILL after the grace period (at most 5 s here), then deletes it again with grace
+  0 (bound to its uid). Until then it stays ``Terminating`` and its name cannot be reused.
+  A pod on a lost node has no kubelet: it stays ``Terminating`` until its Node object is
+  deleted; then the agent removes it, as kube-controller-manager's pod garbage collector does;
+* serves the containers' output for ``kubectl logs`` (``pod_log``, which the emulator asks).
 
 Node events a cloud would cause are methods: ``taint`` (e.g. the AWS Node Termination Handler's
 spot-ITN taint), ``add_node``, and ``lose_node`` (SIGKILL every process on the node and mark it
 NotReady and unreachable, as the node lifecycle controller does). ``kubectl annotate node N
 localcluster.liveshard.io/lose=now`` asks the agent to lose node N. Nodes created by anybody
 (``kubectl apply``) are used like the agent's own.
+
+Node conditions carry ``lastHeartbeatTime``/``lastTransitionTime`` as a kubelet and the node
+lifecycle controller write them.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import datetime
 import logging
 import os
 import re
@@ -37,6 +48,7 @@ from typing import Any
 
 from liveshard.dev.ports import free_port
 from liveshard.runtime.contract.crd import LABEL_JOB
+from liveshard.runtime.contract.env import Env
 
 log = logging.getLogger("liveshard.localcluster")
 
@@ -49,6 +61,7 @@ GPU = "nvidia.com/gpu"
 class PodProcess:
     namespace: str
     name: str
+    uid: str
     node: str
     proc: subprocess.Popen
     restart: bool
@@ -70,10 +83,16 @@ def node_object(name: str, gpus: int, labels: dict[str, str] | None = None) -> d
         "status": {
             "capacity": {"cpu": "2", "memory": "8Gi", GPU: str(gpus)},
             "allocatable": {"cpu": "2", "memory": "8Gi", GPU: str(gpus)},
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "kubelet is posting ready status", "lastHeartbeatTime": _now(),
+                            "lastTransitionTime": _now()}],
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
         },
     }
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _gpus(pod: dict[str, Any]) -> int:
@@ -154,6 +173,8 @@ class NodeAgent:
         self.ports: dict[tuple[str, str], int] = {}  # (namespace, job) -> coordinator port
         self.lost: set[str] = set()
         self.starts: dict[str, int] = {}  # pod name -> processes started for it (restarts show here)
+        # (namespace, pod) -> (uid, log file, where this pod's output starts in it)
+        self.logs: dict[tuple[str, str], tuple[str, Path, int]] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -184,9 +205,12 @@ class NodeAgent:
             for p in victims:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.proc.wait(timeout=10)
+        # as the node lifecycle controller writes it: the transition is now (a condition written
+        # without lastTransitionTime keeps the old one on a real server)
         self.core.patch_node_status(node, {"status": {"conditions": [
             {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
-             "message": "Kubelet stopped posting node status."}]}})
+             "message": "Kubelet stopped posting node status.", "lastHeartbeatTime": _now(),
+             "lastTransitionTime": _now()}]}})
         node_obj = self.core.read_node(node)
         taints = [{k: v for k, v in t.to_dict().items() if v is not None} for t in (node_obj.spec.taints or [])]
         taints.append({"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"})
@@ -230,8 +254,17 @@ class NodeAgent:
                 self.lose_node(name)
         live = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
         with self._lock:
-            for key in [k for k in self.procs if k not in live or live[k]["metadata"].get("deletionTimestamp")]:
-                self._kill(self.procs.pop(key))
+            for key, proc in list(self.procs.items()):
+                pod = live.get(key)
+                if pod is None or pod["metadata"].get("uid") != proc.uid or pod["metadata"].get("deletionTimestamp"):
+                    grace = (pod or {}).get("metadata", {}).get("deletionGracePeriodSeconds")
+                    self._kill(self.procs.pop(key), 5.0 if grace is None else min(5.0, float(grace)))
+        for pod in live.values():
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node and node not in nodes:
+                self._finish(pod, f"its node {node} is gone")  # the pod garbage collector
+            elif pod["metadata"].get("deletionTimestamp") and node and node not in self.lost:
+                self._finish(pod, "its processes ended")  # the kubelet, once the containers are gone
         used: dict[str, int] = {}
         for p in pods:
             node = (p.get("spec") or {}).get("nodeName")
@@ -245,10 +278,11 @@ class NodeAgent:
                 node = next((n for n in sorted(nodes) if fits(pod, nodes[n], used.get(n, 0))), None)
                 if node is None:
                     continue  # stays Pending, as on a full cluster
+                if not self._bind(pod, node):
+                    continue
                 used[node] = used.get(node, 0) + _gpus(pod)
-                self.core.patch_namespaced_pod(key[1], key[0], {"spec": {"nodeName": node}})
                 pod["spec"]["nodeName"] = node
-            if node in self.lost:
+            if node in self.lost or node not in nodes:
                 continue
             with self._lock:
                 proc = self.procs.get(key)
@@ -257,6 +291,41 @@ class NodeAgent:
                 self._start(pod, node)
             elif proc is not None and proc.proc.poll() is not None:
                 self._exited(proc)
+
+    def _bind(self, pod: dict[str, Any], node: str) -> bool:
+        """Bind as a scheduler does; False if the pod changed meanwhile (bound, deleted)."""
+        from kubernetes.client.rest import ApiException
+
+        meta = pod["metadata"]
+        try:
+            # the server answers a Status, which the client cannot read as a V1Binding
+            self.core.create_namespaced_pod_binding(meta["name"], meta["namespace"], {
+                "apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"], "uid": meta.get("uid")},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False)
+            return True
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise
+
+    def _finish(self, pod: dict[str, Any], why: str) -> None:
+        """Delete a pod for good (grace 0), and only this incarnation of it (uid precondition)."""
+        from kubernetes.client.rest import ApiException
+
+        meta = pod["metadata"]
+        try:
+            self.core.delete_namespaced_pod(meta["name"], meta["namespace"], body={
+                "gracePeriodSeconds": 0, "preconditions": {"uid": meta.get("uid")}})
+            log.info("pod %s/%s finished: %s", meta["namespace"], meta["name"], why)
+        except ApiException as e:
+            if e.status not in (404, 409):  # gone already, or a new pod of that name
+                raise
+
+    def pod_log(self, namespace: str, name: str, uid: str, container: str) -> tuple[Path, int] | None:
+        """Where a pod's output is (file, offset where it starts), for ``kubectl logs``; None
+        while no process was started for this pod (uid)."""
+        found = self.logs.get((namespace, name))
+        return (found[1], found[2]) if found is not None and found[0] == uid else None
 
     # ---- processes ---------------------------------------------------------------------------
     def coordinator_port(self, namespace: str, job: str) -> int:
@@ -291,13 +360,13 @@ class NodeAgent:
             elif (e.get("valueFrom") or {}).get("secretKeyRef"):
                 ref = e["valueFrom"]["secretKeyRef"]
                 env[e["name"]] = self.secret_value(meta["namespace"], ref["name"], ref["key"])
-        job = env.get("LIVESHARD_JOB") or (meta.get("labels") or {}).get(LABEL_JOB)
+        job = env.get(Env.JOB) or (meta.get("labels") or {}).get(LABEL_JOB)
         if job:
             # The coordinator Service resolves to this machine: one loopback port per job.
             port = self.coordinator_port(meta["namespace"], job)
-            env["LIVESHARD_COORDINATOR"] = f"127.0.0.1:{port}"
-            env["LIVESHARD_PORT"] = str(port)
-            env["LIVESHARD_BIND"] = "127.0.0.1"
+            env[Env.COORDINATOR] = f"127.0.0.1:{port}"
+            env[Env.PORT] = str(port)
+            env[Env.BIND] = "127.0.0.1"
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PYTHONUNBUFFERED"] = "1"
         if self.kubeconfig:
@@ -315,12 +384,15 @@ class NodeAgent:
         if argv[0] == "liveshard":
             argv = [sys.executable, "-m", "liveshard.runtime.cli", *argv[1:]]
         log_path = self.dir / "logs" / f"{meta['namespace']}_{meta['name']}.log"
+        # one file per pod name (a recreated pod appends): kubectl logs reads from this offset
+        offset = log_path.stat().st_size if log_path.exists() else 0
         proc = self._spawn(argv, env, log_path)
+        self.logs[(meta["namespace"], meta["name"])] = (meta.get("uid", ""), log_path, offset)
         self.starts[meta["name"]] = self.starts.get(meta["name"], 0) + 1
         restart = pod["spec"].get("restartPolicy", "Always") == "Always"
         with self._lock:
             self.procs[(meta["namespace"], meta["name"])] = PodProcess(
-                meta["namespace"], meta["name"], node, proc, restart, argv, env, log_path)
+                meta["namespace"], meta["name"], meta.get("uid", ""), node, proc, restart, argv, env, log_path)
         self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": {
             "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1",
             "conditions": [{"type": "Ready", "status": "True"}],
@@ -354,12 +426,12 @@ class NodeAgent:
             self.core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": phase, "message": message}})
 
     @staticmethod
-    def _kill(p: PodProcess) -> None:
+    def _kill(p: PodProcess, grace: float = 5.0) -> None:
         if p.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.proc.pid, signal.SIGTERM)
             try:
-                p.proc.wait(timeout=5)
+                p.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.proc.pid, signal.SIGKILL)

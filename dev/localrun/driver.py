@@ -27,12 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from liveshard.dev.localrun.events import Event
 from liveshard.dev.ports import free_port
+from liveshard.runtime.contract.env import Env
 from liveshard.runtime.contract.jobspec import AdaptivePolicy
 from liveshard.runtime.contract.keys import SECRET_ENV, Keys
 from liveshard.runtime.contract.training import TRAINING_ENV, TrainingSpec, read_training
@@ -54,6 +56,7 @@ class RunSpec:
     verify: bool = False
     preallocate: str = "auto"  # liveshard worker --preallocate
     build_world_ahead: str = "auto"  # liveshard worker --build-world-ahead
+    pulse: bool = True  # liveshard worker --pulse (heartbeats from a process of their own) or --no-pulse
     checkpoint_every: int = 0
     heartbeat_timeout: float = 10.0
     collective_timeout: float = 20.0
@@ -63,6 +66,14 @@ class RunSpec:
     # > 1: every device emulated this many times slower than the CPU, by sleeping in proportion
     # to its compute (held_worker.Slowdown), so ranks stop competing for the cores (benchmarks)
     stretch: float = 1.0
+    # A join whose generation aborts (a joiner taken for dead, a failed preparation, a timeout)
+    # is requested again, up to this many tries in all, the first retry after join_backoff
+    # seconds and each further one after twice the wait before it.
+    join_attempts: int = 3
+    join_backoff: float = 2.0
+    # > 0: a kill at a step (``STEP:kill=R``) lands this many seconds after the step is released,
+    # mid-way through the next step (the survivors are then in its collectives), not at its boundary
+    kill_delay: float = 0.0
 
     @property
     def steps(self) -> int:
@@ -113,6 +124,10 @@ class Procs:
                     p.wait(timeout=10)
 
 
+# Phases only the new members of a reconfiguration pass (the others never hold there).
+NEW_MEMBER_PHASES = ("connect", "built", "commit-window")
+
+
 def _cli() -> list[str]:
     return [sys.executable, "-m", "liveshard.runtime.cli"]
 
@@ -158,11 +173,17 @@ class LocalRun:
         self.history: dict[int, dict] = {}
         self.armed: list[str] = []  # workers to kill at a phase of the next reconfiguration
         self.armed_at: str | None = None
+        self.coordinator_armed_at: str | None = None  # kill the coordinator at this phase of the next change
+        self._reissue_ready: dict[int, float] = {}  # a re-issued change: when its members had connected
         self.stopped: list[str] = []  # frozen (SIGSTOP) workers
         self.restarts = 0  # restart=all events so far
         self.faults: list[dict] = []  # per phase kill: what happened, how long the recovery took
+        self.signalled_at: dict[int, float] = {}  # per kill (or SIGSTOP) at a step: when it was sent
         self.final_status: dict | None = None  # the coordinator's last status (health, decisions)
         self._fault_generations: set[int] = set()  # recoveries after a phase kill (no event of their own)
+        self.join_retries: dict[int, list[dict]] = {}  # per join event's step: its aborted tries
+        self._retried_generations: set[int] = set()  # those tries' generations (no event of their own)
+        self._released_early: set[int] = set()  # hold steps released for a retried join
 
     # ---- processes ---------------------------------------------------------------------------
     def _env(self) -> dict:
@@ -171,7 +192,7 @@ class LocalRun:
         env["PYTHONUNBUFFERED"] = "1"
         env[SECRET_ENV] = self.secret.decode()  # this run's store is authenticated like a job's
         # What to train, handed over as the operator hands it to a job's pods.
-        env["LIVESHARD_MODEL"] = json.dumps(self.run.spec.to_dict(), sort_keys=True)
+        env[Env.MODEL] = json.dumps(self.run.spec.to_dict(), sort_keys=True)
         env[TRAINING_ENV] = self.run.training.to_json()
         return env
 
@@ -213,6 +234,8 @@ class LocalRun:
         if r.verify:
             cmd.append("--verify")
         cmd += ["--preallocate", r.preallocate, "--build-world-ahead", r.build_world_ahead]
+        if not r.pulse:
+            cmd.append("--no-pulse")
         self.procs.workers[wid] = subprocess.Popen(cmd, stdout=self._logfile(safe), stderr=subprocess.STDOUT,
                                                    env=self._env(), start_new_session=True)
 
@@ -246,10 +269,15 @@ class LocalRun:
         holds = tuple(e.step for e in r.events)
         for wid in ids + joiners:
             self.start_worker(wid, port, holds=holds)
+        # A plan names registered workers only (a worker registers once its imports and datasets
+        # are ready, which on a loaded machine can take longer than the coordinator's grace).
+        self._wait_registered(store, ids)
         StorePlanSource.post(store, PlanRequest(members=tuple(ids), config=str(self.cfg), reason="start"))
         self.say(f"started {len(ids)} workers ({len(joiners)} joiners waiting), config {self.cfg}")
         next_joiner = 0
         status = self._wait_generation(store, 0)
+        if status.get("last_outcome") != "committed":
+            raise RuntimeError(f"the first world did not start: {status.get('last_outcome')}")
         for ev in r.events:
             cur_members = tuple(status["members"])
             standbys = [m for m in status.get("standbys", [])]
@@ -273,6 +301,13 @@ class LocalRun:
                                                         reason="resume after the stop"),
                                      nxt + 1, None, f"resume: {config_before} from the checkpoint",
                                      f"resuming after {ev}")
+                continue
+            if ev.kind == "kill" and ev.coordinator:
+                self.coordinator_armed_at = ev.phase
+                for wid in (*ids, *joiners):  # whoever of them passes the phase next holds there
+                    store.set(Keys.hold_phase(wid), ev.phase)
+                store.set(Keys.release(ev.step), "1")
+                self.say(f"step {ev.step}: the coordinator to be killed at phase {ev.phase} of the next change")
                 continue
             if ev.kind == "kill" and ev.phase:
                 self.armed = [cur_members[rank] for rank in ev.ranks] + [joiners[next_joiner + k - 1] for k in ev.joiners]
@@ -306,7 +341,7 @@ class LocalRun:
                 status = self._resume_stopped(store, ev, nxt, cur_members + tuple(standbys))
                 continue
             if ev.kind == "kill":
-                self.kill_at_step(store, [cur_members[rank] for rank in ev.ranks], ev.step)
+                self.kill_at_step(store, [cur_members[rank] for rank in ev.ranks], ev.step, delay=self.run.kill_delay)
                 self.say(f"step {ev.step}: kill -9 of rank(s) {list(ev.ranks)} "
                          f"({', '.join(cur_members[k] for k in ev.ranks)}) without notice")
                 status = self._wait_generation(store, nxt)
@@ -321,6 +356,9 @@ class LocalRun:
                 next_joiner += ev.count
                 request = PlanRequest(members=cur_members + tuple(standbys) + tuple(new),
                                       reason=f"{ev.count} worker(s) joined", switch_at_step=ev.step)
+                if not self.armed and self.coordinator_armed_at is None:
+                    status = self._join(store, request, nxt, ev, tuple(new))
+                    continue
             else:
                 request = PlanRequest(members=cur_members + tuple(standbys), config=ev.config,
                                       reason=f"config change to {ev.config}", switch_at_step=ev.step,
@@ -329,6 +367,9 @@ class LocalRun:
             # (world.plan_world, objective fewest-changes: the same call checkpoint mode makes).
             if self.armed:
                 status = self._apply_with_kills(store, request, nxt, ev)
+                continue
+            if self.coordinator_armed_at is not None:
+                status, store = self._apply_with_coordinator_kill(store, request, nxt, ev, port)
                 continue
             status = self._apply(store, request, nxt, ev.step,
                                  f"step {ev.step}: {ev.kind} -> {request.config or 'planned'} ({request.reason})",
@@ -373,6 +414,105 @@ class LocalRun:
         if status.get("last_outcome") != "committed":
             raise RuntimeError(f"{what} ended {status.get('last_outcome')}")
         return status
+
+    def _join(self, store, request, gen: int, ev: Event, new: tuple[str, ...]) -> dict:
+        """Apply a join. A generation that aborts costs the joiners a try, not the run: once every
+        joiner is back (taken for dead, it rejoins as a new member) and the world trains again,
+        the join is requested again, up to ``RunSpec.join_attempts`` tries with doubling back-off
+        (``join_backoff``). A join that never commits fails the run, with each try's outcome."""
+        from liveshard.runtime.coordinator import StorePlanSource
+
+        r = self.run
+        tries: list[dict] = []
+        release: int | None = ev.step
+        self._wait_registered(store, new)
+        for attempt in range(1, r.join_attempts + 1):
+            StorePlanSource.post(store, request)
+            self._wait_published(store, gen)
+            if release is not None:
+                store.set(Keys.release(release), "1")
+            self.say(f"step {ev.step}: join -> {request.config or 'planned'} ({request.reason}, "
+                     f"switch at step {request.switch_at_step})")
+            # A retry switches at the step after the one the world had reached when it was asked
+            # (the members wait there until they have prepared it, as at an event's step), at the
+            # latest at the next event's step: a hold there must not keep it from that boundary.
+            status = self._wait_generation(store, gen, while_waiting=None if release is not None else (
+                lambda st: self._release_next_hold(store, st, ev.step)))
+            outcome = (self.history.get(gen) or {}).get("outcome") or status.get("last_outcome")
+            if outcome == "committed":
+                if tries:
+                    self.join_retries[ev.step] = tries
+                return status
+            tries.append({"generation": gen, "outcome": outcome})
+            self._retried_generations.add(gen)
+            if attempt == r.join_attempts:
+                break
+            pause = r.join_backoff * 2 ** (attempt - 1)
+            self.say(f"the join of {', '.join(new)} (generation {gen}) ended {outcome}; "
+                     f"try {attempt + 1} of {r.join_attempts} in {pause:g} s")
+            time.sleep(pause)
+            status = self._wait_joinable(store, new, ev)
+            # the step after the world's, or the next event's step where it is held already
+            step = int((status.get("progress") or {}).get("step") or ev.step) + 1
+            step = min([step, *(e.step for e in r.events if e.step > ev.step)])
+            request = replace(request, members=(*status["members"], *status.get("standbys", []), *new),
+                              switch_at_step=step, reason=f"{ev.count} worker(s) joined (try {attempt + 1})")
+            gen = store.latest_generation() + 1
+            release = None
+        raise RuntimeError(f"event {ev}: the join of {', '.join(new)} did not commit in {len(tries)} tries: "
+                           + "; ".join(f"generation {t['generation']} {t['outcome']}" for t in tries))
+
+    def _wait_registered(self, store, wids: list[str] | tuple[str, ...], timeout: float = 600.0) -> None:
+        """Wait until every worker of ``wids`` has registered with the coordinator."""
+        end = time.monotonic() + timeout
+        while missing := sorted(set(wids) - set(store.members())):
+            exited = [m for m in missing if self.procs.workers[m].poll() is not None]
+            if exited:
+                raise RuntimeError(f"{', '.join(exited)} exited before registering (see {self.dir})")
+            if time.monotonic() > end:
+                raise TimeoutError(f"{', '.join(missing)} did not register in {timeout:.0f} s (see {self.dir})")
+            self._check_alive()
+            time.sleep(0.1)
+
+    def _wait_joinable(self, store, new: tuple[str, ...], ev: Event, timeout: float = 180.0) -> dict:
+        """After an aborted join: wait until no generation is pending, no joiner is dead (each
+        found itself excluded and came back as a new member, ``WorkerAgent.rejoin``) and every
+        member of the running world trains (a generation aborted after its vote leaves it broken
+        until the coordinator's recovery commits); the coordinator's status."""
+        end = time.monotonic() + timeout
+        while True:
+            st = self._status(store)
+            exited = [m for m in new if self.procs.workers[m].poll() is not None]
+            if exited:
+                raise RuntimeError(f"event {ev}: joiner(s) {', '.join(exited)} exited after the join aborted "
+                                   f"(see {self.dir})")
+            if st.get("finished"):
+                raise RuntimeError(f"event {ev}: training finished before the join of {', '.join(new)} committed")
+            telemetry = st.get("telemetry") or {}
+            members = st.get("members") or []
+            if (st.get("pending") is None and not set(new) & set(st.get("dead") or ())
+                    and all((telemetry.get(m) or {}).get("state") == "training" for m in members)):
+                return st
+            if time.monotonic() > end:
+                waiting = sorted(set(new) & set(st.get("dead") or ()))
+                raise TimeoutError(f"event {ev}: after the aborted join, "
+                                   + (f"{', '.join(waiting)} did not come back as new members"
+                                      if waiting else "the world did not train again") + f" in {timeout:.0f} s")
+            self._check_alive(st)
+            time.sleep(0.05)
+
+    def _release_next_hold(self, store, st: dict, after: int) -> None:
+        """Release the first hold step after ``after`` once every member of the running world is
+        held there: a retried change switches at that boundary at the latest, and would wait for
+        it forever. The event of that step then lands at the first boundary after it."""
+        step = min((e.step for e in self.run.events if e.step > after), default=None)
+        members = st.get("members") or []
+        if step is None or step in self._released_early or not members:
+            return
+        if all(store.get(Keys.held(step, m)) is not None for m in members):
+            store.set(Keys.release(step), "1")
+            self._released_early.add(step)
+            self.say(f"step {step} released early: the retried join waits for a step boundary")
 
     def _apply_with_kills(self, store, request, gen: int, ev, timeout: float = 300.0) -> dict:
         """Post ``request`` and kill each armed victim when it is held at the armed phase of
@@ -424,6 +564,92 @@ class LocalRun:
                  + "; ".join(f"{h['generation']}: {h['outcome']}" for h in hist))
         return st
 
+    def _apply_with_coordinator_kill(self, store, request, gen: int, ev, port: int,
+                                     timeout: float = 300.0) -> tuple[dict, Any]:
+        """Post ``request``; once every process of that reconfiguration that passes the armed
+        phase is held there, kill the coordinator and start a new one on the same address (as
+        Kubernetes restarts its pod); then wait until the job trains in the requested world (the
+        generation committed, or aborted and asked again by the new coordinator). The status, and
+        a client of the new coordinator's store."""
+        from liveshard.runtime.control.protocol import transition_members
+        from liveshard.runtime.coordinator import StorePlanSource
+
+        phase, self.coordinator_armed_at = self.coordinator_armed_at, None
+        StorePlanSource.post(store, request)
+        self._wait_published(store, gen)
+        gen = store.latest_generation()  # ``gen`` is the least it can be (a restarted coordinator skips numbers)
+        plan = store.plan(gen)
+        old = store.plan(plan.previous) if plan.previous is not None else None
+        # only the new members build and vote; every process of the transition passes the rest
+        holders = plan.members if phase in NEW_MEMBER_PHASES or old is None else transition_members(old, plan)
+        store.set(Keys.release(ev.step), "1")
+        self.say(f"step {ev.step}: {ev.kind} ({request.reason}); killing the coordinator when "
+                 f"{', '.join(holders)} are at phase {phase}")
+        end = time.monotonic() + timeout
+        while any(store.get(Keys.at_phase(w)) != f"{phase}:{gen}" for w in holders):
+            if time.monotonic() > end:
+                late = [w for w in holders if store.get(Keys.at_phase(w)) != f"{phase}:{gen}"]
+                raise TimeoutError(f"{', '.join(late)} never reached phase {phase} of generation {gen}")
+            self._check_alive()
+            for w in holders:
+                if self.procs.workers[w].poll() is not None:
+                    raise RuntimeError(f"{w} exited before phase {phase} (see {self.dir})")
+            time.sleep(0.005)
+        coordinator = self.procs.coordinator
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(coordinator.pid, signal.SIGKILL)
+        coordinator.wait(timeout=60)
+        t_kill = time.time()
+        self.say(f"coordinator killed at phase {phase} of generation {gen}; starting a new one")
+        self.start_coordinator(port)
+        store = self.connect(port)
+        # the steps released so far were released in the old store: a worker not past them yet
+        # (the preparation runs ahead of training) reads the new one
+        for e in self.run.events:
+            if e.step <= ev.step:
+                store.set(Keys.release(e.step), "1")
+        while True:
+            # recovered: the new coordinator runs the requested world, no generation is pending
+            # and training went on past the event's step
+            st = self._status(store)
+            hist = [h for h in st.get("history", []) if h.get("generation") is not None and h["generation"] >= gen]
+            if (st.get("pending") is None and st.get("config") == plan.config
+                    and tuple(st.get("members") or ()) == plan.members
+                    and ((st.get("progress") or {}).get("step") or 0) > ev.step):
+                break
+            if time.monotonic() > end:
+                raise TimeoutError(f"the job did not come back to {plan.config} on {', '.join(plan.members)} after "
+                                   f"the coordinator was killed at phase {phase} in {timeout:.0f} s")
+            self._check_alive(st)
+            self._release_for_reissue(store, st, ev.step)
+            time.sleep(0.05)
+        recovered = time.time()
+        applied = st["generation"]
+        self.faults.append({"event": f"kill=coordinator@{phase}", "step": ev.step, "phase": phase,
+                            "victims": ["coordinator"], "asked": gen, "applied": applied,
+                            "generations": [{"generation": h["generation"], "outcome": h["outcome"],
+                                             "reason": h.get("reason")} for h in hist],
+                            "recovery_seconds": recovered - t_kill})
+        # the event's change is the generation that applied it; the others were steps towards it
+        self._fault_generations.update(h["generation"] for h in hist if h["generation"] != applied)
+        self.say(f"back in {recovered - t_kill:.1f} s: generation {applied} ({st['config']}); "
+                 + "; ".join(f"{h['generation']}: {h['outcome']}" for h in hist))
+        return st, store
+
+    def _release_for_reissue(self, store, st: dict, after: int, settle: float = 2.0) -> None:
+        """A change the restarted coordinator asked for again has no switch step: it switches at
+        the first step boundary where every member has prepared it. The members held at a later
+        event's step are let go once every new member of that plan has connected its transition
+        (``Keys.connecting``: what is left of its preparation takes well under ``settle``
+        seconds), so that they switch there instead of training past the change."""
+        gen = st.get("pending")
+        plan = store.plan(gen) if gen is not None else None
+        if plan is None or not all(store.get(Keys.connecting(gen, m)) is not None for m in plan.members):
+            return
+        first = self._reissue_ready.setdefault(gen, time.monotonic())
+        if time.monotonic() - first >= settle:
+            self._release_next_hold(store, st, after)
+
     def _restart_everything(self, store, ev, port: int, members: tuple[str, ...], standbys: tuple[str, ...],
                             config: str) -> dict:
         """Every process of the job gone at once (a whole spot pool, a cluster restart): kill the
@@ -445,6 +671,7 @@ class LocalRun:
         holds = tuple(e.step for e in self.run.events if e.step > ev.step)
         for wid in fresh:
             self.start_worker(wid, port, holds=holds)
+        self._wait_registered(store, fresh)
         StorePlanSource.post(store, PlanRequest(members=fresh, config=config, reason="start after a restart"))
         status = self._wait_generation(store, 0)
         if status.get("last_outcome") != "committed":
@@ -484,19 +711,25 @@ class LocalRun:
             time.sleep(0.01)
 
     def kill_at_step(self, store, victims: list[str], step: int, timeout: float = 600.0,
-                     sig: int = signal.SIGKILL) -> None:
+                     sig: int = signal.SIGKILL, delay: float = 0.0) -> None:
         """Kill (or freeze, ``sig``) ``victims`` without notice exactly at ``step``: wait until
         each is held there, signal its process group (a kill: wait for it to die), then release
-        the step for the others."""
+        the step for the others. ``delay`` > 0: release the step first and signal ``delay``
+        seconds later, mid-way through the next step."""
         for wid in victims:
             self._wait_held(store, wid, step, timeout)
+        if delay > 0:
+            store.set(Keys.release(step), "1")
+            time.sleep(delay)
         for wid in victims:
             proc = self.procs.workers[wid]
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)
             if sig == signal.SIGKILL:
                 proc.wait(timeout=60)
-        store.set(Keys.release(step), "1")
+        self.signalled_at[step] = time.time()
+        if delay <= 0:
+            store.set(Keys.release(step), "1")
 
     def _status(self, store) -> dict:
         text = store.get(Keys.COORDINATOR_STATUS)
@@ -517,10 +750,13 @@ class LocalRun:
             time.sleep(0.05)
         raise TimeoutError(f"the restarted coordinator did not adopt generation {gen}")
 
-    def _wait_generation(self, store, gen: int, timeout: float = 600.0) -> dict:
+    def _wait_generation(self, store, gen: int, timeout: float = 600.0,
+                         while_waiting: Callable[[dict], None] | None = None) -> dict:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             st = self._status(store)
+            if while_waiting is not None:
+                while_waiting(st)
             hist = [h for h in st.get("history", []) if h.get("generation") is not None]
             done = [h for h in hist if h["generation"] >= gen]
             if done and st.get("pending") is None:
@@ -672,7 +908,8 @@ class LocalRun:
                 gen = segment if segment is not None else r["generation"]
                 ready[gen] = max(ready.get(gen, 0.0), r["time"])
         changes = [h for h in history if h.get("generation") and "adopted" not in h.get("reason", "")
-                   and h["generation"] not in self._fault_generations and h.get("cause") != "straggler"]
+                   and h["generation"] not in self._fault_generations | self._retried_generations
+                   and h.get("cause") != "straggler"]
         out = []
         for ev in self.run.events:
             if ev.kind == "slow":
@@ -698,6 +935,8 @@ class LocalRun:
             # the last step the old world completed (a kill may land after the event's step)
             if ev.kind in ("kill", "sigstop"):
                 last = max((s["step"] for s in steps if s["generation"] < gen), default=last)
+            elif ev.step in self.join_retries and (h.get("switch_step") or -1) >= ev.step:
+                last = h["switch_step"]  # a retried join switched later, at the boundary it found
             t_last = times.get(last)
             t_ready = ready.get(gen)
             t_next = times.get(last + 1) if last is not None else None
@@ -710,9 +949,13 @@ class LocalRun:
                 "outcome": h.get("outcome"),
                 "phases": h.get("phases", {}),
                 "downtime": None if t_last is None or t_ready is None else max(0.0, t_ready - t_last),
+                # a loss without notice: from the signal to the survivors' world ready
+                **({"recovery": t_ready - self.signalled_at[ev.step]}
+                   if ev.step in self.signalled_at and t_ready is not None else {}),
                 "to_next_step": None if t_last is None or t_next is None else t_next - t_last,
                 **({"resume": {"generation": gen, "outcome": resumed.get("outcome"),
                                "phases": resumed.get("phases", {})}} if resumed else {}),
+                **({"retried": self.join_retries[ev.step]} if ev.step in self.join_retries else {}),
             })
         return out
 

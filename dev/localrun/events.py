@@ -10,8 +10,14 @@ from that checkpoint, the way a job that fell below its minimum comes back.
 ``kill=R@PHASE`` kills during a reconfiguration instead of at a step: at ``STEP`` the victims
 are armed, and the next event's reconfiguration (a leave, join or parallel event, which must
 follow) kills each when it reaches ``PHASE`` (``prepare``, ``connect``, ``transfer``, ``commit``,
-``built``, ``committed``: ``protocol.PHASES``). ``R`` is a rank of the current world, or ``+K`` for the
-K-th worker the next join adds.
+``built``, ``commit-window``, ``committed``: ``protocol.PHASES``). ``R`` is a rank of the current
+world, or ``+K`` for the K-th worker the next join adds.
+
+``kill=coordinator@PHASE`` kills the coordinator instead, once every process of the next
+reconfiguration that passes ``PHASE`` is held there (``commit-window``: the new members' ready
+votes are cast and no decision is read), and starts a new one on the same address, as Kubernetes
+restarts its pod. The change must still happen: committed, or aborted and re-issued by the new
+coordinator.
 
 ``sigstop=R`` freezes ranks (SIGSTOP) at the step: to the job they are lost without notice.
 ``sigcont=all`` lets every frozen worker go on (SIGCONT): it finds the job went on without it,
@@ -48,9 +54,12 @@ class Event:
     phase: str | None = None  # kill: during this phase of the next reconfiguration
     factor: float = 1.0  # slow: the device's speed from this step on
     joiners: tuple[int, ...] = ()  # kill: the next join's K-th workers (1-based)
+    coordinator: bool = False  # kill: the coordinator, not workers
 
     @property
     def victims(self) -> str:
+        if self.coordinator:
+            return "coordinator"
         return ",".join([*map(str, self.ranks), *(f"+{k}" for k in self.joiners)])
 
     def __str__(self) -> str:
@@ -123,10 +132,16 @@ def parse_events(text: str | None) -> list[Event]:
 
 
 def _kill(step: int, arg: str, item: str) -> Event:
-    """``kill=R,R`` (at the step) or ``kill=R,+K@PHASE`` (during the next reconfiguration)."""
+    """``kill=R,R`` (at the step), ``kill=R,+K@PHASE`` (during the next reconfiguration) or
+    ``kill=coordinator@PHASE``."""
     who, at, phase = arg.partition("@")
     if at and phase not in PHASES:
         raise ConfigError("--events", f"unknown phase {phase!r} in {item!r}", f"use one of {', '.join(PHASES)}")
+    if who == "coordinator":
+        if not at:
+            raise ConfigError("--events", f"{item!r} kills the coordinator at no phase",
+                              f"write {step}:kill=coordinator@commit-window, or {step}:coordinator=restart at a step")
+        return Event(step, "kill", phase=phase, coordinator=True)
     ranks, joiners = set(), set()
     try:
         for token in who.split(","):

@@ -21,7 +21,8 @@ step boundary (at a held step, after the release) it reads ``Keys.slowdown(id)``
 With ``--phase-holds`` the worker also has a phase gate (``HeldPhases``): at every phase of a
 reconfiguration (``protocol.PHASES``) it reads ``Keys.hold_phase(id)``; when that names the
 phase, it writes ``Keys.at_phase(id)`` and waits there, for the driver to SIGKILL it at that
-exact point of the switch.
+exact point of the switch, or to kill the coordinator meanwhile: it goes on once the store (the
+restarted coordinator's) no longer names the phase.
 """
 
 from __future__ import annotations
@@ -131,10 +132,12 @@ class HeldSteps:
 class HeldPhases:
     """A ``WorkerAgent`` phase gate: wait at the phase the driver names (to be killed there)."""
 
-    def __init__(self, host: str, port: int, job: str, worker_id: str, timeout: float = 120.0) -> None:
+    def __init__(self, host: str, port: int, job: str, worker_id: str, timeout: float = 120.0,
+                 poll: float = 0.1) -> None:
         self.steps = HeldSteps(host, port, job, worker_id, frozenset())  # its store client
         self.worker_id = worker_id
         self.timeout = timeout
+        self.poll = poll
         self._lock = threading.Lock()  # phases come from the main and the control thread
 
     def __call__(self, phase: str, generation: int) -> None:
@@ -145,10 +148,18 @@ class HeldPhases:
                 return
             if wanted[-1] != phase:
                 return
-            log.warning("held at phase %s of generation %d (to be killed)", phase, generation)
+            log.warning("held at phase %s of generation %d", phase, generation)
             self.steps._retry(end, lambda store: store.set(Keys.at_phase(self.worker_id), f"{phase}:{generation}") or True)
-            time.sleep(self.timeout)
-            log.warning("not killed at phase %s in %.0f s; going on", phase, self.timeout)
+            # Held until killed, or until the store no longer names this phase: a coordinator
+            # killed here takes its store along, and the new one's holds none.
+            end = time.monotonic() + self.timeout
+            while time.monotonic() < end:
+                time.sleep(self.poll)
+                if self.steps._retry(time.monotonic() + self.poll, lambda store: wanted.append(
+                        store.get(Keys.hold_phase(self.worker_id))) or True) and wanted[-1] != phase:
+                    log.warning("released at phase %s of generation %d", phase, generation)
+                    return
+            log.warning("not released at phase %s in %.0f s; going on", phase, self.timeout)
 
 
 def build_parser() -> argparse.ArgumentParser:

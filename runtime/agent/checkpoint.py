@@ -182,17 +182,21 @@ def load(built: Any, trainer: Any, directory: str | os.PathLike) -> None:
     has: weights, the optimizer state when it loads, and the step of its iteration directory.
     """
     from liveshard.runtime.hf.weights import megatron_checkpoint_dir
+    from liveshard.runtime.megatron import safe_load
 
-    directory = megatron_checkpoint_dir(directory)
+    safe_load.install()  # every file below is read without running any of its code
+    directory = megatron_checkpoint_dir(directory, check=False)
     meta = read_meta(directory) if (directory / MARKER).exists() else None
     if meta is not None:
         problem = verify(directory)
-        if problem is not None:  # before torch DCP unpickles its .metadata
+        if problem is not None:  # before any of it is read: a torn save is not a foreign file
             raise CheckpointCorrupt(f"{directory}: {problem}")
-    if meta is None or meta.get("contents") == "model":
-        _load_foreign(built, trainer, directory, with_optimizer=meta is None)
-        return
-    _load_complete(built, trainer, directory, meta)
+    megatron_checkpoint_dir(directory)  # its .metadata, through the allow-list: one line if refused
+    with safe_load.refusals():
+        if meta is None or meta.get("contents") == "model":
+            _load_foreign(built, trainer, directory, with_optimizer=meta is None)
+        else:
+            _load_complete(built, trainer, directory, meta)
 
 
 def load_weights(built: Any, directory: str | os.PathLike) -> None:
@@ -202,12 +206,15 @@ def load_weights(built: Any, directory: str | os.PathLike) -> None:
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
 
     from liveshard.runtime.hf.weights import megatron_checkpoint_dir
+    from liveshard.runtime.megatron import safe_load
 
+    safe_load.install()
     directory = megatron_checkpoint_dir(directory)
     model_sd = built.model.sharded_state_dict()
     # the sharded strategy alone: a Megatron-LM common.pt (pickled arguments) is never opened
-    loaded = dist_checkpointing.load(model_sd, str(directory), sharded_strategy=TorchDistLoadShardedStrategy(),
-                                     common_strategy=_NoCommonState())
+    with safe_load.refusals():
+        loaded = dist_checkpointing.load(model_sd, str(directory), sharded_strategy=TorchDistLoadShardedStrategy(),
+                                         common_strategy=_NoCommonState())
     built.model.load_state_dict(loaded, strict=False)
     built.optimizer.reload_model_params()
 
@@ -258,6 +265,7 @@ def _load_foreign(built: Any, trainer: Any, directory: Path, with_optimizer: boo
     from megatron.core.dist_checkpointing.utils import extract_sharded_base
 
     from liveshard.runtime.agent.state import ensure_adam_state
+    from liveshard.runtime.megatron import safe_load
 
     log = logging.getLogger("liveshard.checkpoint")
     step = _iteration(directory)
@@ -273,6 +281,9 @@ def _load_foreign(built: Any, trainer: Any, directory: Path, with_optimizer: boo
             _fill_missing(loaded, own_common)
             _set_missing_adam_steps(loaded["optimizer"], step)
         except Exception as e:  # no optimizer state, or not in a reshardable format
+            refused = safe_load.refusal(e)
+            if refused is not None:  # a crafted file is not a missing optimizer state
+                raise safe_load.UnsafeCheckpoint(refused.field, refused.problem, refused.fix) from None
             log.warning("%s: optimizer state not loaded (%s); continuing with fresh optimizer state",
                         directory, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
         else:
@@ -349,8 +360,10 @@ class _NoCommonState:
 def _load_complete(built: Any, trainer: Any, directory: Path, meta: dict) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
 
     from liveshard.runtime.agent.state import ensure_adam_state
+    from liveshard.runtime.megatron import safe_load
     from liveshard.runtime.vps.devices import DeviceMap
     from liveshard.runtime.vps.transition import object_moves
 
@@ -363,7 +376,10 @@ def _load_complete(built: Any, trainer: Any, directory: Path, meta: dict) -> Non
     rng_src = next(m.src_rank for m in moves if m.name == "rng" and m.dst_rank == rank)
     ensure_adam_state(built.optimizer)
     sd = _sharded_state_dict(built, is_loading=True)
-    loaded = dist_checkpointing.load(sd, str(directory))
+    # torch_dist named here, not taken from the checkpoint's metadata.json; common.pt is read
+    # with weights_only (safe_load)
+    with safe_load.refusals():
+        loaded = dist_checkpointing.load(sd, str(directory), sharded_strategy=TorchDistLoadShardedStrategy())
     built.model.load_state_dict(loaded["model"])
     built.optimizer.load_state_dict(loaded["optimizer"])
     progress = loaded["progress"]
@@ -372,7 +388,10 @@ def _load_complete(built: Any, trainer: Any, directory: Path, meta: dict) -> Non
     # Each new rank reads one old rank's RNG states: some old shards are read twice, some not
     # at all, which megatron's access check (one reader per shard) would reject.
     rng = ShardedObject("rng", None, (old_cfg.world_size,), (rng_src,), replica_id=0)
-    restore_rng(dist_checkpointing.load({"rng": rng}, str(directory), validate_access_integrity=False)["rng"])
+    with safe_load.refusals():
+        states = dist_checkpointing.load({"rng": rng}, str(directory), sharded_strategy=TorchDistLoadShardedStrategy(),
+                                         validate_access_integrity=False)
+    restore_rng(states["rng"])
 
 
 def _plain(progress: dict) -> dict:

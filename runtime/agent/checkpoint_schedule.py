@@ -138,7 +138,7 @@ class SafetyCheckpoints:
         def complete() -> None:
             self.last = {**info, "time": time.time()}
             if self.state.rank == 0:
-                self.clients.store.set_json(Keys.CHECKPOINT, self.last)
+                self.clients.store.publish_checkpoint(self.last)  # a rewind after a restore (control.store)
                 prune(self.options.checkpoint_dir, self.options.checkpoint_keep)
             self.state.events.append({"kind": "checkpoint", "step": info["step"], "path": path,
                                       "seconds": time.perf_counter() - t0, "time": time.time()})

@@ -8,8 +8,10 @@ restarts (its store with it), the control thread connects both clients anew and 
 world this worker trains in (``reannounce``); the main thread picks its new client up at its
 next store call.
 
-What a worker writes here: its registration (``members/<id>``: host, node, pid, time), its
-heartbeats (``hb/<id>``) and its outcome of each generation (``gen/<N>/result/<id>``).
+What a worker writes here: its registration (``members/<id>``: host, node, pid, time; after a
+coordinator restart also its world, its open commit point and a plan whose outcome it never
+learned), its heartbeats (``hb/<id>``, written by its pulse process where it has one: ``beat``)
+and its outcome of each generation (``gen/<N>/result/<id>``).
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from liveshard.runtime import telemetry
+from liveshard.runtime.contract.env import Env
 from liveshard.runtime.contract.keys import Keys
-from liveshard.runtime.control.protocol import MemberResult
+from liveshard.runtime.control.protocol import MemberResult, OpenGeneration, WorldPlan
 from liveshard.runtime.control.store import JobStore, connect_store, job_secret
 
 if TYPE_CHECKING:
+    from liveshard.runtime.agent.pulse import Pulse
     from liveshard.runtime.agent.worker import WorkerState
 
 log = logging.getLogger("liveshard.worker")
@@ -42,6 +46,8 @@ class StoreClients:
         self.host, self.port, self.job = host, port, job
         self.secret = job_secret()
         self.control_thread: threading.Thread | None = None  # whose calls get the "control" client
+        self.epoch = 0  # clients made so far after the first: the pulse connects anew when it changes
+        self.replaced_at = float("-inf")  # time.monotonic() of the last replace
         self._stores = self.connect(timeout)
 
     def connect(self, timeout: float) -> dict[str, JobStore]:
@@ -57,6 +63,8 @@ class StoreClients:
     def replace(self, stores: dict[str, JobStore]) -> None:
         # one assignment: each thread picks its new client up at its next store call
         self._stores = stores
+        self.epoch += 1
+        self.replaced_at = time.monotonic()
 
     @property
     def store(self) -> JobStore:
@@ -72,7 +80,7 @@ def new_incarnation() -> str:
 
 def member_info(incarnation: str, **extra: Any) -> dict:
     """What a worker announces about itself; the coordinator's planner reads ``node``."""
-    return {"host": socket.gethostname(), "node": os.environ.get("LIVESHARD_NODE_NAME") or socket.gethostname(),
+    return {"host": socket.gethostname(), "node": os.environ.get(Env.NODE_NAME) or socket.gethostname(),
             "pid": os.getpid(), "incarnation": incarnation, "time": time.time(), **extra}
 
 
@@ -94,22 +102,36 @@ def register(clients: StoreClients, worker_id: str, incarnation: str, timeout: f
 
 
 def reannounce(clients: StoreClients, worker_id: str, state: WorkerState,
-               last_checkpoint: Callable[[], dict | None], latest_seen: int = -1) -> bool:
+               last_checkpoint: Callable[[], dict | None], latest_seen: int = -1,
+               in_flight: Callable[[], tuple[OpenGeneration | None, WorldPlan | None]] | None = None,
+               guard: Callable[[], contextlib.AbstractContextManager] | None = None) -> bool:
     """Connect to a restarted coordinator and announce the world this worker trains in, the
     newest plan generation it has seen (the new coordinator numbers its plans above it) and
-    the newest checkpoint it saved; False if the coordinator is not back yet."""
+    the newest checkpoint it saved; False if the coordinator is not back yet.
+
+    ``in_flight``: the generation whose commit point this worker is in (or last passed), under
+    ``"open"``, and a plan it prepared whose outcome it never learned, under ``"pending_plan"``
+    (the new coordinator resolves the one and re-issues the other). They are read, announced and
+    the clients replaced under ``guard`` (the commit point's lock): a vote is either in what is
+    announced or tried after the switch to the new store (and then not made), never in between."""
     try:
         stores = clients.connect(timeout=5.0)
     except Exception:
         return False
-    info = member_info(state.incarnation, reconnected=True, latest_seen=latest_seen)
-    if state.plan is not None:
-        info["plan"] = state.plan.to_json()
-    checkpoint = last_checkpoint()
-    if checkpoint is not None:
-        info["checkpoint"] = checkpoint
-    stores["control"].register_member(worker_id, info)
-    clients.replace(stores)
+    with guard() if guard is not None else contextlib.nullcontext():
+        info = member_info(state.incarnation, reconnected=True, latest_seen=latest_seen)
+        if state.plan is not None:
+            info["plan"] = state.plan.to_json()
+        checkpoint = last_checkpoint()
+        if checkpoint is not None:
+            info["checkpoint"] = checkpoint
+        open_generation, pending_plan = in_flight() if in_flight is not None else (None, None)
+        if open_generation is not None:
+            info["open"] = open_generation.to_dict()
+        if pending_plan is not None:
+            info["pending_plan"] = pending_plan.to_json()
+        stores["control"].register_member(worker_id, info)
+        clients.replace(stores)
     return True
 
 
@@ -140,6 +162,22 @@ def heartbeat_payload(now: float, state: WorkerState, trainer: Any) -> dict:
 def send_heartbeat(store: JobStore, worker_id: str, payload: dict) -> None:
     with contextlib.suppress(Exception):  # the coordinator may be restarting
         store.set_json(Keys.heartbeat(worker_id), payload)
+
+
+PULSE_RECONNECT_GRACE = 15.0  # seconds after a reconnection in which heartbeats are also sent directly
+
+
+def beat(clients: StoreClients, worker_id: str, payload: dict, pulse: Pulse | None) -> None:
+    """This worker's heartbeat: handed to its pulse (``pulse.py``), which writes it and keeps
+    writing while this process is too busy to; sent from the calling thread where there is no
+    pulse, or it has not written one yet, or it died; and for a while after the clients were
+    replaced (a restarted coordinator): the pulse's own connection attempt may be in a c10d
+    retry back-off of seconds, and the new coordinator judges this worker by heartbeats from its
+    re-registration on."""
+    if (pulse is not None and pulse.publish(payload, clients.epoch)
+            and time.monotonic() - clients.replaced_at > PULSE_RECONNECT_GRACE):
+        return
+    send_heartbeat(clients.store, worker_id, payload)
 
 
 def report_result(store: JobStore, worker_id: str, gen: int, result: MemberResult) -> None:

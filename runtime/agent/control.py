@@ -8,8 +8,12 @@ Training never waits on the store. This thread does it instead, a few times a se
   which the training thread reads at its next step boundary;
 * it prepares each new plan that involves this worker (``prepare.Preparer``), in this thread,
   while training goes on;
+* it cuts this worker's world off when the coordinator declares one of its members dead
+  (``cutoff.PeerWatch``), so that training is never left blocked in a collective with it;
 * when the store stops answering (the coordinator restarts), it connects to the new one and
-  announces the world this worker trains in (``connection.reannounce``).
+  announces the world this worker trains in, the commit point it is in and the plan it was
+  preparing (``connection.reannounce``), so the new coordinator resolves the one and re-issues
+  the other.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from liveshard.runtime.agent.connection import StoreClients, reannounce
+from liveshard.runtime.agent.cutoff import PeerWatch
 from liveshard.runtime.contract.keys import Keys
-from liveshard.runtime.control.protocol import WorldPlan
+from liveshard.runtime.control.protocol import OpenGeneration, WorldPlan
 
 if TYPE_CHECKING:
     from liveshard.runtime.agent.checkpoint_schedule import SafetyCheckpoints
+    from liveshard.runtime.agent.commit_point import CommitPoint
     from liveshard.runtime.agent.prepare import Preparations
     from liveshard.runtime.agent.worker import WorkerOptions, WorkerState
 
@@ -57,6 +63,8 @@ class ControlThread:
         self.latest_seen = -1  # newest plan generation this worker has seen
         self.stop_requested = False  # the job asked every worker to finish
         self.excluded: int | None = None  # set when the coordinator declared this process dead
+        self.preparing: WorldPlan | None = None  # the newest plan this thread started to prepare
+        self.peers = PeerWatch(worker_id, options, state)  # cuts the world off when a peer is declared dead
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"control-{worker_id}", daemon=True)
 
@@ -100,30 +108,69 @@ class ControlThread:
         latest = store.latest_generation()
         if latest > self.latest_seen:
             self.latest_seen = latest
-        if self.excluded is None and store.get(Keys.dead(self.id)) == self.state.incarnation:
+        if self.excluded is None and (store.get(Keys.dead(self.id)) == self.state.incarnation
+                                      or self._left_behind(store)):
             # the job went on without this process (it was silent: frozen, cut off): whatever it
             # holds is stale. It comes back as a new process would (WorkerAgent.rejoin).
             self.excluded = latest
+            self.peers.excluded()  # a training thread blocked in the stale world must get out to rejoin
             return handled
         if latest > handled:  # read a plan until it is acted on, not on every poll after
             plan = store.plan(latest)
             if plan is not None:
+                self.peers.plan_seen(plan)  # before preparing it: its transition group is never cut
                 current = self.state.generation if self.state.generation is not None else -1
-                if self.preparations.known(latest) or latest <= current:
+                if self.preparations.known(latest) or latest <= current or store.has(Keys.outcome(latest)):
+                    handled = latest  # (decided already: nothing to prepare)
+                elif self.state.generation is None and plan.previous is not None and \
+                        self.id in getattr(store.plan(plan.previous), "members", (self.id,)):
+                    # named as a process of the world before, which this one never held (a
+                    # replacement under the same id): not for this process to act on
                     handled = latest
                 elif involved(self.id, plan, self.state.plan):
+                    self.preparing = plan
                     self.prepare(plan)
                     handled = latest
+        self.peers.poll(store)
         return handled
 
+    def _left_behind(self, store) -> bool:
+        """Whether the newest committed world (``Keys.CURRENT``) went on without this process's:
+        a newer one that does not count it (or counts it dead). Not inside a commit window,
+        where only the decision tells."""
+        commit = self.state.commit_point
+        if self.state.generation is None or (commit is not None and not commit.decided):
+            return False
+        text = store.get(Keys.CURRENT)
+        if text is None or int(text) <= self.state.generation:
+            return False
+        plan = store.plan(int(text))
+        return plan is not None and (self.id in plan.dead or self.id not in (*plan.members, *plan.standbys))
+
     def _reconnect(self) -> bool:
-        """Connect to a restarted coordinator and announce the world this worker trains in."""
-        if not reannounce(self.clients, self.id, self.state, lambda: self.checkpoints.last, self.latest_seen):
+        """Connect to a restarted coordinator and announce the world this worker trains in, the
+        commit point it is in and the plan it was preparing (``_in_flight``)."""
+        commit = self.state.commit_point
+        guard = (lambda: commit.lock) if commit is not None else None
+        if not reannounce(self.clients, self.id, self.state, lambda: self.checkpoints.last, self.latest_seen,
+                          in_flight=lambda: self._in_flight(commit), guard=guard):
             return False
         # Plans of the old store that never took effect here are gone with it: a restarted
-        # coordinator numbers its plans above every generation announced to it, never reusing one.
-        self.preparations.drop_after(self.state.generation)
+        # coordinator numbers its plans above every generation announced to it, never reusing one
+        # (a switch waiting for one of them gives up; the new coordinator re-issues the change).
+        self.preparations.abandon_after(self.state.generation, self.latest_seen, "the coordinator restarted")
         self.heartbeat(time.time())
         self.latest_seen = max(self.latest_seen, self.state.generation or 0)
         log.warning("reconnected to the coordinator; announced generation %s", self.state.generation)
         return True
+
+    def _in_flight(self, commit: CommitPoint | None) -> tuple[OpenGeneration | None, WorldPlan | None]:
+        """What a restarted coordinator must resolve or re-issue: the commit point of a generation
+        this worker does not train in yet (or just committed), and the newest plan it prepared
+        whose outcome it never learned."""
+        current = self.state.generation if self.state.generation is not None else -1
+        open_generation = commit.report() if commit is not None and commit.generation >= current else None
+        plan = self.preparing
+        learned = commit is not None and plan is not None and commit.generation == plan.generation and commit.decided
+        pending = plan if plan is not None and plan.generation > current and not learned else None
+        return open_generation, pending

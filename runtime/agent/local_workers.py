@@ -32,9 +32,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePath
 
+from liveshard.runtime.contract.env import Env
+
 log = logging.getLogger("liveshard.local_workers")
 
-GPUS_ENV = "LIVESHARD_GPUS_PER_WORKER"
+GPUS_ENV = Env.GPUS_PER_WORKER
 FORWARDED = (signal.SIGTERM, signal.SIGINT)
 
 

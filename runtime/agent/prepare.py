@@ -67,6 +67,7 @@ class Prepared:
     destinations: Any = None  # new tensors allocated and touched ahead (see WorkerOptions.preallocate)
     grad_buffer: Any = None  # and memory for its gradients when the old DDP buffer is too small
     world: Any = None  # the new training world's communicators, built ahead (agent.world.WorldAhead)
+    epoch: int = 0  # the store clients' epoch the plan was read in (``StoreClients.epoch``)
 
 
 class Preparations:
@@ -132,6 +133,16 @@ class Preparations:
             for g in [g for g in self._failed if gen is None or g > gen]:
                 del self._failed[g]
 
+    def abandon_after(self, gen: int | None, upto: int, why: str) -> None:
+        """The store these plans came from is gone (a coordinator restart): every generation
+        above ``gen`` up to ``upto`` counts as failed here, so that a switch waiting for one
+        gives up at once; a restarted coordinator never reuses their numbers."""
+        with self._lock:
+            for g in [g for g in self._ready if gen is None or g > gen]:
+                release.later(self._ready.pop(g), device_memory=True)
+            for g in range(0 if gen is None else gen + 1, upto + 1):
+                self._failed.setdefault(g, why)
+
     def drop_through(self, gen: int) -> None:
         """A world of generation ``gen`` was adopted: what was prepared for it or older ones
         (groups, buffers) goes."""
@@ -169,6 +180,7 @@ class Preparer:
     def prepare(self, plan: WorldPlan) -> None:
         """Background: transition plan, checksum agreement, transition group."""
         start = time.perf_counter()
+        epoch = self.clients.epoch
         try:
             if plan.restore_from is not None:
                 confined(plan.restore_from, self.options.checkpoint_dir)
@@ -178,6 +190,7 @@ class Preparer:
                 prepared = Prepared(plan, old, None, None, 0, plan.members, time.perf_counter() - start)
             else:
                 prepared = self._prepare_live(plan, old, start)
+            prepared.epoch = epoch
             self.preparations.add(prepared)
         except Exception as e:
             log.error("prepare %d failed: %s", plan.generation, traceback.format_exc())
@@ -225,7 +238,7 @@ class Preparer:
             from liveshard.runtime.megatron.build import group_requests
 
             try:
-                requests = group_requests(cfg, rank)
+                requests = group_requests(cfg, rank, self.options.collective_timeout)
             except Exception as e:  # a megatron-core this probe does not know: make the world at the commit
                 log.warning("generation %d: megatron's process groups could not be probed (%s: %s); the new "
                             "world is made at the commit", gen, type(e).__name__, e)

@@ -32,9 +32,11 @@ These functions work on the ``WorkerAgent``: its current world (``trainer``, ``b
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,6 +44,7 @@ import torch.distributed as dist
 
 from liveshard.runtime.agent import release
 from liveshard.runtime.agent import world as worlds
+from liveshard.runtime.agent.commit_point import CommitPoint, Failed, WriteReady
 from liveshard.runtime.agent.state import capture_rng, load_state, restore_rng, state_tensors
 from liveshard.runtime.agent.transition import TransitionResult, execute_transition
 from liveshard.runtime.contract.keys import COMMITTED, Keys
@@ -51,6 +54,7 @@ from liveshard.runtime.parallel import ParallelConfig
 if TYPE_CHECKING:
     from liveshard.runtime.agent.prepare import Prepared
     from liveshard.runtime.agent.worker import WorkerAgent
+    from liveshard.runtime.control.store import JobStore
 
 log = logging.getLogger("liveshard.worker")
 
@@ -153,9 +157,10 @@ def switch(agent: WorkerAgent, prep: Prepared, switch_step: int) -> None:
         ok, error = False, error or f"commit vote: {e}"
     if not ok:
         phases["downtime"] = time.perf_counter() - t_stop
-        agent.report(plan.generation, MemberResult(ok=False, error=error or "another member failed",
-                                                   phases=phases, step=switch_step))
-        agent.preparations.abort(plan.generation, error or "aborted")
+        agent.preparations.abort(plan.generation, error or "aborted")  # first: see _commit
+        with contextlib.suppress(Exception):
+            agent.report(plan.generation, MemberResult(ok=False, error=error or "another member failed",
+                                                       phases=phases, step=switch_step))
         return  # the old world (if any) keeps training on its untouched state
     _commit(agent, prep, switch_step, result, phases, t_stop)
 
@@ -202,7 +207,7 @@ def _commit(agent: WorkerAgent, prep: Prepared, switch_step: int, result: Transi
         if not error:
             agent.at_phase("built", gen)
     t_decide = time.perf_counter()
-    decision = _decide(agent, plan, error)
+    decision = _decide(agent, plan, error, prep.epoch)
     phases["decide"] = time.perf_counter() - t_decide
     if decision == COMMITTED and error:
         # cannot happen unless the store was tampered with: never train on a world not built
@@ -212,8 +217,11 @@ def _commit(agent: WorkerAgent, prep: Prepared, switch_step: int, result: Transi
         phases["downtime"] = time.perf_counter() - t_stop
         log.warning("generation %d did not commit (%s): %s", gen, decision,
                     "holding the old world's state for the recovery" if old else "waiting")
-        agent.report(gen, MemberResult(ok=False, error=error or decision, phases=phases, step=switch_step))
+        # dropped first: a report to a store that died with its coordinator may raise, and what
+        # was prepared for an aborted generation must never be switched to again
         agent.preparations.abort(gen, decision)
+        with contextlib.suppress(Exception):  # a restarted coordinator resolves without it
+            agent.report(gen, MemberResult(ok=False, error=error or decision, phases=phases, step=switch_step))
         return
     # The new world is the job's now: the old state goes. On CPU, returning gigabytes of pages
     # to the OS is slow, so that happens while the next step computes; an accelerator's caching
@@ -253,11 +261,11 @@ def _build_new_world(agent: WorkerAgent, prep: Prepared, result: TransitionResul
     # Arrival tells the coordinator that the sources have delivered (a leaver's death no longer
     # matters). With the communicators built ahead the world is made without waiting for the
     # other members; otherwise its rendezvous would, so they are awaited here first.
-    _arrive(agent, plan, wait=ahead is None)
+    _arrive(agent, plan, wait=ahead is None, epoch=prep.epoch)
     t1 = time.perf_counter()
     worlds.init_training_world(agent.store.store, Keys.world_prefix(plan.generation), rank,
                                cfg.world_size, agent.options.collective_timeout, ahead=ahead)
-    init_parallel(cfg, ahead)
+    init_parallel(cfg, ahead, timeout=agent.options.collective_timeout)
     t2 = time.perf_counter()
     agent.build(cfg, initialize=False, spare_buffers=spare, groups_ready=True)
     spare.clear()
@@ -276,9 +284,14 @@ def _build_new_world(agent: WorkerAgent, prep: Prepared, result: TransitionResul
 
 
 class CommitPointLost(Exception):
-    """This process cannot learn whether its generation committed (the store holding the
-    decision is gone): it must not train on either world, so it leaves. Not a RuntimeError, so
-    no handler takes it for a broken collective."""
+    """Nobody resolved this process's generation within the bound after the store holding its
+    commit point was lost (``commit_point.Failed``): it must not train on either world, so it
+    ends with this error. Not a RuntimeError, so no handler takes it for a broken collective."""
+
+
+# Seconds a process that cannot read its generation's decision waits for a restarted coordinator
+# to resolve it (a coordinator pod comes back within a minute or two), at least.
+RESOLUTION_BOUND = 600.0
 
 
 def _poll_delay(attempt: int) -> float:
@@ -286,12 +299,16 @@ def _poll_delay(attempt: int) -> float:
     return min(0.1, 0.005 * 1.5 ** min(attempt, 20))
 
 
-def _arrive(agent: WorkerAgent, plan: WorldPlan, wait: bool = True) -> None:
+def _arrive(agent: WorkerAgent, plan: WorldPlan, wait: bool = True, epoch: int | None = None) -> None:
     """Count this member in (``Keys.arrived``: the coordinator reads it as the transfer having
     delivered) and, with ``wait``, wait until every new member is here to build the world, or
     the generation is decided against (a member died: the coordinator wrote the decision),
-    rather than in the world's rendezvous, which only gives up after the collective timeout."""
-    gen, store = plan.generation, agent.store
+    rather than in the world's rendezvous, which only gives up after the collective timeout.
+    A store other than the one of the plan (``epoch``: the coordinator restarted) fails it."""
+    gen = plan.generation
+    if epoch is not None and agent.clients.epoch != epoch:
+        raise RuntimeError(f"the coordinator restarted during the switch to generation {gen}")
+    store = agent.store
     store.store.add(Keys.arrived(gen), 1)
     if not wait:
         return
@@ -307,54 +324,105 @@ def _arrive(agent: WorkerAgent, plan: WorldPlan, wait: bool = True) -> None:
         attempt += 1
 
 
-def _decide(agent: WorkerAgent, plan: WorldPlan, error: str) -> str:
+def _decide(agent: WorkerAgent, plan: WorldPlan, error: str, epoch: int) -> str:
     """This process's vote at the commit point, then the generation's decision: the first value
-    written to ``Keys.decision`` in the job's store, the same for every process that reads it.
+    written to ``Keys.decision`` in the store the plan came from (clients' ``epoch``), the same
+    for every process that reads it. ``commit_point.CommitPoint`` says what to write and what to
+    conclude; this function does the store's part.
 
-    The store is pinned on entry: if the coordinator restarts meanwhile (a new, empty store), a
-    member that already said it is ready cannot know what the others read, and raises
-    ``CommitPointLost``. One that failed cannot have been committed without: it aborts."""
+    A new member's ready vote is a confirmed write (set, then read back: a ``set`` to a store
+    whose server died can return without error). If the coordinator dies meanwhile, a process
+    that voted ready, or may have, waits: the control thread connects to the restarted
+    coordinator and reports this commit point (``ControlThread._in_flight``), and the decision
+    is then read from the new store, where the new coordinator writes its resolution. Only when
+    nobody resolves it within ``RESOLUTION_BOUND`` does it raise ``CommitPointLost``."""
     gen, key = plan.generation, Keys.decision(plan.generation)
-    store = agent.store
-    ready = False
-    try:
-        if agent.id in plan.members:
-            if error:
-                store.decide(key, f"aborted: {agent.id}: {error}")
-            else:
-                # Authenticated ready keys, one per member: whoever sets the last one sees all of
-                # them (each sets its own, then looks) and writes the commit.
-                store.set(Keys.ready(gen, agent.id), "1")
-                ready = True
-                keys = [Keys.ready(gen, m) for m in plan.members]
-                if store.store.check(keys) and all(store.get(k) == "1" for k in keys):
-                    store.decide(key, COMMITTED)
-    except Exception as e:  # the store is going away with its coordinator: decided below
-        log.warning("generation %d: writing the commit vote failed: %s", gen, e)
     # New members may take up to commit_timeout to arrive, then build: a leaver or standby
     # gives them that and more before it decides against them.
     timeout = agent.options.commit_timeout * (1 if agent.id in plan.members else 3)
-    end = time.monotonic() + timeout
-    attempt = 0
-    while True:
-        if agent.store is not store:  # the control thread connected to a restarted coordinator
-            if error or not ready:
-                return f"aborted: the coordinator restarted before {agent.id} was ready"
-            raise CommitPointLost(f"generation {gen}: the store holding the commit point is gone")
+    cp = CommitPoint(plan, agent.id, error=error, now=time.monotonic(), timeout=timeout,
+                     bound=max(RESOLUTION_BOUND, 3 * agent.options.commit_timeout))
+    agent.state.commit_point = cp
+
+    def in_old_store(op: Callable[[JobStore], None]) -> None:
+        """``op`` on the plan's store, under the commit point's lock (the control thread reads
+        the commit point under it when it re-announces); the store lost if it is gone."""
+        with cp.lock:
+            if agent.clients.epoch != epoch:
+                cp.store_lost(time.monotonic())
+                cp.reconnected()
+                return
+            try:
+                op(agent.store)
+            except Exception as e:  # the store is going away with its coordinator
+                if not cp.lost:
+                    log.warning("generation %d: the commit point's store does not answer: %s", gen, e)
+                cp.store_lost(time.monotonic())
+
+    def cas(value: str) -> Callable[[JobStore], None]:
+        return lambda store: cp.decision_read(store.decide(key, value) or "aborted: the decision is not authentic")
+
+    def vote_ready(store: JobStore) -> None:
+        confirmed = False
         try:
-            decision = store.get(key)
-            if decision is not None:
-                return decision
-            if time.monotonic() > end:
-                return store.decide(key, f"aborted: no decision in {timeout:.0f} s") \
-                    or "aborted: the decision is not authentic"
-        except Exception as e:
-            if time.monotonic() > end:
-                if error or not ready:
-                    return f"aborted: the store is unreachable ({type(e).__name__})"
-                raise CommitPointLost(f"generation {gen}: the commit point cannot be read") from None
-        time.sleep(_poll_delay(attempt))
+            store.set(Keys.ready(gen, agent.id), "1")
+            confirmed = store.get(Keys.ready(gen, agent.id)) == "1"
+        finally:
+            cp.voted(ok=True, write_confirmed=confirmed)
+
+    def commit_if_all_ready(store: JobStore) -> None:
+        # Authenticated ready keys, one per member: whoever sets the last one sees all of them
+        # (each sets its own, then looks) and writes the commit.
+        keys = [Keys.ready(gen, m) for m in plan.members]
+        if cp.ready and store.store.check(keys) and all(store.get(k) == "1" for k in keys):
+            cp.decision_read(store.decide(key, COMMITTED))
+
+    for action in cp.start():
+        if isinstance(action, WriteReady):
+            in_old_store(vote_ready)
+            if not cp.vote_written:
+                cp.voted(ok=True, write_confirmed=False)  # the store was gone before the vote
+            agent.at_phase("commit-window", gen)
+            in_old_store(commit_if_all_ready)
+        else:  # this member failed: it aborts, and says so
+            in_old_store(cas(action.value))
+            cp.voted(ok=False, write_confirmed=cp.decided)
+            if agent.clients.epoch != epoch:
+                # and to the restarted coordinator's store, where a leaver waiting for the
+                # resolution reads it: no commit can contradict it (the commit needed this
+                # member's ready vote), and a new coordinator never reuses this generation
+                with contextlib.suppress(Exception):
+                    agent.store.decide(key, action.value)
+    attempt = 0
+    announced = False
+    while not cp.decided:
+        for action in cp.tick(time.monotonic()):  # the timeout's abort, in a store that answers
+            in_old_store(cas(action.value))
+        if cp.decided:
+            break
+        if cp.polls_resolution:
+            if not announced:
+                announced = True
+                log.warning("generation %d: the coordinator restarted inside the commit window; waiting for "
+                            "the new one to resolve it (ready vote %s)", gen, "cast" if cp.ready else "not cast")
+            try:  # the new coordinator's resolution, in its store (the current one)
+                store = agent.store
+                cp.resolution_read(store.get(key) or store.get(Keys.outcome(gen)))
+            except Exception:  # that coordinator is restarting too: the control thread reconnects
+                pass
+        else:
+            in_old_store(lambda store: cp.decision_read(store.get(key)))
+        # a store that stopped answering is tried now and then until the control thread has
+        # connected to the restarted coordinator (each failed try is logged by c10d)
+        time.sleep(0.25 if cp.lost and not cp.polls_resolution else _poll_delay(attempt))
         attempt += 1
+    verdict = cp.verdict()
+    if isinstance(verdict, Failed):
+        log.error("%s", verdict.reason)
+        with contextlib.suppress(Exception):  # best effort: the coordinator hears of it
+            agent.report(gen, MemberResult(ok=False, error=verdict.reason))
+        raise CommitPointLost(verdict.reason)
+    return verdict
 
 
 def _progress_objects(trainer: Any) -> dict:

@@ -30,7 +30,9 @@ This module holds the agent's state and composes the phases, each in its own mod
 | module | what it does |
 |---|---|
 | ``connection.py`` | store clients (one per thread), registration, heartbeats, results |
+| ``pulse.py`` | the pulse: a process that writes the heartbeats while this one is busy |
 | ``control.py`` | the control thread: heartbeats, watching plans, triggering preparation |
+| ``cutoff.py`` | cutting the world off when the coordinator declares a peer dead (control thread) |
 | ``prepare.py`` | preparing a plan in the background (``Prepared``, ``Preparations``) |
 | ``training.py`` | one step and its record; the step-boundary agreement (``StepBoundary``) |
 | ``checkpoint_schedule.py`` | when safety checkpoints are saved, finalized or abandoned |
@@ -54,6 +56,7 @@ from liveshard.runtime.agent.checkpoint_schedule import SafetyCheckpoints
 from liveshard.runtime.agent.compute_clock import ComputeGate
 from liveshard.runtime.agent.connection import (
     StoreClients,
+    beat,
     heartbeat_payload,
     new_incarnation,
     register,
@@ -62,10 +65,12 @@ from liveshard.runtime.agent.connection import (
 )
 from liveshard.runtime.agent.control import ControlThread
 from liveshard.runtime.agent.prepare import Preparations, Prepared, Preparer
+from liveshard.runtime.agent.pulse import Pulse
 from liveshard.runtime.agent.reporting import StepReporter
 from liveshard.runtime.agent.state import logical_checksums, state_tensors
 from liveshard.runtime.agent.trainer import Trainer, optimizer_options
 from liveshard.runtime.agent.training import PhaseGate, StepBoundary, StepGate
+from liveshard.runtime.contract.env import Defaults
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.contract.training import TrainingSpec
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan
@@ -81,9 +86,13 @@ __all__ = ["Prepared", "StepGate", "StepRecord", "WorkerAgent", "WorkerOptions",
 @dataclass
 class WorkerOptions:
     heartbeat_interval: float = 0.5
+    # Heartbeats from a process of their own (``pulse.py``), which the work in this one (a data
+    # build, a compile holding the GIL) cannot starve; off: from the control thread only.
+    pulse: bool = True
+    pulse_stale_after: float = 300.0  # seconds without a new payload before the pulse falls silent
     poll_interval: float = 0.25  # how often the control thread looks for new plans
-    collective_timeout: float = 20.0  # seconds before a collective with a dead peer fails
-    transfer_budget: int = 64 << 20  # staging bytes per rank during a transfer
+    collective_timeout: float = Defaults.COLLECTIVE_TIMEOUT  # seconds before a collective with a dead peer fails
+    transfer_budget: int = Defaults.STAGING_BUDGET  # staging bytes per rank during a transfer
     verify: bool = False  # per-region checksums after each transfer
     # Which members allocate and touch their new tensors while the job still trains: "joiners"
     # (idle anyway), "all" (members too: the new state lives beside the old one a little
@@ -157,6 +166,9 @@ class WorkerState:
     evals: list[dict] = field(default_factory=list)  # validation runs: step, loss, perplexity
     final_checkpoint: str | None = None  # saved at trainIters
     incarnation: str = field(default_factory=new_incarnation)  # this process's life as a member
+    # the commit point of the newest live switch (``agent.commit_point.CommitPoint``): reported
+    # to a restarted coordinator while its generation is open (``ControlThread._in_flight``)
+    commit_point: Any = None
 
     def record_step(self, trainer: Any, world_size: int, loss: float | None) -> None:
         """Record the step ``trainer`` has just done (its loss: None where unknown)."""
@@ -188,6 +200,8 @@ class WorkerAgent:
         self.options = options or WorkerOptions()
         # One store client per thread: a c10d store client must not be used by two threads at once.
         self.clients = StoreClients(host, port, job, timeout=300.0)
+        self.pulse = (Pulse(worker_id, host, port, job, interval=self.options.heartbeat_interval,
+                            stale_after=self.options.pulse_stale_after) if self.options.pulse else None)
         self.state = WorkerState()
         self.built: Any = None
         self.trainer: Trainer | None = None
@@ -244,6 +258,8 @@ class WorkerAgent:
 
     def run(self) -> WorkerState:
         self.checkpoints.check_dir()  # first: the dataset cache lives under it when it is usable
+        if self.pulse is not None and not self.pulse.start():
+            self.pulse = None
         self.state.events.append({"kind": "bootstrap", "seconds": self.bootstrap(), "time": time.time()})
         register(self.clients, self.id, self.state.incarnation)
         self.control.start()
@@ -265,8 +281,10 @@ class WorkerAgent:
             elif self.state.phase != "left":
                 self.state.phase = "exited"
         finally:
-            self.heartbeat(time.time())
             self.control.stop()
+            if self.pulse is not None:
+                self.pulse.stop()  # so that the heartbeat below, this process's last state, is the last one
+            send_heartbeat(self.store, self.id, heartbeat_payload(time.time(), self.state, self.trainer))
             self.reporter.close()
         return self.state
 
@@ -328,7 +346,7 @@ class WorkerAgent:
 
     # ---- the current world -------------------------------------------------------------------
     def heartbeat(self, now: float) -> None:
-        send_heartbeat(self.store, self.id, heartbeat_payload(now, self.state, self.trainer))
+        beat(self.clients, self.id, heartbeat_payload(now, self.state, self.trainer), self.pulse)
 
     def report(self, gen: int, result: MemberResult) -> None:
         report_result(self.store, self.id, gen, result)
@@ -342,7 +360,8 @@ class WorkerAgent:
         self.built = build_model(self.spec, cfg, seed=self.training.seed,
                                  optimizer_options=optimizer_options(self.training), hidden_dropout=0.0,
                                  attention_dropout=0.0, perform_initialization=initialize,
-                                 spare_buffers=spare_buffers, init_parallel_state=not groups_ready)
+                                 spare_buffers=spare_buffers, init_parallel_state=not groups_ready,
+                                 group_timeout=self.options.collective_timeout)
         self.trainer = Trainer(self.built, self.training, self.data, compute_gate=self.compute_gate)
         from megatron.core import parallel_state
 

@@ -10,14 +10,28 @@ job's store under a per-generation prefix, in a background thread while training
 used through its own methods (``send``/``recv``/``alltoall_base``/``allreduce``). Every group has
 its own store prefix, so no world ever reads a previous world's addresses.
 
+A world that lost a member is **cut off** (``cut_off``): the control thread aborts its
+communicators, so that no thread stays blocked in one of its collectives. NCCL aborts its
+communicators (``ProcessGroup.abort``); gloo has no abort for a collective in flight (its
+``abort`` and ``shutdown`` return and the waiting thread stays blocked until the group's timeout;
+a survivor blocked on another survivor, whose own collective already failed, is never released
+by the dead peer's closed sockets), so the TCP connections the world's groups opened are shut
+down instead (``shutdown(2)``): every pending receive on them fails at once. Which connections
+are the world's is recorded while its groups connect (``noting_connections``): those that
+appeared meanwhile, less any to the job's store.
+
 Backend-specific lines are here and only here: gloo on CPU, NCCL when CUDA is present.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -25,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+log = logging.getLogger("liveshard.worker")
 
 def backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
@@ -41,8 +56,10 @@ def init_training_world(store: dist.Store, prefix: str, rank: int, size: int, ti
     """Make the default process group for one generation's training world (from its
     communicator built ahead, if ``ahead`` has one)."""
     td = timedelta(seconds=timeout)
+    _live.begin(prefix)
     if ahead is not None and ahead.default is not None:
         _register_ahead_backends()
+        _live.add(ahead.connections)
         with handing_over(ahead.default):
             dist.init_process_group(AHEAD, store=dist.PrefixStore(prefix, store), rank=rank, world_size=size,
                                     timeout=td)
@@ -51,13 +68,15 @@ def init_training_world(store: dist.Store, prefix: str, rank: int, size: int, ti
     kwargs: dict[str, Any] = {}
     if torch.cuda.is_available():
         kwargs["device_id"] = device()  # eager NCCL init: pay it here, not in the first step
-    dist.init_process_group(backend(), store=dist.PrefixStore(prefix, store), rank=rank, world_size=size,
-                            timeout=td, **kwargs)
+    with noting_world_connections(store):
+        dist.init_process_group(backend(), store=dist.PrefixStore(prefix, store), rank=rank, world_size=size,
+                                timeout=td, **kwargs)
 
 
 def destroy_training_world(defer_free: bool = False) -> None:
     """Shut the default group down (``defer_free``: its object is freed by ``release.later``,
     off a switch's pause, as ``megatron.build.destroy`` does with megatron's groups)."""
+    _live.begin(None)  # nothing is cut off from here on: its connections may be closed and reused
     if dist.is_initialized():
         from liveshard.runtime.agent import release
 
@@ -121,6 +140,8 @@ class WorldAhead:
     seconds: float = 0.0  # building them took (while the previous world trained)
     handed: int = 0  # how many were handed over when the world was made
     missed: list[GroupRequest] = field(default_factory=list)  # asked for, not built ahead: made then
+    # the TCP connections its gloo groups opened (``noting_connections``): the world's once handed over
+    connections: set[tuple[int, int]] = field(default_factory=set)
 
     def take(self, request: GroupRequest) -> Any:
         """The communicator built for ``request`` (None: not built ahead), at most once."""
@@ -147,14 +168,16 @@ def build_world_ahead(store: dist.Store, prefix: str, rank: int, size: int, requ
     blocks every other request on it. Raises ``Cancelled`` between groups once ``stop`` is set."""
     start = time.perf_counter()
     ahead = WorldAhead(rank, size)
-    ahead.default = _connected(dist.PrefixStore(f"{prefix}default/", store), rank, size, timeout, gloo=False)
-    for i, req in enumerate(requests):
-        if stop is not None and stop.is_set():
-            raise Cancelled(f"connecting the world ahead was called off at group {i} of {len(requests)}")
-        if rank in req.ranks:
-            # a group's ranks are numbered in the order of their world ranks (as new_group does)
-            ahead.groups[req] = _connected(dist.PrefixStore(f"{prefix}{i}/", store), sorted(req.ranks).index(rank),
-                                           len(req.ranks), req.timeout or timeout, gloo=req.gloo)
+    with noting_connections(ahead.connections, store):
+        ahead.default = _connected(dist.PrefixStore(f"{prefix}default/", store), rank, size, timeout, gloo=False)
+        for i, req in enumerate(requests):
+            if stop is not None and stop.is_set():
+                raise Cancelled(f"connecting the world ahead was called off at group {i} of {len(requests)}")
+            if rank in req.ranks:
+                # a group's ranks are numbered in the order of their world ranks (as new_group does)
+                ahead.groups[req] = _connected(dist.PrefixStore(f"{prefix}{i}/", store),
+                                               sorted(req.ranks).index(rank), len(req.ranks),
+                                               req.timeout or timeout, gloo=req.gloo)
     ahead.seconds = time.perf_counter() - start
     return ahead
 
@@ -258,3 +281,152 @@ def group_all_ok(pg: Any, ok: bool) -> bool:
     return bool(flag.item())
 
 
+
+
+# ---- cutting a world off ---------------------------------------------------------------------
+def tcp_connections() -> set[tuple[int, int]]:
+    """This process's established TCP connections as (local port, remote port); empty where
+    ``/proc`` does not tell (not Linux)."""
+    inodes = _socket_fds()
+    out = set()
+    for local, remote, state, inode in _tcp_table():
+        if state == _ESTABLISHED and inode in inodes:
+            out.add((local, remote))
+    return out
+
+
+_ESTABLISHED = "01"
+
+
+def _socket_fds() -> dict[int, int]:
+    """This process's sockets: inode -> file descriptor."""
+    out: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            out[int(target[8:-1])] = int(name)
+    return out
+
+
+def _tcp_table() -> list[tuple[int, int, str, int]]:
+    """(local port, remote port, state, inode) of every TCP socket in this network namespace."""
+    rows = []
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/self/net/{name}") as f:
+                next(f, None)
+                for line in f:
+                    cols = line.split()
+                    rows.append((int(cols[1].rsplit(":", 1)[1], 16), int(cols[2].rsplit(":", 1)[1], 16),
+                                 cols[3], int(cols[9])))
+        except (OSError, ValueError, IndexError):
+            continue
+    return rows
+
+
+def _store_port(store: Any) -> int | None:
+    """The port of the TCP store under ``store`` (through prefix stores), if it has one."""
+    while store is not None:
+        port = getattr(store, "port", None)
+        if isinstance(port, int):
+            return port
+        store = getattr(store, "underlying_store", None)
+    return None
+
+
+@contextlib.contextmanager
+def noting_connections(into: set[tuple[int, int]], store: Any = None) -> Iterator[None]:
+    """Add to ``into`` the TCP connections this process opens meanwhile (gloo's connections of
+    the groups being made), less those to ``store``'s port. Groups made meanwhile by another
+    thread are noted too: only ever a group of a plan that follows the same world, which the
+    death that cuts this world off dooms as well."""
+    before = tcp_connections()
+    try:
+        yield
+    finally:
+        skip = _store_port(store)
+        into.update(c for c in tcp_connections() - before if c[1] != skip)
+
+
+class _LiveWorld:
+    """The training world torch.distributed holds now, by its store prefix, and the TCP
+    connections of its groups."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.prefix: str | None = None
+        self.connections: set[tuple[int, int]] = set()
+        self.cut = False
+
+    def begin(self, prefix: str | None) -> None:
+        with self.lock:
+            self.prefix, self.connections, self.cut = prefix, set(), False
+
+    def add(self, connections: set[tuple[int, int]]) -> None:
+        with self.lock:
+            self.connections |= connections
+
+
+_live = _LiveWorld()
+
+
+@contextlib.contextmanager
+def noting_world_connections(store: Any = None) -> Iterator[None]:
+    """``noting_connections`` for the groups of the training world being made (megatron's)."""
+    found: set[tuple[int, int]] = set()
+    if store is None and dist.is_initialized():
+        store = dist.distributed_c10d._get_default_store()
+    try:
+        with noting_connections(found, store):
+            yield
+    finally:
+        _live.add(found)
+
+
+def cut_off(prefix: str) -> int | None:
+    """Abort the communicators of the training world made under store prefix ``prefix``
+    (``init_training_world``), so that a collective blocked in it, in any thread, fails now
+    instead of at its timeout. None when that world is not the one torch.distributed holds (it
+    was retired, or is not made yet) or was cut off already; else how many of its connections
+    were shut down. The world's groups stay registered: the thread using them finds them broken
+    and tears them down as it does after any failed collective."""
+    with _live.lock:
+        if _live.prefix != prefix or _live.cut:
+            return None
+        _live.cut = True
+        connections = set(_live.connections)
+    if backend() != "gloo" and dist.is_initialized():
+        for pg in list(dist.distributed_c10d._world.pg_map):
+            try:
+                pg.abort()  # NCCL: ncclCommAbort, which releases a collective waiting in another thread
+            except Exception as e:  # a group torn down meanwhile
+                log.debug("aborting a process group failed: %s", e)
+    return shut_down(connections)
+
+
+def shut_down(connections: set[tuple[int, int]]) -> int:
+    """``shutdown(2)`` this process's established TCP connections among ``connections``; how many."""
+    if not connections:
+        return 0
+    inodes = _socket_fds()
+    done = 0
+    for local, remote, state, inode in _tcp_table():
+        fd = inodes.get(inode)
+        if state != _ESTABLISHED or fd is None or (local, remote) not in connections:
+            continue
+        try:
+            # on a duplicate of gloo's descriptor: shutting it down acts on the socket they share
+            # (its reader sees end-of-file), closing the duplicate leaves gloo's open
+            with socket.socket(fileno=os.dup(fd)) as s:
+                s.shutdown(socket.SHUT_RDWR)
+            done += 1
+        except OSError:  # closed meanwhile
+            continue
+    return done

@@ -7,47 +7,51 @@ import logging
 import os
 import sys
 
+from liveshard.runtime.contract.env import Defaults, Env
+from liveshard.runtime.contract.jobspec import AdaptivePolicy
 from liveshard.runtime.planner.world import FEWEST_CHANGES, OBJECTIVES
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default=os.environ.get("LIVESHARD_BIND", "0.0.0.0"), help="address the store listens on")
-    p.add_argument("--port", type=int, default=int(os.environ.get("LIVESHARD_PORT", "29400")))
-    p.add_argument("--job-name", default=os.environ.get("LIVESHARD_JOB", "job"),
+    p.add_argument("--host", default=os.environ.get(Env.BIND, "0.0.0.0"), help="address the store listens on")
+    p.add_argument("--port", type=int, default=int(os.environ.get(Env.PORT, "29400")))
+    p.add_argument("--job-name", default=os.environ.get(Env.JOB, "job"),
                    help="the job's name (default $LIVESHARD_JOB)")
     p.add_argument("--model", default=None,
                    help="preset or YAML file (default: $LIVESHARD_MODEL, the ModelSpec JSON the operator sets)")
     p.add_argument("--global-batch", type=int, default=None,
                    help="sequences per step, for the store source (default 8; the kubernetes source reads the job)")
     p.add_argument("--micro-batch", type=int, default=None)
-    p.add_argument("--heartbeat-timeout", type=float, default=3.0)
+    p.add_argument("--heartbeat-timeout", type=float, default=Defaults.HEARTBEAT_TIMEOUT)
     p.add_argument("--objective", choices=OBJECTIVES, default=FEWEST_CHANGES,
                    help="what the planner optimises when the coordinator plans alone with the store source "
                         "(the kubernetes source plans as the operator does, from the job's spec)")
     # In a pod the operator built (LIVESHARD_ROLE=coordinator) plans come from the job's status.
     p.add_argument("--source", choices=("store", "kubernetes"),
-                   default="kubernetes" if os.environ.get("LIVESHARD_ROLE") == "coordinator" else "store",
+                   default="kubernetes" if os.environ.get(Env.ROLE) == "coordinator" else "store",
                    help="where plans come from: the local driver (store) or the job's status")
-    p.add_argument("--namespace", default=os.environ.get("LIVESHARD_NAMESPACE")
+    p.add_argument("--namespace", default=os.environ.get(Env.NAMESPACE)
                    or os.environ.get("POD_NAMESPACE", "default"))
     p.add_argument("--metrics-port", type=int,
-                   default=int(os.environ.get("LIVESHARD_METRICS_PORT") or (9400 if os.environ.get("LIVESHARD_ROLE")
+                   default=int(os.environ.get(Env.METRICS_PORT) or (9400 if os.environ.get(Env.ROLE)
                                                                             == "coordinator" else 0)),
                    help="serve Prometheus metrics of the job on this port (0: off; default 9400 in a job's pod)")
-    p.add_argument("--checkpoint-dir", default=os.environ.get("LIVESHARD_CHECKPOINT_DIR") or None,
+    p.add_argument("--checkpoint-dir", default=os.environ.get(Env.CHECKPOINT_DIR) or None,
                    help="the job's checkpoints: a first world continues from the newest complete one")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     g = p.add_argument_group("straggler policy (with --source kubernetes: the job's spec.elasticity.adaptive)")
     g.add_argument("--adaptive", action="store_true", help="re-plan around slow devices")
-    g.add_argument("--adaptive-threshold", type=float, default=0.7,
-                   help="relative speed below which a device is slow (default 0.7)")
-    g.add_argument("--adaptive-window", type=int, default=8, help="steps per speed estimate (default 8)")
-    g.add_argument("--adaptive-horizon", type=int, default=200,
-                   help="steps over which a switch must pay for itself (default 200)")
-    g.add_argument("--adaptive-min-gain", type=float, default=0.1,
-                   help="least predicted saving, as a share of the step, worth a switch (default 0.1)")
-    g.add_argument("--adaptive-probation", type=int, default=200,
-                   help="steps a device set aside for slowness waits before it is tried again (default 200)")
+    policy = AdaptivePolicy()  # the job spec's defaults (spec.elasticity.adaptive)
+    g.add_argument("--adaptive-threshold", type=float, default=policy.threshold,
+                   help=f"relative speed below which a device is slow (default {policy.threshold})")
+    g.add_argument("--adaptive-window", type=int, default=policy.window,
+                   help=f"steps per speed estimate (default {policy.window})")
+    g.add_argument("--adaptive-horizon", type=int, default=policy.horizon,
+                   help=f"steps over which a switch must pay for itself (default {policy.horizon})")
+    g.add_argument("--adaptive-min-gain", type=float, default=policy.min_gain,
+                   help=f"least predicted saving, as a share of the step, worth a switch (default {policy.min_gain})")
+    g.add_argument("--adaptive-probation", type=int, default=policy.probation,
+                   help=f"steps a device set aside for slowness waits before it is tried again (default {policy.probation})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
     secret = job_secret()  # before serving: a pod without its job's secret does not start
     store = JobStore(serve_store(args.host, args.port), args.job_name, secret)
     if args.source == "kubernetes":
+        from liveshard.runtime.coordinator import BackgroundSource
+
         source.store = store
+        source = BackgroundSource(source)  # the API's I/O never on the thread that judges liveness
     else:
         source = StorePlanSource(store)
     metrics = None

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from liveshard.runtime.contract.env import Env
 from liveshard.runtime.contract.training import TRAINING_ENV, TrainingSpec, check_against_model, read_training
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.spec import ModelSpec
@@ -108,9 +109,9 @@ def resolve(args: argparse.Namespace, *, env: dict[str, str] | None = None,
             raise ConfigError(f"{args.job_file}: {e.field}", e.problem, e.fix) from None
         model, section = spec.model, spec.training.to_section()
     elif env.get(TRAINING_ENV) and not args.model:
-        if not env.get("LIVESHARD_MODEL"):
-            raise ConfigError("LIVESHARD_MODEL", f"is not set but {TRAINING_ENV} is", "pass --model PRESET|FILE")
-        model = ModelSpec.from_dict(json.loads(env["LIVESHARD_MODEL"]), source="LIVESHARD_MODEL")
+        if not env.get(Env.MODEL):
+            raise ConfigError(Env.MODEL, f"is not set but {TRAINING_ENV} is", "pass --model PRESET|FILE")
+        model = ModelSpec.from_dict(json.loads(env[Env.MODEL]), source=Env.MODEL)
         section = TrainingSpec.from_json(env[TRAINING_ENV]).to_section()
         source = TRAINING_ENV
     else:

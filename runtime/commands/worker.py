@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 
 from liveshard.runtime.commands import training_args
+from liveshard.runtime.contract.env import Defaults, Env
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -27,14 +28,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-workers", type=int, default=None,
                    help="training processes in this pod, one per GPU (default: $LIVESHARD_GPUS_PER_WORKER, else 1); "
                         "ignored when $LOCAL_RANK is set")
-    p.add_argument("--coordinator", default=os.environ.get("LIVESHARD_COORDINATOR", "127.0.0.1:29400"),
+    p.add_argument("--coordinator", default=os.environ.get(Env.COORDINATOR, "127.0.0.1:29400"),
                    help="host:port of the job's coordinator store")
-    p.add_argument("--job-name", default=os.environ.get("LIVESHARD_JOB", "job"),
+    p.add_argument("--job-name", default=os.environ.get(Env.JOB, "job"),
                    help="the job's name (its store is authenticated for it; default $LIVESHARD_JOB)")
     training_args.add_arguments(p)
     p.add_argument("--max-steps", type=int, default=None,
                    help="stop at this step without the final checkpoint (default: train to trainIters and save it)")
-    p.add_argument("--budget", type=int, default=64 << 20, help="staging bytes per rank during a transfer")
+    p.add_argument("--budget", type=int, default=Defaults.STAGING_BUDGET, help="staging bytes per rank during a transfer")
     p.add_argument("--verify", action="store_true", help="checksum every transferred region")
     p.add_argument("--preallocate", choices=("auto", "all", "joiners"), default="auto",
                    help="who allocates its new tensors while training goes on: joiners, all members, "
@@ -45,7 +46,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transformer-impl", choices=("auto", "local", "transformer_engine"), default=None,
                    help="megatron layer modules: TransformerEngine's (GPU) or the local ones; default: the "
                         "model's transformer_impl (auto: TransformerEngine where installed on a GPU)")
-    p.add_argument("--collective-timeout", type=float, default=20.0)
+    p.add_argument("--collective-timeout", type=float, default=Defaults.COLLECTIVE_TIMEOUT)
+    p.add_argument("--pulse", action=argparse.BooleanOptionalAction, default=True,
+                   help="heartbeats from a small process of their own, which work holding this process's GIL "
+                        "(a data build, a compile) cannot starve (default); --no-pulse: from the control thread")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     p.add_argument("--result", default=None,
                    help="write steps, events and final checksums here (JSON); with several local workers, "
@@ -53,13 +57,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load", default=None, help="megatron checkpoint to start from")
     p.add_argument("--save-dir", default=None)
     p.add_argument("--save-at-step", type=int, default=None, help="save to --save-dir at this step, then exit")
-    p.add_argument("--checkpoint-dir", default=os.environ.get("LIVESHARD_CHECKPOINT_DIR") or None,
+    p.add_argument("--checkpoint-dir", default=os.environ.get(Env.CHECKPOINT_DIR) or None,
                    help="safety checkpoints and the checkpoint a stop saves go here (shared by all workers)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between safety checkpoints (0: off)")
-    p.add_argument("--checkpoint-keep", type=int, default=int(os.environ.get("LIVESHARD_CHECKPOINT_KEEP") or 3),
+    p.add_argument("--checkpoint-keep", type=int, default=int(os.environ.get(Env.CHECKPOINT_KEEP) or 3),
                    help="complete checkpoints kept in --checkpoint-dir, newest first (0: all)")
     p.add_argument("--checkpoint-interval-minutes", type=float,
-                   default=float(os.environ.get("LIVESHARD_CHECKPOINT_INTERVAL_MINUTES") or 0),
+                   default=float(os.environ.get(Env.CHECKPOINT_INTERVAL_MINUTES) or 0),
                    help="minutes between safety checkpoints (0: off)")
     p.add_argument("--checkpoint-finalize-steps", type=int, default=0,
                    help="wait for a background checkpoint this many steps after it starts (0: when done)")
@@ -71,7 +75,7 @@ def worker_id(args: argparse.Namespace) -> str:
     from liveshard.runtime.agent import local_workers as lw
 
     local_rank, local_size = lw.local_rank(os.environ)
-    pod = os.environ.get("LIVESHARD_POD_NAME") or os.environ.get("POD_NAME") or socket.gethostname()
+    pod = os.environ.get(Env.POD_NAME) or os.environ.get("POD_NAME") or socket.gethostname()
     return lw.per_process_id(args.id, local_rank, local_size) if args.id else f"{pod}/{local_rank}"
 
 
@@ -114,7 +118,7 @@ def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None
     host, _, port = args.coordinator.rpartition(":")
     options = WorkerOptions(max_steps=args.max_steps, transfer_budget=args.budget, verify=args.verify,
                             preallocate=args.preallocate, build_world_ahead=args.build_world_ahead,
-                            collective_timeout=args.collective_timeout,
+                            collective_timeout=args.collective_timeout, pulse=args.pulse,
                             load_dir=args.load, save_dir=args.save_dir, save_at_step=args.save_at_step,
                             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                             checkpoint_interval=60.0 * args.checkpoint_interval_minutes,

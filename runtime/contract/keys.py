@@ -2,32 +2,47 @@
 
 The coordinator serves the store; workers, the coordinator's plan sources and the local tools
 read and write it. All values are JSON or plain text (never pickled). Keys live under the job's
-prefix (``liveshard/<job>/``, see ``control.store.JobStore``).
+prefix (``liveshard/<job>/``, see ``control.store.JobStore``). Every value is sealed with the job's
+secret, incarnation and a per-key sequence; a reader that finds a value forged, replayed or deleted
+keeps the last valid one (the rules: ``control.store``). Keys marked *write-once* keep the first
+value a reader accepted; ``counter`` keys (``store.add``) cannot be sealed.
 
     members/<id>                 a worker announces itself (host, pid, node, time; after a
                                  coordinator restart also its plan and newest checkpoint)
-    members/count, members/index/<i>   the registration order
+    members/index/<i>            the registration order: worker ids, each slot claimed by a
+                                 compare-and-set (``JobStore.append``); read up to the first
+                                 absent slot, forged slots skipped
+    members/count                no longer written (the slots above need no counter)
     dead/<id>                    the coordinator declared this incarnation of <id> dead (it
                                  rejoins as a new one if it is still alive)
     hb/<id>                      heartbeat: time, state, generation, rank, step, step time, loss
-    plan/latest                  generation number of the newest world plan
-    plan/<N>                     WorldPlan N (config, members in rank order, reason, ...)
+    plan/latest                  generation number of the newest world plan (a lower one than a
+                                 reader accepted is a replay)
+    plan/current                 the newest committed generation (the coordinator): a process
+                                 whose world is older and that is not in this one holds stale
+                                 state and comes back as a new process
+    plan/<N>                     WorldPlan N (config, members in rank order, reason, ...); write-once
     gen/<N>/prepared/<id>        the member's transition-plan checksum (it has prepared N)
     gen/<N>/switch               the step boundary at which the old world switched to N
-    gen/<N>/result/<id>          the member's outcome and phase timings (MemberResult)
-    gen/<N>/arrived              counter: new members about to build the new world
+    gen/<N>/result/<id>          the member's outcome and phase timings (MemberResult); write-once
+    gen/<N>/arrived              counter: new members about to build the new world. Not sealed:
+                                 anyone can add to it (a member waits for the count it expects)
     gen/<N>/ready/<id>           the new member's world is built and loaded
     gen/<N>/decision             the commit point of a live transition: "committed" (written
                                  by the last ready member) or "aborted: <why>" (a failed
                                  member, a waiter out of time, or the coordinator on a death);
-                                 first writer wins (compare-and-set), never rewritten
-    gen/<N>/outcome              "committed" or "aborted: <why>" (written by the coordinator)
+                                 the first valid writer wins (``JobStore.decide``: compare-and-set,
+                                 planted values replaced); write-once
+    gen/<N>/outcome              "committed" or "aborted: <why>" (written by the coordinator); write-once
     world/<N>/...                c10d keys of the training world of generation N
     xfer/<N>/...                 c10d keys of the transition group (old members + new members)
-    request/count, request/<k>   plan requests posted by a local driver (StorePlanSource)
+    request/<k>                  plan requests posted by a local driver (StorePlanSource), a list
+                                 without a counter (``JobStore.append``/``entries``)
     coordinator/status           the coordinator's last status report (JSON)
     control/stop                 ask every worker to finish (local driver)
-    checkpoint/latest            the newest complete checkpoint: path, step, config (rank 0)
+    checkpoint/latest            the newest complete checkpoint: path, step, config (rank 0); a
+                                 lower step than a reader accepted is a replay unless written
+                                 with ``JobStore.rewind`` (after a restore from an older one)
     checkpoint/failed            the last failed save: step, error, time, count (rank 0)
     checkpoint/unavailable       why a worker cannot use the checkpoint directory (path, error)
     dev/release/<step>           dev tooling: a held worker may pass step <step>
@@ -38,20 +53,25 @@ prefix (``liveshard/<job>/``, see ``control.store.JobStore``).
 
 from __future__ import annotations
 
+from liveshard.runtime.contract.env import Env
+
 # The environment variable that carries the job's store secret: every value above is written
 # with an HMAC made with it (control.store.JobStore); the operator keeps it in a per-job Secret.
-SECRET_ENV = "LIVESHARD_JOB_SECRET"
+SECRET_ENV = Env.JOB_SECRET
+# The job's incarnation (the job object's uid), bound into every MAC, so values of an earlier job
+# of the same name do not verify in this one; empty where nothing sets it (local runs).
+INCARNATION_ENV = Env.JOB_INCARNATION
 
 
 class Keys:
     LATEST = "plan/latest"
+    CURRENT = "plan/current"  # the newest committed generation (the coordinator, at each commit)
     STOP = "control/stop"
     CHECKPOINT = "checkpoint/latest"
     CHECKPOINT_FAILED = "checkpoint/failed"
     CHECKPOINT_UNAVAILABLE = "checkpoint/unavailable"
     FINISHED = "control/finished"  # rank 0 at trainIters: step, final checkpoint (JSON)
     MEMBER_COUNT = "members/count"
-    REQUEST_COUNT = "request/count"
     COORDINATOR_STATUS = "coordinator/status"
 
     @staticmethod

@@ -18,10 +18,34 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from liveshard.runtime.contract.causes import Cause, cause_of
 from liveshard.runtime.contract.times import iso, parse_time
+
+
+class JobPhase(StrEnum):
+    """``status.phase`` of an ElasticTrainingJob."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class ConditionType(StrEnum):
+    """``status.conditions[].type`` of an ElasticTrainingJob."""
+
+    READY = "Ready"
+    RECONFIGURING = "Reconfiguring"
+    DEGRADED = "Degraded"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CHECKPOINT_FAILING = "CheckpointFailing"
+    CHECKPOINT_UNAVAILABLE = "CheckpointUnavailable"
 
 
 class InvalidStatus(ValueError):

@@ -18,9 +18,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from liveshard.runtime.contract.env import Env
 from liveshard.runtime.errors import ConfigError
 
-TRAINING_ENV = "LIVESHARD_TRAINING"  # the resolved section, JSON, in every pod of a job
+TRAINING_ENV = Env.TRAINING  # the resolved section, JSON, in every pod of a job
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 DECAY_STYLES = ("constant", "linear", "cosine", "WSD")

@@ -204,8 +204,6 @@ class KubePlanSource:
         members = plan.worker_ids()
         first = self._waiting_since.setdefault(gen, now)
         missing = self.not_up(members)
-        if not missing and self.silent_members():
-            return None  # a member just died: let the coordinator's own recovery go first
         if not missing and plan.cause in LOSSES and now - first < LOSS_GRACE:
             dead = set(self.current.get("dead") or ())
             running = set(self.current.get("members") or ())
@@ -228,27 +226,12 @@ class KubePlanSource:
         log.info("operator plan %d: %s on %d workers (%s)", gen, plan.config, len(members), plan.reason)
         return PlanRequest(members=members, config=plan.config, reason=reason, deadline=deadline, cause=cause)
 
-    def not_up(self, members: tuple[str, ...], stale: float = 10.0) -> list[str]:
-        """Members that have not registered, or whose last heartbeat is older than ``stale`` s."""
-        assert self.store is not None
-        out = []
-        for m in members:
-            hb = self.store.get_json(Keys.heartbeat(m)) if self.store.has(Keys.member(m)) else None
-            if hb is None or time.time() - float(hb.get("time", 0)) > stale:
-                out.append(m)
-        return out
-
-    def silent_members(self, silent: float = 1.5) -> list[str]:
-        """Members of the running world whose heartbeats stopped and whom the coordinator has
-        not declared dead yet: a plan started now would count on them as sources."""
+    def not_up(self, members: tuple[str, ...]) -> list[str]:
+        """Members that have not registered with the coordinator, or that it judges dead (its
+        liveness verdict, ``status.dead``: nobody here judges heartbeats again)."""
         assert self.store is not None
         dead = set(self.current.get("dead") or ())
-        out = []
-        for m in self.current.get("members") or ():
-            hb = self.store.get_json(Keys.heartbeat(m)) if m not in dead else None
-            if hb is not None and hb.get("state") != "exited" and time.time() - float(hb.get("time", 0)) > silent:
-                out.append(m)
-        return out
+        return [m for m in members if m in dead or not self.store.has(Keys.member(m))]
 
     def report(self, status: dict) -> None:
         self.current = status

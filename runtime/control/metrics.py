@@ -8,6 +8,8 @@ the chart's PodMonitor scrapes with ``honorLabels`` so it is not renamed to ``ex
 The coordinator sees heartbeats, not steps: ``observe_heartbeats`` turns the heartbeats of the
 running world into progress and goodput (``GoodputTracker``), and ``observe_generation`` records
 what ``Coordinator._finish`` decided about a generation and the phase timings its members reported.
+``observe_store_tampering`` exports what the coordinator's ``JobStore`` found forged, replayed or
+deleted in the job's store (``JobStore.tampering_counts``).
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
-__all__ = ["OUTCOMES", "PHASES", "GoodputTracker", "JobMetrics"]
+__all__ = ["OUTCOMES", "PHASES", "TAMPERING_KINDS", "GoodputTracker", "JobMetrics"]
 
 # The phase timings workers put in their MemberResult (agent/switch.py), the coordinator keeps
 # the slowest member's: a live switch reports prepare, transfer, commit and downtime (stop of
 # training to training again); a switch through a checkpoint reports prepare, save, build, load.
 PHASES = ("prepare", "transfer", "commit", "downtime", "save", "build", "load")
 OUTCOMES = ("committed", "aborted")
+# The kinds of store tampering a reader tells apart (control.store.Seen, less valid and absent).
+TAMPERING_KINDS = ("forged", "replayed", "deleted")
 # Reconfigurations take from a fraction of a second (a small live switch) to minutes (a restore).
 RECONFIGURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
@@ -104,6 +108,12 @@ class JobMetrics:
             self.reconfigurations.labels(job=job, outcome=outcome)
         for phase in ("prepare", "transfer", "commit", "downtime"):
             self.reconfiguration_seconds.labels(job=job, phase=phase)
+        self.store_tampering = Counter("liveshard_store_tampering",
+                                       "Values in the job's store the coordinator found forged (no valid MAC), "
+                                       "replayed (older than one it accepted) or deleted, by kind",
+                                       ["job", "kind"], registry=self.registry)
+        for kind in TAMPERING_KINDS:
+            self.store_tampering.labels(job=job, kind=kind)
 
     # ---- observations ------------------------------------------------------------------------
     def observe_progress(self, step: int, train_iters: int | None, loss: float | None,
@@ -156,6 +166,15 @@ class JobMetrics:
         counted = self.adaptive_switches.labels(job=self.job)._value.get()
         if switches > counted:
             self.adaptive_switches.labels(job=self.job).inc(switches - counted)
+
+    def observe_store_tampering(self, counts: Mapping[str, int]) -> None:
+        """The coordinator store's tampering totals by kind (``JobStore.tampering_counts``): the
+        counter goes up by what is new since the last call; unknown kinds are ignored."""
+        for kind in TAMPERING_KINDS:
+            total = int(counts.get(kind) or 0)
+            counted = self.store_tampering.labels(job=self.job, kind=kind)._value.get()
+            if total > counted:
+                self.store_tampering.labels(job=self.job, kind=kind).inc(total - counted)
 
     def observe_goodput(self, productive_seconds: float, wall_seconds: float) -> None:
         if wall_seconds <= 0:

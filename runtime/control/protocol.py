@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 
 # The phases of a live reconfiguration a worker passes, in order: "prepare" (the control thread,
 # before the transition group), "connect" (a new member, after the new members met on the store and
 # before it connects the new world's communicators ahead; see agent.world.build_world_ahead), "transfer" (before moving state), "commit" (after the vote, the
 # old world's groups gone, its state kept), "built" (the new world built and loaded, before the
-# commit point) and "committed" (after it: the old state is gone).
-PHASES = ("prepare", "connect", "transfer", "commit", "built", "committed")
+# commit point), "commit-window" (a new member's ready vote is cast, the decision not read yet)
+# and "committed" (after it: the old state is gone).
+PHASES = ("prepare", "connect", "transfer", "commit", "built", "commit-window", "committed")
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,41 @@ class MemberResult:
         return cls(**json.loads(text))
 
 
+@dataclass(frozen=True)
+class OpenGeneration:
+    """What a worker inside (or just past) a live transition's commit window tells a restarted
+    coordinator (``members/<id>`` under ``"open"``): the generation and its plan, whether this
+    member's ready vote was cast and confirmed, and the decision it read, if any. The coordinator
+    resolves the generation from every member's (``agent.commit_point.resolve``)."""
+
+    generation: int
+    plan: WorldPlan
+    ready: bool = False
+    decision: str | None = None
+
+    def to_dict(self) -> dict:
+        """As it goes into a worker's registration (``members/<id>``, a JSON object)."""
+        return {"generation": self.generation, "plan": asdict(self.plan), "ready": self.ready,
+                "decision": self.decision}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> OpenGeneration:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> OpenGeneration:
+        plan = data["plan"]
+        plan = WorldPlan.from_json(plan if isinstance(plan, str) else json.dumps(plan))
+        if int(data["generation"]) != plan.generation:
+            raise ValueError(f"open generation {data['generation']} carries the plan of generation {plan.generation}")
+        decision = data.get("decision")
+        return cls(generation=int(data["generation"]), plan=plan, ready=bool(data.get("ready", False)),
+                   decision=None if decision is None else str(decision))
+
+
 def joiners(old: WorldPlan, candidates: tuple[str, ...]) -> tuple[str, ...]:
     """Workers new to the job, in device order (sorted ids: every member computes the same)."""
     have = set(old.members)
@@ -93,3 +130,94 @@ def transition_members(old: WorldPlan, new: WorldPlan) -> tuple[str, ...]:
     """Members of the transition group in its rank order: the devices, less the dead."""
     dead = set(new.dead)
     return tuple(m for m in transition_devices(old, new) if m not in dead)
+
+
+class WorkerPhase(StrEnum):
+    """What a worker is doing, as its heartbeat says (``Heartbeat.state``)."""
+
+    WAITING = "waiting"  # not in a world: starting, a joiner, after a broken world was left
+    TRAINING = "training"
+    STANDBY = "standby"  # available, not used by the running config
+    COMMITTING = "committing"  # inside a live switch
+    BROKEN = "broken"  # its world's collective failed; it holds its state and waits for a recovery
+    LEFT = "left"  # left the job by plan
+    EXITED = "exited"  # the process is ending
+    FINISHED = "finished"  # the job reached trainIters
+
+
+# A member in one of these phases is gone on purpose: silence after it is not a death, and no
+# new plan names it.
+ENDED_PHASES = frozenset({WorkerPhase.LEFT, WorkerPhase.EXITED, WorkerPhase.FINISHED})
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """``hb/<id>``: a worker's sign of life and its progress. ``time`` is the writer's clock, used
+    only to tell a newer beat from an older one of the same process (liveness is judged on the
+    reader's clock: ``coordinator.membership``)."""
+
+    time: float
+    state: str
+    incarnation: str | None = None
+    generation: int | None = None
+    rank: int | None = None
+    step: int | None = None
+    consumed_samples: int | None = None
+    step_seconds: float | None = None
+    loss: float | None = None
+    seq: int | None = None  # a per-process counter, where the sender has one
+
+    @classmethod
+    def parse(cls, data: object) -> Heartbeat | None:
+        """The heartbeat in ``data`` (a decoded JSON object), None when it is not one: a value
+        with a valid MAC but a wrong shape is treated as no heartbeat, never raised."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            return cls(time=float(data["time"]), state=str(data.get("state") or WorkerPhase.WAITING),
+                       incarnation=data.get("incarnation") or None,
+                       generation=None if data.get("generation") is None else int(data["generation"]),
+                       rank=None if data.get("rank") is None else int(data["rank"]),
+                       step=None if data.get("step") is None else int(data["step"]),
+                       consumed_samples=None if data.get("consumed_samples") is None else int(data["consumed_samples"]),
+                       step_seconds=None if data.get("step_seconds") is None else float(data["step_seconds"]),
+                       loss=None if data.get("loss") is None else float(data["loss"]),
+                       seq=None if data.get("seq") is None else int(data["seq"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED_PHASES
+
+
+class Outcome(StrEnum):
+    """How a generation ended (``GenerationOutcome.outcome`` starts with one of these)."""
+
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    REJECTED = "rejected"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class GenerationOutcome:
+    """One entry of the coordinator's history: a generation's end, or a request refused."""
+
+    generation: int | None
+    outcome: str  # "committed", "aborted: <why>", "rejected: <why>", "failed: <why>"
+    reason: str = ""
+    config: str | None = None
+    world_size: int | None = None
+    cause: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    downtime: float = 0.0
+    switch_step: int = -1
+    seconds: float = 0.0
+
+    @property
+    def committed(self) -> bool:
+        return self.outcome == Outcome.COMMITTED
+
+    def to_dict(self) -> dict:
+        return asdict(self)

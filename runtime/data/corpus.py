@@ -25,6 +25,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
+from liveshard.runtime.contract.env import Env
 from liveshard.runtime.errors import ConfigError
 
 EOD = "<|endoftext|>"
@@ -50,7 +51,7 @@ class CorpusPaths:
 
 def default_corpus_dir() -> str:
     """``$LIVESHARD_CACHE/corpus``, else ``~/.cache/liveshard/corpus``."""
-    cache = os.environ.get("LIVESHARD_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "liveshard")
+    cache = os.environ.get(Env.CACHE) or os.path.join(os.path.expanduser("~"), ".cache", "liveshard")
     return os.path.join(cache, "corpus")
 
 

@@ -114,23 +114,35 @@ def plan_files(spec: ModelSpec, itemsize: int, max_bytes: int = DEFAULT_SHARD_BY
     return [OutputFile(f"model-{i + 1:05d}-of-{n:05d}.safetensors", tuple(g)) for i, g in enumerate(groups)]
 
 
-def megatron_checkpoint_dir(directory: str | os.PathLike) -> Path:
+def megatron_checkpoint_dir(directory: str | os.PathLike, *, check: bool = True) -> Path:
     """The directory holding ``.metadata``: ``directory`` itself, or the iteration a Megatron-LM
-    save root names in ``latest_checkpointed_iteration.txt``."""
+    save root names in ``latest_checkpointed_iteration.txt``. With ``check``, its ``.metadata``
+    is read through the allow-listed unpickler (``megatron.safe_load``): one that is not torch
+    DCP metadata is an ``UnsafeCheckpoint`` naming it, before anything else is read."""
     root = Path(directory)
     if (root / ".metadata").exists():
-        return root
+        return _checked(root) if check else root
     tracker = root / "latest_checkpointed_iteration.txt"
     if tracker.exists():
         text = tracker.read_text().strip()
         if text.isdigit():
             path = root / f"iter_{int(text):07d}"
             if (path / ".metadata").exists():
-                return path
+                return _checked(path) if check else path
         raise ConfigError(str(tracker), f"names iteration {text!r}, which has no torch_dist checkpoint",
                           "point at an iteration directory saved with --ckpt-format torch_dist")
     raise ConfigError(str(root), "is not a megatron torch_dist checkpoint (no .metadata)",
                       "point at a liveshard checkpoint or a Megatron-LM save directory")
+
+
+def _checked(directory: Path) -> Path:
+    from liveshard.runtime.megatron import safe_load
+
+    try:
+        safe_load.read_metadata(directory / ".metadata")
+    except OSError as e:
+        raise ConfigError(str(directory / ".metadata"), f"cannot be read ({e.strerror or e})") from None
+    return directory
 
 
 def load_logical(directory: str | os.PathLike, units: list[LogicalTensor], dtype: torch.dtype) -> dict[tuple, torch.Tensor]:
@@ -145,6 +157,9 @@ def load_logical(directory: str | os.PathLike, units: list[LogicalTensor], dtype
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
 
+    from liveshard.runtime.megatron import safe_load
+
+    safe_load.install()
     if not dist.is_initialized():  # an exporting process is a world of its own
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     by_key: dict[str, list[LogicalTensor]] = {}
@@ -165,7 +180,10 @@ def load_logical(directory: str | os.PathLike, units: list[LogicalTensor], dtype
                                     global_shape=u0.global_shape, global_offset=(*lo, *(0,) * len(u0.shape)),
                                     axis_fragmentations=None, replica_id=0)
     try:
-        loaded = TorchDistLoadShardedStrategy().load(sd, Path(directory))
+        with safe_load.refusals():
+            loaded = TorchDistLoadShardedStrategy().load(sd, Path(directory))
+    except safe_load.UnsafeCheckpoint:
+        raise
     except Exception as e:  # a key or shape the checkpoint does not have
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(str(directory), f"cannot be read as this model: {first[:300]}",

@@ -67,10 +67,14 @@ class BuiltModel:
         return dist.get_rank()
 
 
-def init_parallel(cfg: ParallelConfig, ahead: Any = None) -> None:
+def init_parallel(cfg: ParallelConfig, ahead: Any = None, timeout: float | None = None) -> None:
     """Create megatron's model-parallel groups for ``cfg`` on the initialised default group;
-    groups whose communicators were built ahead (``agent.world.WorldAhead``) get those."""
+    groups whose communicators were built ahead (``agent.world.WorldAhead``) get those.
+    ``timeout``: seconds a collective of every group waits for a peer (the job's collective
+    timeout; None: megatron's own default, 30 minutes), as ``group_requests`` must be given too."""
     from megatron.core import parallel_state
+
+    from liveshard.runtime.agent import world as worlds
 
     if not dist.is_initialized():
         raise ConfigError("torch.distributed", "is not initialised",
@@ -81,21 +85,28 @@ def init_parallel(cfg: ParallelConfig, ahead: Any = None) -> None:
                                       f"has {world}", "make tp*pp*cp*dp equal the world size")
     if parallel_state.model_parallel_is_initialized():
         destroy()
-    with _recording_new_groups(ahead) as created:
-        parallel_state.initialize_model_parallel(**_model_parallel_args(cfg))
+    # the groups' connections are the world's: cut off with it when it loses a member
+    with worlds.noting_world_connections(), _recording_new_groups(ahead, timeout) as created:
+        parallel_state.initialize_model_parallel(**_model_parallel_args(cfg, timeout))
     _groups[:] = created
 
 
-def _model_parallel_args(cfg: ParallelConfig) -> dict[str, Any]:
-    return {"tensor_model_parallel_size": cfg.tp, "pipeline_model_parallel_size": cfg.pp,
-            "context_parallel_size": cfg.cp, "expert_model_parallel_size": cfg.ep,
-            "expert_tensor_parallel_size": cfg.expert_tp, "order": "tp-cp-ep-dp-pp"}
+def _model_parallel_args(cfg: ParallelConfig, timeout: float | None = None) -> dict[str, Any]:
+    args: dict[str, Any] = {"tensor_model_parallel_size": cfg.tp, "pipeline_model_parallel_size": cfg.pp,
+                            "context_parallel_size": cfg.cp, "expert_model_parallel_size": cfg.ep,
+                            "expert_tensor_parallel_size": cfg.expert_tp, "order": "tp-cp-ep-dp-pp"}
+    if timeout is not None:
+        # megatron gives every group it makes this timeout (30 minutes unless told): a survivor
+        # blocked in a collective with a lost peer would wait that long
+        args["distributed_timeout_minutes"] = timeout / 60.0
+    return args
 
 
-def group_requests(cfg: ParallelConfig, rank: int) -> list[Any]:
+def group_requests(cfg: ParallelConfig, rank: int, timeout: float | None = None) -> list[Any]:
     """The process groups megatron's ``initialize_model_parallel`` asks for under ``cfg``, in its
     order (``agent.world.GroupRequest``), as rank ``rank`` sees them: no process group is made and
-    no parallel state changes (the previous world may be training meanwhile).
+    no parallel state changes (the previous world may be training meanwhile). ``timeout``: as
+    ``init_parallel`` will be given it (each request carries the timeout megatron asks for).
 
     megatron's own function runs on a private copy of its module, whose ``torch.distributed``
     answers the new world's size and rank and records ``new_group`` calls, so the list is exactly
@@ -145,7 +156,7 @@ def group_requests(cfg: ParallelConfig, rank: int) -> list[Any]:
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     probe.torch = _Torch()  # type: ignore[attr-defined]
-    probe.initialize_model_parallel(**_model_parallel_args(cfg))
+    probe.initialize_model_parallel(**_model_parallel_args(cfg, timeout))
     return requests
 
 
@@ -199,7 +210,7 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
                 weight_decay: float = 0.0, clip_grad: float = 1.0, grad_reduce_in_fp32: bool = True,
                 init_parallel_state: bool = True, spare_buffers: list[torch.Tensor] | None = None,
                 optimizer_options: dict[str, Any] | None = None, layer_spec: Any = None,
-                **config_overrides: Any) -> BuiltModel:
+                group_timeout: float | None = None, **config_overrides: Any) -> BuiltModel:
     """Build this rank's part of ``spec`` under ``cfg``: GPTModel, DDP, Adam optimizer.
 
     ``config_overrides`` go to ``TransformerConfig`` (e.g. ``hidden_dropout=0.0``);
@@ -208,6 +219,7 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
     Deterministic: the same (spec, cfg, seed) gives the same weights on every run.
     ``spare_buffers``: the previous world's gradient buffers (``gradient_buffers``), reused for
     this model's instead of allocating fresh memory (a reconfiguration's commit).
+    ``group_timeout``: seconds megatron's groups wait for a peer (``init_parallel``'s ``timeout``).
     """
     compat.install()
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -216,7 +228,8 @@ def build_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, lr: f
     from megatron.core.transformer.module import Float16Module
 
     config, model, pre_process, post_process = build_gpt_model(
-        spec, cfg, seed, init_parallel_state=init_parallel_state, layer_spec=layer_spec, **config_overrides)
+        spec, cfg, seed, init_parallel_state=init_parallel_state, layer_spec=layer_spec,
+        group_timeout=group_timeout, **config_overrides)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     module: Any = Float16Module(config, model) if (config.bf16 or config.fp16) else model
@@ -297,7 +310,8 @@ def layer_spec_for(spec: ModelSpec) -> Any:
 
 
 def build_gpt_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, init_parallel_state: bool = True,
-                    layer_spec: Any = None, **config_overrides: Any) -> tuple[Any, Any, bool, bool]:
+                    layer_spec: Any = None, group_timeout: float | None = None,
+                    **config_overrides: Any) -> tuple[Any, Any, bool, bool]:
     """This rank's bare ``GPTModel`` of ``spec`` under ``cfg`` (no DDP, no optimizer): what a
     weights conversion fills and saves. Returns (config, model, pre_process, post_process).
     ``layer_spec``: a megatron ``ModuleSpec`` to use instead of ``layer_spec_for(spec)``; its
@@ -308,7 +322,7 @@ def build_gpt_model(spec: ModelSpec, cfg: ParallelConfig, seed: int = 1234, *, i
 
     config = transformer_config(spec, cfg, **config_overrides)
     if init_parallel_state:
-        init_parallel(cfg)
+        init_parallel(cfg, timeout=group_timeout)
 
     random.seed(seed)
     torch.manual_seed(seed)
@@ -434,9 +448,12 @@ def destroy(defer_free: bool = False) -> None:
 
 
 @contextmanager
-def _recording_new_groups(ahead: Any = None) -> Iterator[list[Any]]:
+def _recording_new_groups(ahead: Any = None, timeout: float | None = None) -> Iterator[list[Any]]:
     """Record the process groups made meanwhile; with ``ahead`` (``agent.world.WorldAhead``),
-    hand each group built ahead its communicator instead of connecting a new one."""
+    hand each group built ahead its communicator instead of connecting a new one. A group asked
+    for without a timeout gets ``timeout`` (torch's default would be 30 minutes)."""
+    from datetime import timedelta
+
     from liveshard.runtime.agent import world as worlds
 
     created: list[Any] = []
@@ -444,6 +461,8 @@ def _recording_new_groups(ahead: Any = None) -> Iterator[list[Any]]:
 
     def new_group(ranks: Any = None, *args: Any, backend: Any = None, **kwargs: Any) -> Any:
         request = worlds.GroupRequest.asked(ranks, backend, kwargs)
+        if timeout is not None and kwargs.get("timeout") is None:
+            kwargs["timeout"] = timedelta(seconds=timeout)
         communicator = ahead.take(request) if ahead is not None and dist.get_rank() in request.ranks else None
         if communicator is None:
             group = real(ranks, *args, backend=backend, **kwargs)

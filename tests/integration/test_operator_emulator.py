@@ -1,6 +1,7 @@
 """The real operator (kopf, in a thread) against the API emulator, over HTTP.
 
-A test plays scheduler and kubelet (``run_pod``) and the runtime's coordinator (it acks plans by
+A test plays scheduler and kubelet (``run_pod`` binds and starts a pod, ``Kubelet`` finishes the
+pods that are deleted with a grace period) and the runtime's coordinator (it acks plans by
 patching ``status.appliedGeneration``), and checks what the operator does in between.
 """
 
@@ -14,7 +15,7 @@ import urllib.request
 import kubernetes.client as k8s
 import pytest
 
-from liveshard.dev.localcluster.emulator import KubeEmulator, run_pod
+from liveshard.dev.localcluster.emulator import KubeEmulator, finish_terminating_pods, run_pod
 from liveshard.dev.ports import free_port
 from liveshard.operator import metrics
 from liveshard.operator.command import run_operator
@@ -46,6 +47,31 @@ class Operator:
         self.stop_flag.set()
         self.thread.join(30)
         assert not self.thread.is_alive(), "the operator did not stop"
+
+
+class Kubelet:
+    """The nodes' kubelets, as far as deletion goes: a bound pod deleted with a grace period stays
+    Terminating until its kubelet deletes it again with grace 0 (the pods here run nothing)."""
+
+    def __init__(self, kube: KubeEmulator) -> None:
+        self.core = k8s.CoreV1Api(kube.api_client())
+        self.stop_flag = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="kubelet", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop_flag.wait(0.05):
+            try:
+                finish_terminating_pods(self.core, NS)
+            except Exception:  # the emulator is stopping
+                return
+
+    def __enter__(self) -> Kubelet:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_flag.set()
+        self.thread.join(10)
 
 
 class Cluster:
@@ -111,7 +137,8 @@ def wait_for(check, timeout: float = 15.0, what: str = "condition"):
 @pytest.fixture(scope="module")
 def cluster(kube):
     operator = Operator(kube.url).start()
-    yield Cluster(kube)
+    with Kubelet(kube):
+        yield Cluster(kube)
     operator.stop()
 
 
@@ -319,7 +346,7 @@ def test_a_host_path_checkpoint_is_refused_unless_the_operator_allows_it(cluster
 # ---- restart ----------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_an_operator_restarted_mid_reconfiguration_finishes_it_from_the_status(tmp_path, crd_path):
-    with KubeEmulator(crds=[crd_path]) as kube:
+    with KubeEmulator(crds=[crd_path]) as kube, Kubelet(kube):
         cluster = Cluster(kube)
         first = Operator(kube.url).start()
         try:

@@ -18,6 +18,7 @@ from liveshard.dev.procpool import GlooPool
 pytestmark = pytest.mark.slow
 
 WORLD = 4
+TIMEOUT = 45.0  # the job's collective timeout: megatron's groups ask for it, probed and made alike
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +38,15 @@ def world_ahead_job(rank: int, world: int, cfg_text: str, port: int) -> dict[str
     from liveshard.runtime.parallel import ParallelConfig
 
     build.compat.install()
-    build.init_parallel(ParallelConfig.parse(f"tp=1,pp=1,dp={world}"))  # the world that trains meanwhile
+    build.init_parallel(ParallelConfig.parse(f"tp=1,pp=1,dp={world}"), timeout=TIMEOUT)  # trains meanwhile
+    made_at_once = _timeouts(build._groups)  # groups connected by init_parallel itself
     old_dp = ps.get_data_parallel_group()
     cfg = ParallelConfig.parse(cfg_text)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0)
 
-    requests = build.group_requests(cfg, rank)
+    requests = build.group_requests(cfg, rank, TIMEOUT)
     probe_left_state = ps.get_data_parallel_group() is old_dp and ps.get_tensor_model_parallel_world_size() == 1
-    ahead = worlds.build_world_ahead(store, "gen/ahead/", rank, world, requests, 60.0)
+    ahead = worlds.build_world_ahead(store, "gen/ahead/", rank, world, requests, TIMEOUT)
     flag = torch.ones(1)
     dist.all_reduce(flag)  # the old world still works beside the new communicators
     old_world_works = flag.item() == world
@@ -62,10 +64,12 @@ def world_ahead_job(rank: int, world: int, cfg_text: str, port: int) -> dict[str
     ps.create_group = recording
     try:
         worlds.init_training_world(store, "gen/world/", rank, world, 60.0, ahead=ahead)
-        build.init_parallel(cfg, ahead)
+        build.init_parallel(cfg, ahead, timeout=TIMEOUT)
     finally:
         ps.create_group = real
 
+    # the timeout each group made waits for a lost peer (megatron leaves some groups without one)
+    made_timeouts = _timeouts(build._groups)
     sums = {}
     groups = {"tp": ps.get_tensor_model_parallel_group(), "pp": ps.get_pipeline_model_parallel_group(),
               "dp": ps.get_data_parallel_group(), "dp_gloo": ps.get_data_parallel_group_gloo(),
@@ -83,8 +87,18 @@ def world_ahead_job(rank: int, world: int, cfg_text: str, port: int) -> dict[str
     sums["later"] = (t.item(), float(sum(r + 1 for r in range(world))))
     return {"probe_left_state": probe_left_state, "old_world_works": old_world_works,
             "asked_is_probed": asked == requests, "asked": len(asked), "handed": ahead.handed,
+            "made_timeouts": made_timeouts, "made_at_once": made_at_once,
             "missed": [r.desc for r in ahead.missed], "unused": len(ahead.groups), "sums": sums,
             "backend": dist.get_backend()}
+
+
+def _timeouts(groups: list[Any]) -> list[float]:
+    """The timeouts (seconds) the gloo communicators of ``groups`` wait for a peer."""
+    import torch
+    import torch.distributed as dist
+
+    return sorted({g._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+                   for g in groups if isinstance(g, dist.ProcessGroup)})
 
 
 @pytest.mark.parametrize("cfg", ["tp=2,pp=1,dp=2", "tp=1,pp=2,dp=2", "tp=1,pp=4,dp=1", "tp=4,pp=1,dp=1",
@@ -94,6 +108,8 @@ def test_the_world_built_ahead_is_the_one_megatron_asks_for(pool, cfg):
         assert out["probe_left_state"], "probing megatron's groups changed the parallel state in use"
         assert out["old_world_works"]
         assert out["asked_is_probed"], f"rank {rank}: megatron asked for other groups than were probed"
+        # not megatron's (or torch's) 30 minutes, whether connected ahead or at once
+        assert out["made_timeouts"] == out["made_at_once"] == [TIMEOUT], out
         # every group this rank is in was connected ahead and handed over; none made at the commit
         assert out["missed"] == [] and out["unused"] == 0 and out["handed"] > 0, out
         assert out["backend"] == "liveshard_ahead"

@@ -38,3 +38,17 @@ def test_every_rank_sees_the_same_list_and_megatron_state_is_untouched():
     assert all(lst == lists[0] for lst in lists)  # one order for all: members meet group by group
     assert not parallel_state.model_parallel_is_initialized()
     assert parallel_state._TENSOR_MODEL_PARALLEL_GROUP is None
+
+
+def test_every_group_asks_for_the_jobs_collective_timeout():
+    """megatron gives its groups ``distributed_timeout_minutes`` (30 minutes unless told): with
+    the job's collective timeout, every group waits that long for a lost peer, no longer."""
+    cfg = ParallelConfig.parse("tp=2,pp=2,dp=2")
+    timed = group_requests(cfg, 3, timeout=20.0)
+    assert timed and {r.timeout for r in timed} == {20.0, None}
+    # megatron-core 0.16.1 asks for its expert data-parallel gloo groups with no timeout (torch's
+    # 30 minutes): init_parallel gives them the job's, as build_world_ahead does
+    assert {r.desc for r in timed if r.timeout is None} == {"EXPERT_DATA_PARALLEL_GROUP_GLOO"}
+    untimed = group_requests(cfg, 3)
+    assert {r.timeout for r in untimed} == {30 * 60.0, None}  # megatron's own default, as before
+    assert [(r.desc, r.ranks, r.gloo) for r in timed] == [(r.desc, r.ranks, r.gloo) for r in untimed]

@@ -42,16 +42,27 @@ class Source:
         return self.inputs
 
 
-def _beat(c: Coordinator, *workers: str, at: float | None = None) -> None:
+_sent = [time.time()]
+
+
+def _beat(c: Coordinator, *workers: str) -> None:
     for w in workers:
-        c.store.set_json(Keys.member(w), {"host": "h", "node": NODES[w], "time": at or time.time()})
-        c.store.set_json(Keys.heartbeat(w), {"time": at or time.time(), "state": "training"})
+        _sent[0] = max(time.time(), _sent[0] + 1e-3)  # each beat newer than the last
+        c.store.set_json(Keys.member(w), {"host": "h", "node": NODES[w], "time": _sent[0]})
+        c.store.set_json(Keys.heartbeat(w), {"time": _sent[0], "state": "training"})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
 
 
 def _register(c: Coordinator, *workers: str) -> None:
     for w in workers:
-        index = c.store.store.add(Keys.MEMBER_COUNT, 1) - 1
-        c.store.set(Keys.member_index(index), w)
+        c.store.register_member(w, {"host": "h", "node": NODES[w], "time": time.time()})
     _beat(c, *workers)
 
 
@@ -82,7 +93,7 @@ def _scenario(precompute: bool, inputs: PlanningInputs, event: str, change_input
     published for the event (None: it published none)."""
     source = Source(inputs)
     c = Coordinator(JobStore(dist.HashStore()), PRESETS[model], source, inputs, heartbeat_timeout=1.0,
-                    precompute=precompute)
+                    precompute=precompute, clock=Clock())
     workers = tuple(f"w{i}" for i in range(6))
     _register(c, *workers, "w6", "w7")
     source.queue.append(PlanRequest(members=workers, config=config))
@@ -95,8 +106,8 @@ def _scenario(precompute: bool, inputs: PlanningInputs, event: str, change_input
     if change_inputs:
         source.inputs = replace(inputs, gpu_memory_bytes=inputs.gpu_memory_bytes // 2)
     if event == "lose":
+        c.clock.t += 10  # w2 and w3 fall silent
         _beat(c, "w0", "w1", "w4", "w5", "w6", "w7")
-        _beat(c, "w2", "w3", at=time.time() - 10)
     else:
         _beat(c, *workers, "w6", "w7")
         source.queue.append(PlanRequest(members=(*workers, "w6", "w7"), reason="2 worker(s) joined"))

@@ -1,0 +1,168 @@
+"""The faults a schedule injects, and the end-of-schedule invariant (every live member trains
+again, or the job ended ``Failed`` with a reason). The invariants checked at every step are
+where the step happens (``world.Simulation``): one decision per generation, nothing adopted
+uncommitted, nobody dead while heartbeating validly, samples once, no unverified restore."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.coordinator.requests import PlanRequest
+
+if TYPE_CHECKING:
+    from liveshard.dev.sim.world import Simulation, Worker
+
+REQUESTS = ("leave", "reshape")
+
+
+class Faults:
+    """Mixed into ``Simulation``."""
+
+    def _plan_faults(self: Simulation) -> None:
+        kinds = sorted(self.faults)
+        for _ in range(self.rng.randint(1, 4)):
+            if kinds:
+                self.at(self.rng.uniform(2.0, self.duration), "fault", self.rng.choice(kinds))
+        for _ in range(self.rng.randint(0, 2)):
+            self.at(self.rng.uniform(2.0, self.duration), "fault", "request:" + self.rng.choice(REQUESTS))
+
+    def _alive(self: Simulation) -> list[Worker]:
+        return [w for w in self.workers.values() if w.alive]
+
+    def _fault(self: Simulation, kind: str) -> None:
+        rng, store, core = self.rng, self.store, self.core
+        alive = self._alive()
+        if kind.startswith("request:"):
+            if core is None or core.current is None or not core.current.members:
+                return
+            cur = core.current
+            if kind == "request:leave" and len(cur.members) > 1:
+                gone = rng.choice(cur.members)
+                self.source.queue.append(PlanRequest(members=tuple(m for m in (*cur.members, *cur.standbys)
+                                                                   if m != gone), reason=f"{gone} leaves"))
+            elif kind == "request:reshape":
+                config = "dp" if cur.config.startswith("tp") else "tp"
+                self.source.queue.append(PlanRequest(members=cur.members, config=config, reason="reshape"))
+            self.log(f"request {kind}")
+            return
+        self._count(kind)
+        if kind in ("kill", "restart") and alive:
+            w = rng.choice(alive)
+            w.alive = False
+            self.log(f"FAULT kill {w.inc}")
+            if kind == "restart":
+                self.at(self.now + rng.uniform(1.0, 3.0), "fault", f"respawn:{w.id}")
+        elif kind.startswith("respawn:"):
+            w = self.workers[kind.split(":", 1)[1]]
+            w.incarnation += 1
+            w.alive, w.phase, w.world, w.state_step, w.target, w.cp = True, "waiting", None, None, None, None
+            w.reader, w.frozen_until, w.torn_down, w.broken_at, w.handled = None, 0.0, False, None, -1
+            self.log(f"{w.inc} starts (a restarted pod)")
+            self.at(self.now + 0.1, "wake", w.id)
+        elif kind == "coordinator":
+            if core is None:
+                return
+            if core.pending is None and rng.random() < 0.7 and self.now < self.duration:
+                self.at(self.now + 0.3, "fault", kind)  # wait for a generation in flight, most of the time
+                self.fault_count[kind] -= 1
+                return
+            self._kill_coordinator(f"pending {core.pending.plan.generation if core.pending else None}")
+        elif kind == "forge":
+            target = rng.choice(alive).id if alive else "w0"
+            what = rng.choice(("hb", "decision", "latest", "result", "dead", "member"))
+            if what == "hb":
+                self.forged_beats.add(target)
+                self.at(self.now + rng.uniform(2.0, 8.0), "fault", f"unforge:{target}")
+            elif core is not None:
+                gen = core.next_generation
+                key = {"decision": Keys.decision(gen), "latest": Keys.LATEST, "result": Keys.result(gen, target),
+                       "dead": Keys.dead(target), "member": Keys.member(target)}[what]
+                store.forge(key)
+            self.log(f"FAULT forge {what} {target}")
+        elif kind.startswith("unforge:"):
+            self.forged_beats.discard(kind.split(":", 1)[1])
+        elif kind == "replay":
+            keys = [k for k in store.history if k.startswith(("hb/", "plan/latest", "members/"))]
+            if keys:
+                key = rng.choice(sorted(keys))
+                if store.replay(key):
+                    self.log(f"FAULT replay {key}")
+        elif kind == "delete":
+            keys = [k for k in store.data if k.startswith(("gen/", "hb/", "plan/"))]
+            if keys:
+                key = rng.choice(sorted(keys))
+                store.delete(key)
+                self.log(f"FAULT delete {key}")
+        elif kind == "slow" and alive:
+            w = rng.choice(alive)
+            w.frozen_until = self.now + rng.uniform(0.5, 1.8)  # a stall shorter than half the timeout
+            self.log(f"FAULT slow {w.inc} until {w.frozen_until:.2f}")
+        elif kind == "freeze" and alive:
+            w = rng.choice(alive)
+            w.frozen_until = self.now + rng.uniform(6.0, 12.0)  # SIGSTOP past the timeout, then SIGCONT
+            self.log(f"FAULT freeze {w.inc} until {w.frozen_until:.2f}")
+        elif kind == "clock" and alive:
+            w = rng.choice(alive)
+            w.clock_skew += rng.choice((-1, 1)) * rng.uniform(10.0, 300.0)
+            self.log(f"FAULT clock jump on {w.inc}: {w.clock_skew:+.0f} s")
+        elif kind == "counter":
+            key = rng.choice((Keys.MEMBER_COUNT, Keys.arrived(core.next_generation if core else 0)))
+            store.bump(key)
+            self.log(f"FAULT counter {key}")
+        elif kind == "damage" and self.checkpoints:
+            self.checkpoints[-1]["verified"] = False
+            self.log(f"FAULT damage {self.checkpoints[-1]['path']}")
+
+    def _kill_coordinator(self: Simulation, when: str) -> None:
+        """The coordinator's process dies, and the store it serves with it; Kubernetes restarts
+        its pod a little later (a new, empty store)."""
+        self.store.up = False
+        self.core = None
+        self.log(f"FAULT coordinator killed ({when})")
+        self.at(self.now + self.rng.uniform(0.5, 4.0), "coord-up", "")
+
+    # ---- the end --------------------------------------------------------------------------------
+    def _settled(self: Simulation) -> str | None:
+        """None when the job is settled: it ended ``Failed``, or every live member trains in
+        the current world, which counts no dead member and stepped since the last fault; else
+        what is not."""
+        core = self.core
+        if self.failure is not None:
+            return None
+        if core is None:
+            return "the coordinator is not back"
+        cur = core.current
+        if not self._alive() and core.pending is None:
+            return None  # no process left to train: the job waits for capacity (the operator's part)
+        if cur is None or core.pending is not None:
+            return (f"current {cur.generation if cur else None}, "
+                    f"pending {core.pending.plan.generation if core.pending else None}")
+        for w in self._alive():
+            if w.id in cur.members and (w.phase != "training" or w.world is None
+                                        or w.world.generation != cur.generation):
+                return f"{w.inc} is {w.phase} in {w.world.generation if w.world else None}, not in {cur.generation}"
+            if w.id not in cur.members and w.id not in cur.standbys and w.phase != "waiting":
+                return f"{w.inc} is {w.phase} outside generation {cur.generation}"
+        dead_members = [m for m in cur.members if not self.workers[m].alive]
+        if dead_members:
+            return f"generation {cur.generation} still counts dead {dead_members}"
+        track = self.tracks.get(cur.generation)
+        if track is None or (track.step <= self.step_at_last_fault and track.start is not None \
+                and track.start <= self.step_at_last_fault):
+            return f"generation {cur.generation} has not stepped since the last fault"
+        return None
+
+    def _check_settled(self: Simulation) -> None:
+        """After the faults and a bound: every live member trains again, or the job failed."""
+        problem = self._settled()
+        if problem is not None:
+            self.violate(f"not settled {self.settle:.0f} s after the last fault: {problem}")
+
+    def _outcome(self: Simulation) -> str:
+        core = self.core
+        if self.failure is not None:
+            return f"failed: {self.failure['reason']}"
+        if core is not None and core.current is not None:
+            return f"training in generation {core.current.generation}"
+        return "nothing"

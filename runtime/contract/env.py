@@ -1,0 +1,42 @@
+"""Every environment variable a liveshard pod reads, named once: the operator's pod builder sets
+them (``operator/builders.py``), the commands and the runtime read them, the dev tooling sets
+them for local pods. Also the ports and the addresses they default to."""
+
+from __future__ import annotations
+
+
+class Env:
+    JOB = "LIVESHARD_JOB"  # the job's name (the store's key prefix)
+    NAMESPACE = "LIVESHARD_NAMESPACE"
+    ROLE = "LIVESHARD_ROLE"  # "coordinator" or "worker" in a pod the operator built
+    POD_NAME = "LIVESHARD_POD_NAME"
+    NODE_NAME = "LIVESHARD_NODE_NAME"  # the worker's node (the planner's placement, from the pod's spec)
+    COORDINATOR = "LIVESHARD_COORDINATOR"  # host:port of the job's store
+    BIND = "LIVESHARD_BIND"  # the address the coordinator's store listens on
+    PORT = "LIVESHARD_PORT"  # the coordinator's store port
+    METRICS_PORT = "LIVESHARD_METRICS_PORT"
+    GPUS_PER_WORKER = "LIVESHARD_GPUS_PER_WORKER"
+    WORKER_INDEX = "LIVESHARD_WORKER_INDEX"
+    MODEL = "LIVESHARD_MODEL"  # the model spec, JSON
+    TRAINING = "LIVESHARD_TRAINING"  # the training spec, JSON (contract.training)
+    CHECKPOINT_DIR = "LIVESHARD_CHECKPOINT_DIR"
+    CHECKPOINT_INTERVAL_MINUTES = "LIVESHARD_CHECKPOINT_INTERVAL_MINUTES"
+    CHECKPOINT_KEEP = "LIVESHARD_CHECKPOINT_KEEP"
+    JOB_SECRET = "LIVESHARD_JOB_SECRET"  # the key of every store value's MAC (a per-job Secret)
+    JOB_INCARNATION = "LIVESHARD_JOB_INCARNATION"  # the job's uid, bound into every MAC
+    CACHE = "LIVESHARD_CACHE"  # where the built-in corpus and dataset indexes are cached
+
+
+STORE_PORT = 29400  # the coordinator's store
+METRICS_PORT = 9400  # the coordinator's Prometheus endpoint in a job's pod
+
+
+class Defaults:
+    """Each default the commands, the worker options and the coordinator share (a test checks the
+    command lines and the CRD against these)."""
+
+    HEARTBEAT_TIMEOUT = 3.0  # seconds of silence before the coordinator declares a member dead
+    TRANSITION_TIMEOUT = 120.0  # seconds a generation may take before the coordinator aborts it
+    COLLECTIVE_TIMEOUT = 20.0  # seconds before a collective with a dead peer fails
+    STAGING_BUDGET = 64 << 20  # staging bytes per rank during a transfer
+    GPU_MEMORY = 80 << 30  # each GPU's memory, when nothing says otherwise
