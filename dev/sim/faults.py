@@ -107,8 +107,12 @@ class Faults:
             w.clock_skew += rng.choice((-1, 1)) * rng.uniform(10.0, 300.0)
             self.log(f"FAULT clock jump on {w.inc}: {w.clock_skew:+.0f} s")
         elif kind == "counter":
-            key = rng.choice((Keys.MEMBER_COUNT, Keys.arrived(core.next_generation if core else 0)))
-            store.bump(key)
+            # the store's counters are gone from the protocol; what stands in for them is sealed:
+            # a bumped old counter and a forged count-in must change nothing
+            store.bump(Keys.MEMBER_COUNT)
+            target = rng.choice(sorted(self.workers))
+            key = Keys.arrived(core.next_generation if core else 0, target)
+            store.forge(key)
             self.log(f"FAULT counter {key}")
         elif kind == "damage" and self.checkpoints:
             self.checkpoints[-1]["verified"] = False

@@ -307,7 +307,7 @@ class Simulation(Faults):
                     results[m] = text
             if core.current is not None and core.pending.plan.is_live_transition:
                 decision = r.get(Keys.decision(g))
-                arrived = store.counters.get(Keys.arrived(g), 0)
+                arrived = sum(r.get(Keys.arrived(g, m)) == "1" for m in core.pending.plan.members)
                 if decision is None:
                     ready = frozenset(m for m in core.pending.plan.members if r.get(Keys.ready(g, m)) == "1")
         request = self.source.poll() if core.wants_request else None
@@ -625,7 +625,7 @@ class Simulation(Faults):
                 self._cp_actions(p, p.cp.start())
                 if p.id in plan.members:
                     with contextlib.suppress(StoreDown):
-                        p.reader.store.add(Keys.arrived(gen), 1)
+                        p.reader.store.set_confirmed(Keys.arrived(gen, p.id), "1")
 
     def _cp_actions(self, w: Worker, actions: list) -> None:
         store = w.reader.store if w.reader else None

@@ -309,12 +309,13 @@ def _arrive(agent: WorkerAgent, plan: WorldPlan, wait: bool = True, epoch: int |
     if epoch is not None and agent.clients.epoch != epoch:
         raise RuntimeError(f"the coordinator restarted during the switch to generation {gen}")
     store = agent.store
-    store.store.add(Keys.arrived(gen), 1)
+    store.set(Keys.arrived(gen, agent.id), "1")  # sealed, one key per member: nobody else can count it in
+    store.store.add(Keys.arrivals(gen), 1)
     if not wait:
         return
     end = time.monotonic() + agent.options.commit_timeout
     attempt = 0
-    while store.store.add(Keys.arrived(gen), 0) < len(plan.members):
+    while store.store.add(Keys.arrivals(gen), 0) < len(plan.members):
         decision = store.get(Keys.decision(gen))
         if decision is not None:
             raise RuntimeError(f"generation {gen} was decided while members were arriving: {decision}")

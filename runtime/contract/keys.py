@@ -25,8 +25,10 @@ value a reader accepted; ``counter`` keys (``store.add``) cannot be sealed.
     gen/<N>/prepared/<id>        the member's transition-plan checksum (it has prepared N)
     gen/<N>/switch               the step boundary at which the old world switched to N
     gen/<N>/result/<id>          the member's outcome and phase timings (MemberResult); write-once
-    gen/<N>/arrived              counter: new members about to build the new world. Not sealed:
-                                 anyone can add to it (a member waits for the count it expects)
+    gen/<N>/arrived/<id>         the new member is about to build the new world (its sources have
+                                 delivered); sealed: what the coordinator counts
+    gen/<N>/arrivals             counter of the same, for members waiting for each other; not
+                                 sealed: a bump only ends a wait early, into the rendezvous
     gen/<N>/ready/<id>           the new member's world is built and loaded
     gen/<N>/decision             the commit point of a live transition: "committed" (written
                                  by the last ready member) or "aborted: <why>" (a failed
@@ -112,8 +114,17 @@ class Keys:
         return f"gen/{gen}/result/{worker}"
 
     @staticmethod
-    def arrived(gen: int) -> str:
-        return f"gen/{gen}/arrived"
+    def arrived(gen: int, worker: str) -> str:
+        """A new member counted itself in to build the new world (its sources have delivered):
+        sealed, what the coordinator counts."""
+        return f"gen/{gen}/arrived/{worker}"
+
+    @staticmethod
+    def arrivals(gen: int) -> str:
+        """Counter of the same, for members waiting for each other (one read per poll at any
+        scale). Not sealed: a bump only ends a wait early, into the rendezvous, which waits for
+        everyone itself."""
+        return f"gen/{gen}/arrivals"
 
     @staticmethod
     def ready(gen: int, worker: str) -> str:

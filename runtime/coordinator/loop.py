@@ -219,7 +219,7 @@ class Coordinator:
                             log.error("result of %s for generation %d is malformed: ignored", m, g)
             if self.current is not None and gen.plan.is_live_transition:
                 decision = store.get(Keys.decision(g))
-                arrived = store.store.add(Keys.arrived(g), 0)
+                arrived = sum(store.get(Keys.arrived(g, m)) == "1" for m in gen.plan.members)
                 if decision is None:
                     ready = frozenset(m for m in gen.plan.members if store.get(Keys.ready(g, m)) == "1")
         request: PlanRequest | None = None

@@ -19,7 +19,7 @@ PLAN = WorldPlan(generation=3, config="tp=1,pp=1,dp=2", members=("w0", "w2"), pr
 
 
 def _agent(store: JobStore) -> SimpleNamespace:
-    return SimpleNamespace(store=store, options=SimpleNamespace(commit_timeout=5.0))
+    return SimpleNamespace(id="w0", store=store, options=SimpleNamespace(commit_timeout=5.0))
 
 
 def test_a_member_whose_world_was_built_ahead_counts_in_without_waiting():
@@ -27,7 +27,7 @@ def test_a_member_whose_world_was_built_ahead_counts_in_without_waiting():
     start = time.monotonic()
     _arrive(_agent(store), PLAN, wait=False)  # w2 has not arrived: nothing to wait for
     assert time.monotonic() - start < 1.0
-    assert store.store.add(Keys.arrived(PLAN.generation), 0) == 1
+    assert store.get(Keys.arrived(PLAN.generation, "w0")) == "1" and store.get(Keys.arrived(PLAN.generation, "w2")) is None
 
 
 def test_a_member_that_waits_stops_when_the_generation_is_decided():
@@ -35,4 +35,15 @@ def test_a_member_that_waits_stops_when_the_generation_is_decided():
     store.decide(Keys.decision(PLAN.generation), "aborted: w2 died")
     with pytest.raises(RuntimeError, match="decided while members were arriving"):
         _arrive(_agent(store), PLAN, wait=True)
-    assert store.store.add(Keys.arrived(PLAN.generation), 0) == 1
+    assert store.get(Keys.arrived(PLAN.generation, "w0")) == "1"
+
+
+def test_nobody_without_the_secret_counts_a_member_in():
+    """What the coordinator counts is one sealed key per member: a value forged under another
+    member's key is not a count-in (a bumped wait counter only ends a wait early, into the
+    rendezvous, which waits for everyone itself)."""
+    store = JobStore(dist.HashStore(), secret=b"s")
+    store.store.set(Keys.arrived(PLAN.generation, "w2"), "1")  # an attacker's value, no MAC
+    _arrive(_agent(store), PLAN, wait=False)
+    counted = [m for m in PLAN.members if store.get(Keys.arrived(PLAN.generation, m)) == "1"]
+    assert counted == ["w0"]

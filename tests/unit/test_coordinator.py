@@ -439,7 +439,7 @@ def test_a_leaver_dying_after_the_vote_does_not_abort_what_it_already_delivered(
     source.queue.append(PlanRequest(members=("w0", "w2"), config="tp=1,pp=1,dp=2", reason="w1 leaves"))
     c.tick()
     gen = c.pending.plan.generation
-    c.store.store.add(Keys.arrived(gen), 1)  # past the vote: a new member is building
+    c.store.set(Keys.arrived(gen, "w2"), "1")  # past the vote: a new member is building
     _lose(c, "w1", ("w0", "w2"))
     assert c.pending is not None and c.store.get(Keys.decision(gen)) is None
     c.store.decide(Keys.decision(gen), COMMITTED)
