@@ -216,7 +216,18 @@ class KubePlanSource:
             self._abort(gen, f"worker(s) {', '.join(missing[:3])} did not come up in {REGISTER_TIMEOUT:.0f} s")
             return None
         self.handled = gen
-        if (self.current.get("pending") is None and tuple(self.current.get("members") or ()) == members
+        running = tuple(self.current.get("members") or ())
+        leaving = set(plan.leaving_worker_ids())
+        if plan.cause in LOSSES and self.current.get("pending") is None and running and leaving \
+                and not leaving & set(running):
+            # One authority per event: a loss without notice is the runtime's to recover (it sees
+            # it first), and it already did. The operator's plan for the same loss is recorded as
+            # that world, never made a second transition.
+            log.info("operator plan %d (%s): the runtime already recovered from the loss (generation %s, %s): "
+                     "acked as observed", gen, plan.cause, self.current.get("generation"), self.current.get("config"))
+            self._ack(gen, time.time())
+            return None
+        if (self.current.get("pending") is None and running == members
                 and same_config(self.current.get("config"), plan.config)):
             log.info("operator plan %d matches the running world (runtime generation %s): acked",
                      gen, self.current.get("generation"))

@@ -96,6 +96,26 @@ def test_runtime_generations_stay_apart_and_a_matching_plan_is_acked_at_once(env
     assert source.runtime_of == {3: 0}
 
 
+def test_the_operators_plan_for_a_loss_the_runtime_recovered_is_recorded_not_made_again(env):
+    """One authority per event: a loss without notice is the runtime's; the operator's plan for
+    it, even with another config (it plans from what it sees), is acked as the world the runtime
+    already made, never handed on as a second transition."""
+    source, store, custom = env
+    world = ["j-worker-0/0", "j-worker-0/1", "j-worker-1/0", "j-worker-1/1"]
+    alive(store, *world)
+    source.report({"pending": None, "generation": 5, "config": "tp=2,pp=1,dp=1", "members": world[:2],
+                   "dead": world[2:], "history": [{"generation": 5, "outcome": "committed"}]})
+    write_plan(custom, 7, ["j-worker-0"], config="tp=1,pp=2,dp=1", cause="node-gone", reason="node-gone: x",
+               leaving=["j-worker-1"])
+    assert source.poll() is None
+    assert status(custom)["appliedGeneration"] == 7
+    # a plan for an announced signal (a spot notice) is the operator's: handed on as usual
+    write_plan(custom, 8, ["j-worker-0"], config="tp=1,pp=2,dp=1", cause="spot-interruption",
+               reason="spot", leaving=["j-worker-1"])
+    req = source.poll()
+    assert req is not None and req.members == ("j-worker-0/0", "j-worker-0/1")
+
+
 def test_a_rejected_or_aborted_plan_is_reported_aborted(env):
     source, store, custom = env
     alive(store, "j-worker-0/0", "j-worker-0/1")
