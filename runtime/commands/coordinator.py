@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     # the batch the store source plans with.
     training = TrainingSpec.from_json(os.environ[TRAINING_ENV]) if os.environ.get(TRAINING_ENV) else None
     if args.source == "kubernetes":
-        from liveshard.runtime.control.kube_source import KubePlanSource, api_client
+        from liveshard.runtime.coordinator.kube_source import KubePlanSource, api_client
 
         source = KubePlanSource(None, args.job_name, args.namespace, api=api_client(args.kubeconfig))
     # The kubernetes source plans from the job's spec (refreshed at every poll); these are the

@@ -2,7 +2,7 @@
 
 A ``PlanSource`` is the coordinator's only input of wishes: the local driver posts requests in the
 store (``StorePlanSource``), the operator writes them into the job's status
-(``control.kube_source.KubePlanSource``). A source also receives the coordinator's status report.
+(``coordinator.kube_source.KubePlanSource``). A source also receives the coordinator's status report.
 """
 
 from __future__ import annotations

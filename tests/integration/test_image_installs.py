@@ -320,7 +320,7 @@ def test_worker_image_imports_without_dev_tooling(venvs, tmp_path):
         import json
         import liveshard.runtime.commands.worker, liveshard.runtime.agent.worker
         import liveshard.runtime.megatron.build, liveshard.runtime.coordinator
-        import liveshard.runtime.control.kube_source
+        import liveshard.runtime.coordinator.kube_source
         import torch, megatron.core, kubernetes
         print(json.dumps({"torch": torch.__version__}))
     """, tmp_path)
@@ -348,7 +348,7 @@ def test_worker_image_plan_source_reads_the_job(venvs, kube, tmp_path):
     out = python_in(venv, """
         import json, sys, time
         from liveshard.runtime.contract.keys import Keys
-        from liveshard.runtime.control.kube_source import KubePlanSource
+        from liveshard.runtime.coordinator.kube_source import KubePlanSource
         from liveshard.runtime.control.kubeapi import make_api_client
         from liveshard.runtime.control.store import JobStore, serve_store
 

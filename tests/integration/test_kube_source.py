@@ -10,8 +10,8 @@ import pytest
 from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.contract.status import worker_ids
-from liveshard.runtime.control.kube_source import KubePlanSource, pod_speeds
 from liveshard.runtime.control.store import JobStore, serve_store
+from liveshard.runtime.coordinator.kube_source import KubePlanSource, pod_speeds
 
 NS, JOB = "default", "j"
 

@@ -161,7 +161,7 @@ def test_fewest_changes_drops_a_split_priced_for_other_gpus():
 
 
 def test_the_runtime_sees_a_change_of_the_split_as_a_new_config():
-    from liveshard.runtime.control.kube_source import same_config
+    from liveshard.runtime.coordinator.kube_source import same_config
 
     assert not same_config("tp=1,pp=1,dp=2", "tp=1,pp=1,dp=2,dp_split=3+1")
     assert same_config("tp=1,pp=1,dp=2", "tp=1,pp=1,dp=2,dp_split=2+2")

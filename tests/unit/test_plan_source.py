@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from liveshard.runtime.control import kube_source
-from liveshard.runtime.control.kube_source import KubePlanSource
+from liveshard.runtime.coordinator.kube_source import KubePlanSource
 
 
 class FlakyStatus:

@@ -65,7 +65,7 @@ from liveshard.runtime.contract.status import (
 )
 from liveshard.runtime.contract.times import parse_time
 from liveshard.runtime.control.store import JobStore
-from liveshard.runtime.coordinator import PlanningInputs, PlanRequest
+from liveshard.runtime.coordinator.requests import PlanningInputs, PlanRequest
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner.pods import constraints_for
