@@ -519,3 +519,43 @@ def test_a_member_silent_while_its_peers_report_their_world_broken_is_dead_soone
     c.tick()
     assert c.dead == {"w1"}
     assert c.pending is not None and c.pending.plan.members == ("w0",)
+
+
+def test_a_plan_never_names_a_worker_that_has_not_registered():
+    """A join naming a worker that never registered (killed before it did) waits for it while the
+    running world trains on, and after the grace goes without it: the world is never stalled by
+    a plan that names it."""
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+    source.queue.append(PlanRequest(members=("w0", "w1", "w9"), reason="w9 joins"))
+    c.tick()
+    assert c.pending is None and c.current.members == ("w0", "w1")  # nothing published naming w9
+    c.clock.advance(c.core.transition_timeout + 1)
+    _beat(c, "w0", "w1")
+    c.tick()
+    assert c.pending is None or "w9" not in c.pending.plan.members
+    assert "w9" not in c.current.members and not c.core.deferred_members()
+
+
+def test_a_forged_heartbeat_never_kills_a_live_member_and_never_keeps_a_dead_one():
+    """Tampering is not silence (the last valid beat stands, the member is contested), and a
+    contested member that truly stopped is found dead after ``contest_limit``."""
+    from liveshard.runtime.control.store import JobStore
+
+    source = Requests()
+    c = Coordinator(JobStore(dist.HashStore(), secret=b"s"), PRESETS["tiny-gpt"], source, LOCAL,
+                    heartbeat_timeout=1.0, clock=Clock())
+    _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+    c.tick()
+    for _ in range(5):  # w1's key holds garbage at every read for 2.5 timeouts
+        c.clock.advance(0.5)
+        _beat(c, "w0")
+        c.store.store.set(Keys.heartbeat("w1"), "forged")
+        c.tick()
+    assert not c.dead and c.status()["contested"] == ["w1"]
+    c.clock.advance(c.core.liveness.contest_limit)  # and no valid beat since: it is gone
+    _beat(c, "w0")
+    c.store.store.set(Keys.heartbeat("w1"), "forged")
+    c.tick()
+    assert c.dead == {"w1"}
