@@ -111,9 +111,12 @@ def test_a_survivor_blocked_on_another_survivor_waits_for_the_timeout_unless_cut
     assert max(r["blocked"] for r in uncut) > GROUP_TIMEOUT - 1, uncut
 
     cut = _run(tmp_path, cut=True)
+    # this world's connections were shut down (a survivor whose peer had closed them all first
+    # has none left to shut)
+    assert any(r["shut"] for r in cut), cut
     for r in cut:
         assert r["error"], r
-        assert r["shut"] is not None and r["shut"] > 0, r  # this world's connections were shut down
+        assert r["shut"] is not None, r  # the cut ran
         assert r["other_world"] is None and r["again"] is None, r  # another world's prefix, or twice: nothing
         assert r["blocked"] < CUT_AFTER + 2.0, r  # released by the cut, not the timeout
         assert r["before_works"] and r["after_works"], r  # groups outside the world are untouched
