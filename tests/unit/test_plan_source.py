@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from liveshard.runtime.control import kube_source
+from liveshard.runtime.coordinator import kube_source
 from liveshard.runtime.coordinator.kube_source import KubePlanSource
 
 
