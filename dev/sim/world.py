@@ -420,9 +420,7 @@ class Simulation(Faults):
         if w.world is not None and w.state_step is not None:
             info["plan"] = w.world
         if w.cp is not None and not w.cp.decided:
-            report = w.cp.report()
-            info["open"] = {"generation": report.generation, "plan": report.plan, "ready": report.ready,
-                            "decision": report.decision}
+            info["open"] = w.cp.report().to_dict()
         elif w.target is not None and w.phase in ("preparing", "transfer"):
             info["pending_plan"] = w.target
         store = w.reader.store

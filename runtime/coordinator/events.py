@@ -7,23 +7,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from liveshard.runtime.control.protocol import MemberResult, WorldPlan
+from liveshard.runtime.control.protocol import MemberResult, OpenGeneration, WorldPlan
 from liveshard.runtime.coordinator.membership import BeatRead
 from liveshard.runtime.coordinator.requests import PlanningInputs, PlanRequest
 
 
 # ---- what the loop reads ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class OpenVote:
-    """A member's report, to a restarted coordinator, of a generation whose decision it did not
-    learn (``control.protocol.OpenGeneration`` on the wire)."""
-
-    generation: int
-    ready: bool
-    decision: str | None = None
-    plan: WorldPlan | None = None
-
-
 @dataclass(frozen=True)
 class Registration:
     """``members/<id>``: a worker's announcement (at start, and again to a restarted coordinator)."""
@@ -33,7 +22,7 @@ class Registration:
     plan: WorldPlan | None = None  # the world it trains in
     latest_seen: int = -1  # the newest plan generation it has seen
     checkpoint: dict | None = None  # the newest checkpoint it saved
-    open: OpenVote | None = None  # a generation inside its commit window
+    open: OpenGeneration | None = None  # a generation inside its commit window
     pending_plan: WorldPlan | None = None  # a plan it prepared whose outcome it never learned
 
     @classmethod
@@ -47,10 +36,7 @@ class Registration:
                 return WorldPlan.from_json(v if isinstance(v, str) else json.dumps(v))
 
             opened = info.get("open")
-            vote = None
-            if isinstance(opened, dict):
-                vote = OpenVote(generation=int(opened["generation"]), ready=bool(opened.get("ready")),
-                                decision=opened.get("decision") or None, plan=plan(opened.get("plan")))
+            vote = OpenGeneration.from_dict(opened) if isinstance(opened, dict) else None
             return cls(node=str(info.get("node") or info.get("host") or worker),
                        incarnation=info.get("incarnation") or None, plan=plan(info.get("plan")),
                        latest_seen=int(info.get("latest_seen", -1)), checkpoint=info.get("checkpoint") or None,

@@ -104,10 +104,6 @@ class Liveness:
         w = self._watch.get(member)
         return w is not None and w.fresh_at is not None and w.fresh_at > t
 
-    def incarnation(self, member: str) -> str | None:
-        w = self._watch.get(member)
-        return w.incarnation if w else None
-
     def contested(self) -> tuple[str, ...]:
         """Members whose heartbeat key was tampered with (for the status)."""
         return tuple(sorted(m for m, w in self._watch.items() if w.contested_at is not None))
@@ -225,7 +221,3 @@ class Liveness:
         self.dead.add(member)
         self.dead_incarnation[member] = death.incarnation
         return death
-
-    def forget(self, member: str) -> None:
-        """A member that left by plan: stop watching it."""
-        self._watch.pop(member, None)

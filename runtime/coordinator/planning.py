@@ -72,7 +72,7 @@ class Planning:
         return self._start(request, obs, restore=checkpoint)
 
     # ---- plans -------------------------------------------------------------------------------
-    def _inputs(self: CoordinatorCore, obs: Observation | None) -> PlanningInputs:
+    def _inputs(self: CoordinatorCore) -> PlanningInputs:
         """The job's planning inputs as last read (the operator's may change), else our own."""
         return self._read_inputs or self.planning
 
@@ -99,7 +99,7 @@ class Planning:
             return self._reject(request, "none of the workers it names is alive and registered")
         try:
             world = self.chooser.choose(request, members, current=self.current, dead=self.dead,
-                                        inputs=self._inputs(obs), node_of=self._node_of)
+                                        inputs=self._inputs(), node_of=self._node_of)
         except (ConfigError, NoFeasiblePlan) as e:
             return self._reject(request, str(e))
         plan = self.chooser.plan(request, world, members, self.current, self.dead, self.next_generation, self._wall)
