@@ -263,7 +263,7 @@ class Preparer:
 
     def _builds_world_ahead(self) -> bool:
         mode = self.options.build_world_ahead
-        return mode == "on" or (mode == "auto" and self.device.type == "cpu")
+        return mode in ("on", "auto")
 
     def _agree(self, gen: int, members: tuple[str, ...], checksum: str) -> None:
         """Publish our plan's inputs digest and check every member's against it."""

@@ -101,9 +101,9 @@ class WorkerOptions:
     # memory taken early would be taken from the training step's activations).
     preallocate: str = "auto"
     # Whether a new member connects the next training world's communicators during prepare, so
-    # the commit hands them over ("on"), or makes the world at the commit ("off"); "auto": on
-    # with gloo (CPU). On NCCL the hand-over goes through a registered backend whose name
-    # megatron sees instead of "nccl": opt in with "on".
+    # the commit hands them over ("on"), or makes the world at the commit ("off"). "auto" is
+    # "on" with gloo and NCCL alike; either way, when megatron's groups cannot be probed (a
+    # megatron-core the probe does not know) the world is made at the commit.
     build_world_ahead: str = "auto"
     max_steps: int | None = None  # stop here instead of at trainIters (no final checkpoint)
     # Checkpoints (megatron dist_checkpointing): load at start, save and exit at a step (the

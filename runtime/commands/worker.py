@@ -42,7 +42,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "or auto (all on CPU, joiners on GPU)")
     p.add_argument("--build-world-ahead", choices=("auto", "on", "off"), default="auto",
                    help="a new member connects the next training world's communicators while training goes "
-                        "on (on), or at the commit (off); auto: on with gloo (CPU)")
+                        "on (on), or at the commit (off); auto: on (NCCL and gloo), at the commit where megatron's groups "
+                        "cannot be probed")
     p.add_argument("--transformer-impl", choices=("auto", "local", "transformer_engine"), default=None,
                    help="megatron layer modules: TransformerEngine's (GPU) or the local ones; default: the "
                         "model's transformer_impl (auto: TransformerEngine where installed on a GPU)")
