@@ -11,10 +11,13 @@ those two names and ignores every other one.
 
 megatron's own ``Timers`` would serve, but it synchronises the GPU at every start and stop; the
 clock records CUDA events instead and reads them once per step (``end_step``), after the
-optimizer step has synchronised anyway. On CPU the two clocks are the same thing.
+optimizer step has synchronised anyway. On CPU the clock is the training thread's CPU time: a
+process descheduled on a busy host has not computed more slowly (on a GPU the events likewise
+time the kernels, not the host), so a shared machine's noise does not make a straggler.
 
-``gate``: called at the end of each compute segment with its seconds, before the segment's end
-is taken (dev tooling sleeps there to emulate a slow device; None in production).
+``gate``: called at the end of each compute segment with its seconds (on CPU: its CPU seconds);
+the time it takes counts as compute (dev tooling sleeps there to emulate a slow device; None in
+production).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ class _Segment:
             self._event = torch.cuda.Event(enable_timing=True)
             self._event.record()
         else:
-            self._t0 = time.perf_counter()
+            self._t0 = time.thread_time()
 
     def stop(self, barrier: bool = False) -> None:
         clock = self.clock
@@ -64,9 +67,12 @@ class _Segment:
             end.record()
             clock._events.append((self._event, end))
             return
+        computed = time.thread_time() - self._t0
         if clock.gate is not None:
-            clock.gate(time.perf_counter() - self._t0)
-        clock._seconds += time.perf_counter() - self._t0
+            gated = time.perf_counter()
+            clock.gate(computed)
+            computed += time.perf_counter() - gated
+        clock._seconds += computed
 
 
 class ComputeClock:

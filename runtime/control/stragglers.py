@@ -125,9 +125,9 @@ class StragglerLoop:
             return None  # too close to the end for a switch to pay
         if step < self._evaluated_at + max(1, self.policy.window // 2):
             return None  # at most every half window of steps
-        rates = self.tracker.rates(current.members, full_only=True)
-        if len(rates) < len(current.members):
-            return None  # not every member has a full window in this world yet
+        rates = self.tracker.decision_rates(current.members)
+        if rates is None:
+            return None  # not every member is measured enough in this world yet
         measured = self.measured_step(current.generation)
         if self._trial is not None and self._trial["generation"] == current.generation:
             return None if measured is None else self._judge(current, step, measured)
