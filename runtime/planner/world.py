@@ -79,9 +79,11 @@ def _layout_key(cfg: ParallelConfig) -> tuple:
 def least_movement(spec: ModelSpec, plan: ParallelPlan, current: ParallelConfig, current_members: tuple[str, ...],
                    granularity: int = 1, lost: tuple[str, ...] = ()) -> ParallelPlan:
     """``plan`` with its ranks on the GPUs that already hold most of their state, when the
-    layout changes and the new order prices exactly as the planner's; else ``plan`` as it is."""
+    layout changes and the new order prices exactly as the planner's; else ``plan`` as it is.
+    Chosen and priced from the layouts' overlap (``vps.transition.overlap_figures``): no
+    transition plan is built."""
     from liveshard.runtime.vps.devices import DeviceMap
-    from liveshard.runtime.vps.transition import NoSurvivingCopy, plan_transition
+    from liveshard.runtime.vps.transition import overlap_figures
 
     cfg = plan.config
     world = plan.gpus
@@ -96,19 +98,17 @@ def least_movement(spec: ModelSpec, plan: ParallelPlan, current: ParallelConfig,
     leaving = frozenset(i for i, m in enumerate(current_members) if m not in pool) - dead
     try:
         devices = DeviceMap(len(current_members), leaving=leaving, joining=len(joiners), dead=dead)
-        # not kept: the planner reads the order and the bytes moved, and a coordinator plans
-        # many of these ahead of events (plans of a thousand GPUs hold hundreds of MiB each)
-        moved = plan_transition(spec, current, cfg, devices, cached=False)
-    except (NoSurvivingCopy, ConfigError):
+        figures = overlap_figures(spec, current, cfg, devices)
+    except ConfigError:
         return plan
-    order = tuple(pool[by_device[d]] for d in moved.rank_to_device)
+    order = tuple(pool[by_device[d]] for d in figures.best_order)
     if order == world or not _prices_alike(world, order, cfg, granularity):
         return plan
-    kept = plan_transition(spec, current, cfg, devices, tuple(by_device.index(g.id) for g in world), cached=False)
-    if moved.bytes_moved >= kept.bytes_moved:
+    kept_best = figures.kept_bytes(figures.best_order)
+    kept_given = figures.kept_bytes(tuple(by_device.index(g.id) for g in world))
+    if kept_best <= kept_given:
         return plan
-    note = (f"rank order: {moved.bytes_moved / 1e6:.1f} MB of state move instead of "
-            f"{kept.bytes_moved / 1e6:.1f} MB in continuity order")
+    note = f"rank order: {(kept_best - kept_given) / 1e6:.1f} MB more of the state stays where it is"
     return replace(plan, gpus=order, explanation=(*plan.explanation, note))
 
 

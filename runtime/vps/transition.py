@@ -28,6 +28,7 @@ import hashlib
 import time
 from array import array
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from operator import itemgetter
@@ -265,25 +266,69 @@ def rank_order(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig
     return _intersections(spec, old_cfg, new_cfg, devices, None)[2]
 
 
-def _intersections(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig, devices: DeviceMap,
-                   given_order: tuple[int, ...] | None):
-    """(state groups, every intersection of the two layouts, rank -> device)."""
+@dataclass(frozen=True)
+class OverlapFigures:
+    """What the devices of a transition already hold of each new rank's state, by holder class
+    (``mapping.assign_devices``' inputs): enough to choose and to price a rank order without
+    building a plan's copies."""
+
+    devices: DeviceMap
+    overlap: dict[tuple[int, int], int]  # (new class, old class) -> bytes in common
+    new_classes: tuple[list[tuple[int, ...]], list[int]]  # (members of each class, rank -> class)
+    old_classes: tuple[list[tuple[int, ...]], list[int]]
+    best_order: tuple[int, ...]  # what plan_transition would pick: new rank -> device
+
+    def kept_bytes(self, rank_to_device: Sequence[int]) -> int:
+        """Bytes of the new state already on the device each new rank runs on under
+        ``rank_to_device`` (the rest moves: ``TransitionPlan.bytes_moved`` is the total less this)."""
+        (new_members, new_class), (old_members, old_class) = self.new_classes, self.old_classes
+        n_new, n_old = len(new_members), len(old_members)
+        usable = set(d for d in self.devices.available if d < self.devices.old_world)
+        get = self.overlap.get
+        kept = 0
+        for r, d in enumerate(rank_to_device):
+            if d not in usable:
+                continue
+            for cn in (new_class[r], n_new + r):
+                kept += get((cn, old_class[d]), 0) + get((cn, n_old + d), 0)
+        return kept
+
+
+def overlap_figures(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig,
+                    devices: DeviceMap) -> OverlapFigures:
+    """The overlap of the two layouts by holder class and the rank order it gives, without a plan."""
+    groups, og, ng = _geometries(spec, old_cfg, new_cfg, devices)
+    _, overlap = _intersect(groups, og, ng)
+    new_classes, old_classes = _classes(ng), _classes(og)
+    order = assign_devices(new_cfg.world_size, devices, overlap, new_classes, old_classes)
+    return OverlapFigures(devices, dict(overlap), new_classes, old_classes, order)
+
+
+def _geometries(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig, devices: DeviceMap):
+    """(state groups, old geometries, new geometries) of a transition, its inputs checked."""
     if devices.old_world != old_cfg.world_size:
         raise ConfigError("old config", f"the old config has {old_cfg.world_size} ranks but the device map "
                                     f"{devices.old_world} old devices", "old rank i runs on device i")
     old, new = Layout(spec, old_cfg), Layout(spec, new_cfg)
     devices.check_fits(new_cfg.world_size)
     groups = state_groups(old, new)
-    old_geo = {g.old_geometry: None for g in groups}
-    new_geo = {g.new_geometry: None for g in groups}
-    og: dict[str, Geometry] = {k: build_geometry(old, k) for k in old_geo}
-    ng: dict[str, Geometry] = {k: build_geometry(new, k) for k in new_geo}
+    og: dict[str, Geometry] = {k: build_geometry(old, k) for k in {g.old_geometry: None for g in groups}}
+    ng: dict[str, Geometry] = {k: build_geometry(new, k) for k in {g.new_geometry: None for g in groups}}
+    return groups, og, ng
 
+
+def _classes(geometries: dict[str, Geometry]) -> tuple[list[tuple[int, ...]], list[int]]:
+    """(members of each parameter class, rank -> its class): the same in every geometry."""
+    any_geometry = next(iter(geometries.values()))
+    return any_geometry.class_members, any_geometry.rank_class
+
+
+def _intersections(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig, devices: DeviceMap,
+                   given_order: tuple[int, ...] | None):
+    """(state groups, every intersection of the two layouts, rank -> device)."""
+    groups, og, ng = _geometries(spec, old_cfg, new_cfg, devices)
     inters, overlap = _intersect(groups, og, ng)
-    any_old, any_new = next(iter(og.values())), next(iter(ng.values()))
-    rank_to_device = given_order or assign_devices(new_cfg.world_size, devices, overlap,
-                                                   (any_new.class_members, any_new.rank_class),
-                                                   (any_old.class_members, any_old.rank_class))
+    rank_to_device = given_order or assign_devices(new_cfg.world_size, devices, overlap, _classes(ng), _classes(og))
     return groups, inters, rank_to_device
 
 

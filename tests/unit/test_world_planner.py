@@ -113,3 +113,26 @@ def test_a_moved_order_keeps_each_pods_gpus_consecutive_and_in_order():
                       config=new)
     got = [g.id for g in plan.gpus]
     assert got in (list(ids), ["b/0", "b/1", "a/0", "a/1"])
+
+
+@pytest.mark.parametrize("model, old, new, devices", [
+    ("llama3-8b", "tp=8,pp=1,dp=4,dist_opt", "tp=4,pp=2,dp=4,dist_opt", {}),
+    ("llama3-8b", "tp=4,pp=2,dp=4,dist_opt", "tp=4,pp=2,dp=3,dist_opt", {"leaving": frozenset(range(24, 32))}),
+    ("tiny-moe", "pp=2,ep=2,dp=2,dist_opt", "ep=4,dp=4,dist_opt", {"joining": 4}),
+    ("gpt-125m", "tp=2,pp=2,dp=2", "tp=1,pp=2,dp=2,dist_opt", {"dead": frozenset({5}), "leaving": frozenset({6, 7})}),
+])
+def test_the_overlap_figures_choose_and_price_a_rank_order_as_the_whole_plan_does(model, old, new, devices):
+    """The whole plan is the oracle: the order the figures pick is the plan's, and the bytes they
+    say stay in place are the plan's local copies, for the plan's order and for any other."""
+    from liveshard.runtime.vps.devices import DeviceMap
+    from liveshard.runtime.vps.transition import overlap_figures, plan_transition
+
+    spec, old_cfg, new_cfg = PRESETS[model], ParallelConfig.parse(old), ParallelConfig.parse(new)
+    device_map = DeviceMap(old_cfg.world_size, **devices)
+    figures = overlap_figures(spec, old_cfg, new_cfg, device_map)
+    whole = plan_transition(spec, old_cfg, new_cfg, device_map, cached=False)
+    assert figures.best_order == whole.rank_to_device
+    assert figures.kept_bytes(whole.rank_to_device) == whole.local_copy_bytes
+    other = tuple(reversed(whole.rank_to_device))
+    assert figures.kept_bytes(other) == plan_transition(spec, old_cfg, new_cfg, device_map, other,
+                                                        cached=False).local_copy_bytes
