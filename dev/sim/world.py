@@ -57,12 +57,14 @@ FAULTS = ("kill", "restart", "coordinator", "forge", "replay", "delete", "slow",
 @dataclass(frozen=True)
 class _Gpu:
     id: str
+    node: str = "sim"
 
 
 @dataclass(frozen=True)
 class _World:
     config: str
     gpus: tuple[_Gpu, ...]
+    standby: tuple[_Gpu, ...] = ()
 
 
 def shards(config: str) -> int:

@@ -8,7 +8,8 @@ the control thread):
 2. publishes the plan's inputs digest (``gen/<N>/prepared/<id>``: every input of the plan and
    the planner's version) and waits for every other member's, heartbeating meanwhile: all must
    be equal, so that the parts are parts of one plan;
-3. builds the transition group over old and new members (``world.build_transition_group``);
+3. builds the transition group over old and new members (``world.build_transition_group``), unless
+   nobody joins and nobody is dead: then the transfer runs over the running world's default group;
 4. allocates and touches the new tensors the transfer will fill, and gradient memory when the
    old buffer is too small (joiners always; members too per ``WorkerOptions.preallocate``), so
    the pause does not pay for fresh memory;
@@ -29,11 +30,13 @@ import os
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from liveshard.runtime.agent import release
 from liveshard.runtime.agent import world as worlds
@@ -60,7 +63,7 @@ class Prepared:
     plan: WorldPlan
     old: WorldPlan | None
     transition: Any  # this member's liveshard.runtime.vps.device_plan.DevicePlan (None for generation 0)
-    group: Any  # the transition ProcessGroup (None for generation 0)
+    group: Any  # the transition ProcessGroup (None: none, or the running world's, see over_running_world)
     group_rank: int
     members: tuple[str, ...]  # transition group members
     seconds: float
@@ -68,6 +71,14 @@ class Prepared:
     grad_buffer: Any = None  # and memory for its gradients when the old DDP buffer is too small
     world: Any = None  # the new training world's communicators, built ahead (agent.world.WorldAhead)
     epoch: int = 0  # the store clients' epoch the plan was read in (``StoreClients.epoch``)
+    # nobody joins and nobody is dead: every device of the transition is a rank of the running
+    # world, in the same order, so the transfer runs over its default group (no new connection)
+    over_running_world: bool = False
+    connected: dict[str, int] = field(default_factory=dict)  # communicators connected while preparing, by kind
+
+    def transfer_group(self) -> Any:
+        """The process group the transfer and the commit vote run over."""
+        return dist.group.WORLD if self.over_running_world else self.group
 
 
 class Preparations:
@@ -198,6 +209,7 @@ class Preparer:
             report_result(self.clients.store, self.id, plan.generation, MemberResult(ok=False, error=f"prepare: {e}"))
 
     def _prepare_live(self, plan: WorldPlan, old: WorldPlan, start: float) -> Prepared:
+        connected_before = Counter(worlds.CONNECTED)
         transition = device_plan_for(self.spec, old, plan, self.id)
         members = transition_members(old, plan)
         self.at_phase("prepare", plan.generation)
@@ -207,13 +219,17 @@ class Preparer:
         # heartbeats and watches the decision: a connection waiting for a peer that died blocks
         # every other request on its client until the collective timeout.
         connecting = self.clients.dedicated()
-        group = self._connect(plan.generation, lambda stop: worlds.build_transition_group(
-            connecting.store, Keys.transfer_prefix(plan.generation), group_rank, len(members),
-            self.options.collective_timeout))
+        over_running_world = members == old.members
+        group = None
+        if not over_running_world:  # joiners (or the dead) make it another set of processes
+            group = self._connect(plan.generation, lambda stop: worlds.build_transition_group(
+                connecting.store, Keys.transfer_prefix(plan.generation), group_rank, len(members),
+                self.options.collective_timeout))
         destinations, grad_buffer = self._preallocate(plan, old, transition)
         world = self._build_world_ahead(plan, connecting) if self.id in plan.members else None
         return Prepared(plan, old, transition, group, group_rank, members, time.perf_counter() - start,
-                        destinations, grad_buffer, world)
+                        destinations, grad_buffer, world, over_running_world=over_running_world,
+                        connected=worlds.connected_since(connected_before))
 
     def _connect(self, gen: int, work: Callable[[Any], Any]) -> Any:
         """``work(stop)`` in a thread, heartbeating meanwhile; called off once ``gen`` is decided."""

@@ -36,6 +36,7 @@ import contextlib
 import logging
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -147,12 +148,13 @@ def switch(agent: WorkerAgent, prep: Prepared, switch_step: int) -> None:
         through_checkpoint(agent, prep, switch_step)
         return
     phases: dict[str, float] = {"prepare": prep.seconds}
+    connected_before = Counter(worlds.CONNECTED)
     t_stop = time.perf_counter()
     agent.at_phase("transfer", plan.generation)
     ok, error, result = _transfer(agent, prep)
     phases["transfer"] = time.perf_counter() - t_stop
     try:
-        ok = worlds.group_all_ok(prep.group, ok)
+        ok = worlds.group_all_ok(prep.transfer_group(), ok)
     except Exception as e:
         ok, error = False, error or f"commit vote: {e}"
     if not ok:
@@ -162,7 +164,7 @@ def switch(agent: WorkerAgent, prep: Prepared, switch_step: int) -> None:
             agent.report(plan.generation, MemberResult(ok=False, error=error or "another member failed",
                                                        phases=phases, step=switch_step))
         return  # the old world (if any) keeps training on its untouched state
-    _commit(agent, prep, switch_step, result, phases, t_stop)
+    _commit(agent, prep, switch_step, result, phases, t_stop, connected_before)
 
 
 def _transfer(agent: WorkerAgent, prep: Prepared) -> tuple[bool, str, TransitionResult | None]:
@@ -181,8 +183,9 @@ def _transfer(agent: WorkerAgent, prep: Prepared) -> tuple[bool, str, Transition
 
 
 def _commit(agent: WorkerAgent, prep: Prepared, switch_step: int, result: TransitionResult,
-            phases: dict[str, float], t_stop: float) -> None:
-    """After a yes vote: build the new world beside the old state, then pass the commit point."""
+            phases: dict[str, float], t_stop: float, connected_before: Counter[str]) -> None:
+    """After a yes vote: build the new world beside the old state, then pass the commit point.
+    ``connected_before``: ``world.CONNECTED`` when the pause began (what it connected is recorded)."""
     plan = prep.plan
     gen = plan.generation
     t_commit = time.perf_counter()
@@ -245,7 +248,9 @@ def _commit(agent: WorkerAgent, prep: Prepared, switch_step: int, result: Transi
     agent.report(gen, MemberResult(ok=True, phases=phases, step=switch_step,
                                    bytes_received=stats.bytes_received, bytes_sent=stats.bytes_sent))
     agent.state.events.append({"kind": "switch", "generation": gen, "step": switch_step,
-                               "phases": phases, "time": time.time()})
+                               "phases": phases, "time": time.time(),
+                               "connected": {"prepare": prep.connected,
+                                             "pause": worlds.connected_since(connected_before)}})
 
 
 def _build_new_world(agent: WorkerAgent, prep: Prepared, result: TransitionResult,

@@ -24,20 +24,28 @@ DEFAULT_GPUS_PER_NODE = 8
 
 
 def device_map(old: WorldPlan, candidates: tuple[str, ...], dead: tuple[str, ...],
-               gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> DeviceMap:
+               gpus_per_node: int = DEFAULT_GPUS_PER_NODE, nodes: dict[str, str] | None = None) -> DeviceMap:
+    """The transition's devices: old members, then joiners among ``candidates``. ``nodes``
+    (worker -> node, from the plans) gives every device its real node when it names them all;
+    else devices are grouped ``gpus_per_node`` to a node."""
     keep = set(candidates)
     gone = set(dead)
     leaving = frozenset(i for i, m in enumerate(old.members) if m not in keep and m not in gone)
     dead_ids = frozenset(i for i, m in enumerate(old.members) if m in gone)
+    coming = joiners(old, candidates)
+    node_ids: tuple[int, ...] = ()
+    if nodes and all(m in nodes for m in (*old.members, *coming)):
+        index: dict[str, int] = {}
+        node_ids = tuple(index.setdefault(nodes[m], len(index)) for m in (*old.members, *coming))
     return DeviceMap(old_world=len(old.members), gpus_per_node=gpus_per_node, leaving=leaving,
-                     joining=len(joiners(old, candidates)), dead=dead_ids)
+                     joining=len(coming), dead=dead_ids, node_ids=node_ids)
 
 
 def transition_inputs(old: WorldPlan, new: WorldPlan, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
                       ) -> tuple[ParallelConfig, ParallelConfig, DeviceMap, tuple[int, ...]]:
     """(old config, new config, device map, new rank -> device) of the transition to ``new``."""
     candidates = (*new.members, *new.standbys)
-    devices = device_map(old, candidates, new.dead, gpus_per_node)
+    devices = device_map(old, candidates, new.dead, gpus_per_node, {**dict(old.nodes), **dict(new.nodes)})
     device_of = {m: d for d, m in enumerate(transition_devices(old, new))}
     rank_to_device = tuple(device_of[m] for m in new.members)
     return ParallelConfig.parse(old.config), ParallelConfig.parse(new.config), devices, rank_to_device
@@ -102,7 +110,7 @@ def execute_transition(prep: Any, worker: str, sources: dict, objects: dict | No
     sched = schedule(plan, budget)
     result = executor.execute(plan, sched, device_id, shards, objects or {},
                               mode=mode or executor.DEFAULT_MODE,
-                              verify=verify, group=prep.group, ranks=group_ranks(old, new),
+                              verify=verify, group=prep.transfer_group(), ranks=group_ranks(old, new),
                               tensor_device=worlds.device(),  # a joiner has no old tensor to take it from
                               destinations=prep.destinations)
     tensors = {(state, name): t for state, name, t in result.shards.items()}

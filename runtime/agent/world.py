@@ -31,6 +31,7 @@ import os
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -40,6 +41,18 @@ import torch
 import torch.distributed as dist
 
 log = logging.getLogger("liveshard.worker")
+
+# Communicators this process connected, by kind (each one a rendezvous with its peers):
+# "transition" (a transition group), "ahead" (the next world's, during prepare), "world" (a
+# default group made at the commit), "group" (a megatron group made at the commit). A switch
+# records what it connected while preparing and inside its pause.
+CONNECTED: Counter[str] = Counter()
+
+
+def connected_since(before: Counter[str]) -> dict[str, int]:
+    """Communicators connected since ``before`` (a copy of ``CONNECTED``), by kind."""
+    return {k: n for k, n in (CONNECTED - before).items() if n}
+
 
 def backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
@@ -65,6 +78,7 @@ def init_training_world(store: dist.Store, prefix: str, rank: int, size: int, ti
                                     timeout=td)
         ahead.default = None  # torch.distributed holds it now
         return
+    CONNECTED["world"] += 1
     kwargs: dict[str, Any] = {}
     if torch.cuda.is_available():
         kwargs["device_id"] = device()  # eager NCCL init: pay it here, not in the first step
@@ -88,6 +102,7 @@ def destroy_training_world(defer_free: bool = False) -> None:
 
 def build_transition_group(store: dist.Store, prefix: str, rank: int, size: int, timeout: float) -> Any:
     """A standalone group over old and new members (blocks until all of them have joined)."""
+    CONNECTED["transition"] += 1
     return _connected(dist.PrefixStore(prefix, store), rank, size, timeout, gloo=False)
 
 
@@ -170,6 +185,7 @@ def build_world_ahead(store: dist.Store, prefix: str, rank: int, size: int, requ
     ahead = WorldAhead(rank, size)
     with noting_connections(ahead.connections, store):
         ahead.default = _connected(dist.PrefixStore(f"{prefix}default/", store), rank, size, timeout, gloo=False)
+        CONNECTED["ahead"] += 1
         for i, req in enumerate(requests):
             if stop is not None and stop.is_set():
                 raise Cancelled(f"connecting the world ahead was called off at group {i} of {len(requests)}")
@@ -178,6 +194,7 @@ def build_world_ahead(store: dist.Store, prefix: str, rank: int, size: int, requ
                 ahead.groups[req] = _connected(dist.PrefixStore(f"{prefix}{i}/", store),
                                                sorted(req.ranks).index(rank), len(req.ranks),
                                                req.timeout or timeout, gloo=req.gloo)
+                CONNECTED["ahead"] += 1
     ahead.seconds = time.perf_counter() - start
     return ahead
 

@@ -39,6 +39,9 @@ class WorldPlan:
     # stop, or when some state has no surviving copy (a loss without notice).
     restore_from: str | None = None
     cause: str | None = None  # why (a contract.Cause value), as the request said
+    # (worker, node) of every member and standby, as they registered: which devices share a
+    # node (fast links, one failure domain) in the transition's device map
+    nodes: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_stop(self) -> bool:
@@ -58,7 +61,12 @@ class WorldPlan:
         data = json.loads(text)
         for name in ("members", "standbys", "dead"):
             data[name] = tuple(data.get(name, ()))
+        data["nodes"] = tuple((str(w), str(n)) for w, n in data.get("nodes", ()))
         return cls(**data)
+
+    def node_of(self, worker: str) -> str | None:
+        """The node ``worker`` registered from, if this plan says."""
+        return dict(self.nodes).get(worker)
 
 
 @dataclass

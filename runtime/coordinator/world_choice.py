@@ -71,6 +71,7 @@ class WorldChooser:
             dead=tuple(sorted(set(dead) & set(current.members))) if current else (),
             created=created,
             cause=request.cause,
+            nodes=tuple((g.id, g.node) for g in (*world.gpus, *world.standby)),
         )
 
     def no_live_copy(self, plan: WorldPlan, current: WorldPlan, count: bool = True) -> str | None:

@@ -466,6 +466,8 @@ def _recording_new_groups(ahead: Any = None, timeout: float | None = None) -> It
         communicator = ahead.take(request) if ahead is not None and dist.get_rank() in request.ranks else None
         if communicator is None:
             group = real(ranks, *args, backend=backend, **kwargs)
+            if not request.ranks or dist.get_rank() in request.ranks:
+                worlds.CONNECTED["group"] += 1
         else:
             with worlds.handing_over(communicator):
                 group = real(ranks, *args, backend=worlds.ahead_backend(request), **kwargs)

@@ -50,6 +50,9 @@ class DeviceMap:
     leaving: frozenset[int] = frozenset()
     joining: int = 0
     dead: frozenset[int] = frozenset()  # lost without notice: hold nothing usable
+    # the node of each device (old ones, then joiners) where the job knows it; else devices are
+    # grouped ``gpus_per_node`` to a node
+    node_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "leaving", frozenset(self.leaving))
@@ -60,6 +63,10 @@ class DeviceMap:
             raise ConfigError("gpus_per_node", f"must be >= 1, got {self.gpus_per_node}")
         if self.joining < 0:
             raise ConfigError("joining", f"must be >= 0, got {self.joining}")
+        object.__setattr__(self, "node_ids", tuple(self.node_ids))
+        if self.node_ids and len(self.node_ids) != self.old_world + self.joining:
+            raise ConfigError("node_ids", f"{len(self.node_ids)} given for {self.old_world + self.joining} devices",
+                              "give one node per old and joining device")
         for field, ids in (("leaving", self.leaving), ("dead", self.dead)):
             bad = sorted(d for d in ids if not 0 <= d < self.old_world)
             if bad:
@@ -75,6 +82,8 @@ class DeviceMap:
         return -(-self.old_world // self.gpus_per_node)
 
     def node(self, device: int) -> int:
+        if self.node_ids:
+            return self.node_ids[device]
         if device < self.old_world:
             return device // self.gpus_per_node
         return self.old_nodes + (device - self.old_world) // self.gpus_per_node
@@ -107,4 +116,5 @@ class DeviceMap:
             "leaving": sorted(self.leaving),
             "dead": sorted(self.dead),
             "joining": self.joining,
+            **({"node_ids": list(self.node_ids)} if self.node_ids else {}),
         }

@@ -188,23 +188,20 @@ def test_the_cache_computes_each_question_once_and_keeps_exceptions():
 
 
 def test_planning_a_world_keeps_no_whole_transition_plan(monkeypatch):
-    """The planner's rank-order comparison plans the transition whole; a coordinator that plans
-    every node's loss ahead must not keep those plans (hundreds of MiB each at a thousand GPUs)."""
+    """The planner's rank-order comparison reads the layouts' overlap figures: it builds no
+    transition plan (hundreds of MiB each at a thousand GPUs), so nothing whole is kept either."""
     from liveshard.runtime.planner import GPU, plan_world
     from liveshard.runtime.vps import transition as transition_mod
 
-    calls: list[bool] = []
-    real = transition_mod.plan_transition
-
-    def counting(*a, **k):
-        calls.append(k.get("cached", True))
-        return real(*a, **k)
-
-    monkeypatch.setattr(transition_mod, "plan_transition", counting)
+    calls: list[str] = []
+    real_plan, real_figures = transition_mod.plan_transition, transition_mod.overlap_figures
+    monkeypatch.setattr(transition_mod, "plan_transition", lambda *a, **k: calls.append("plan") or real_plan(*a, **k))
+    monkeypatch.setattr(transition_mod, "overlap_figures",
+                        lambda *a, **k: calls.append("figures") or real_figures(*a, **k))
     transition_mod._plan_cached.cache_clear()
     members = ("w0", "w1", "w2", "w3")
     gpus = [GPU(m, NODES[m], 80 << 30) for m in members if m != "w3"]
     plan = plan_world(PRESETS["tiny-llama"], gpus, FEWEST.constraints, current=ParallelConfig.parse("tp=2,pp=1,dp=2"),
                       current_members=members, lost=("w3",))
-    assert plan.config.tp == 1 and calls and not any(calls)  # the layout changed: it compared orders, uncached
+    assert plan.config.tp == 1 and calls == ["figures"]  # the layout changed: it compared orders, planned none
     assert transition_mod._plan_cached.cache_info().currsize == 0
