@@ -25,10 +25,12 @@ broken (its collective failed), and the coordinator plans without it then.
   band (``--band``; the bands are ``<5%``, ``5-10%``, ``10-15%``, ``15-20%``, ``>20%`` of
   instances reclaimed over the trailing month; the band's upper edge is used, 25% for ``>20%``),
   turned into a per-node hazard ``-ln(1 - p) / 30 days``. Each one comes with its provider's
-  notice: AWS's two-minute Spot interruption notice, or GCP's 30 s between the preemption
-  notice (ACPI G2 soft off) and the hard stop (``--cloud gcp``). On AWS, half of them (at least
-  one) are preceded by an EC2 instance rebalance recommendation ("can arrive sooner than the
-  two-minute notice"), 0-5 minutes earlier (the lead is not published: an assumption);
+  notice (``--clouds``, default all four): AWS's two-minute Spot interruption notice; GCP's 30 s
+  between the preemption notice (ACPI G2 soft off) and the hard stop; Azure's Preempt scheduled
+  event, at its minimum notice of 30 s; GKE's graceful node shutdown of a Spot VM, which gives
+  non-system pods 15 s of the VM's 30 s. On AWS, half of them (at least one) are preceded by an
+  EC2 instance rebalance recommendation ("can arrive sooner than the two-minute notice"), 0-5
+  minutes earlier (the lead is not published: an assumption); the others have none;
 * losses without notice (hardware failures; AWS also emits its notices "on a best effort
   basis"), at the rate Meta reports for Llama 3 405B's pre-training: 419 unexpected
   interruptions in 54 days on 16,384 H100s, 4.7e-4 per GPU-day, 3.8e-3 per 8-GPU node-day;
@@ -40,6 +42,8 @@ Advisor's data feed), https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-i
 (two minutes, best effort), https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/rebalance-recommendations.html,
 https://cloud.google.com/compute/docs/instances/spot (Spot VMs: 30 s from the preemption notice
 to the stop; also the Compute Engine API's ``scheduling.skipGuestOsShutdown``),
+https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events (Preempt: minimum notice
+30 s), https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms (15 s for non-system pods),
 Llama 3 paper (Dubey et al., "The Llama 3 Herd of Models", 2024, section 3.3.4).
 
 **Scaling.** Real rates give a handful of interruptions per node-year, so the run keeps each
@@ -52,7 +56,9 @@ remainder); the run then stands for ``interruptions / (nodes x total rate)`` of 
 real time (reported as ``represents_days``). Given their number, the arrival times of a Poisson
 process are independent and uniform: the seed draws them (and the victims, the rebalance leads,
 the replacement delays), rejecting draws that would leave no node, put two events on one step
-or closer than ``--min-gap`` steps, or have no join in the run.
+or closer than ``--min-gap`` steps, or have no join in the run. AWS and GCP draw from the seed
+itself; Azure and GKE from streams of their own (``trace_stream``), so that a seed gives each of
+them another trace (Azure's notice is GCP's).
 
 **From the trace to ``run-local`` events** (a step ``S`` event happens after optimizer step ``S``;
 trace times are in steps, step ``k`` runs from ``k-1`` to ``k``):
@@ -98,14 +104,38 @@ the redone executions, tokens/s = tokens trained / wall.
 Events are indexed by steps, so each mode meets them at the same step whatever its speed (a
 trace indexed by wall time would put more of them in a slower run).
 
-Writes ``bench/results/goodput.json`` (one entry per seed) and a PNG per seed with one panel per
-mode: world size and throughput (tokens/s between consecutive step ends) over wall time, the
-trace's events marked, redone executions in red.
+**Step records.** Every step of a run must have a record, whatever died after it. A liveshard
+worker appends each step's record to its step log (``liveshard worker --step-log``, one JSON line
+flushed as the step is recorded: the line is in the kernel before the next step starts, so a
+process SIGKILLed later leaves it) and writes its result file when it ends; the bench merges
+both, each record once (``step_records``). torchrun's peer appends a line per step as well. A
+step from 1 to the last with no record is a measurement error, never lost time: the run is
+reported as failed (``records``) with the missing steps named, and the bench exits non-zero.
+
+**A run that fails** (an aborted join that ends ``run-local``, a timeout) is reported as a
+failure with its reason, in the table and the JSON; the other runs go on.
+
+**Load.** ``--load`` runs a CPU burner beside every run (``--load-procs`` processes, one per
+core by default, each spinning at the bench's own priority, which the job's processes inherit):
+a busy node, as on a shared cluster. Its figures go under ``loaded`` in the JSON, a quiet run's
+under ``quiet``.
+
+**Runs.** By default every cloud with every seed (``--seeds``, default 1 2) in the three modes;
+``--quick``: the first seed only, live mode only (unless ``--modes``). On the 2-core development
+machine, shared with other work, a live run took 5-6 minutes and checkpoint mode and torchrun about
+10 each: the quick run about 20 minutes, the default (8 traces, 3 modes each) 2-3 hours.
+
+Writes ``bench/results/goodput.json`` (per condition, per cloud: each seed's runs and a summary:
+goodput pooled over the seeds, lowest, highest, failures, loss ratios) and prints a table per
+run and one per cloud. ``--plot``: a PNG per run with one panel per mode: world size and
+throughput (tokens/s between consecutive step ends) over wall time, the trace's events marked,
+redone executions in red.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -125,7 +155,11 @@ MODES = ("live", "checkpoint", "torchrun")
 # AWS Spot Instance Advisor bands: fraction of instances reclaimed over the trailing month,
 # each band taken at its upper edge (">20%" at 25%).
 BANDS = {"<5%": 0.05, "5-10%": 0.10, "10-15%": 0.15, "15-20%": 0.20, ">20%": 0.25}
-NOTICE_SECONDS = {"aws": 120.0, "gcp": 30.0}  # AWS interruption notice; GCP preemption notice to stop
+# From the notice to the node's stop: AWS's Spot interruption notice; GCP's preemption notice (ACPI
+# G2 soft off) to the stop; Azure's Preempt scheduled event (its minimum notice); GKE's graceful node
+# shutdown, which gives non-system pods 15 s of the VM's 30 s.
+NOTICE_SECONDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0, "gke": 15.0}
+CLOUDS = tuple(NOTICE_SECONDS)
 # Llama 3 405B pre-training: 419 unexpected interruptions in 54 days on 16,384 GPUs.
 UNEXPECTED_PER_GPU_DAY = 419 / (54 * 16384)
 GPUS_PER_NODE = 8
@@ -165,6 +199,13 @@ def _split(total: int, weights: dict[str, float]) -> dict[str, int]:
     return out
 
 
+def trace_stream(cloud: str, seed: int) -> int | str:
+    """The random stream a cloud's trace of ``seed`` is drawn from. AWS and GCP draw from the
+    seed itself (their traces are the ones earlier runs measured); Azure has GCP's notice and
+    GKE nearly so, so they draw from streams of their own and get other traces."""
+    return seed if cloud in ("aws", "gcp") else f"{cloud}:{seed}"
+
+
 def make_trace(steps: int, seed: int, *, nodes: int = 2, cloud: str = "aws", band: str = ">20%",
                interruptions: int = 3, ref_step_seconds: float = 10.0, min_gap: int = 3,
                max_tries: int = 20000) -> dict:
@@ -182,7 +223,7 @@ def make_trace(steps: int, seed: int, *, nodes: int = 2, cloud: str = "aws", ban
     scale = 1.0 / ref_step_seconds  # seconds -> steps
     window = NOTICE_SECONDS[cloud] * scale
     n_rebalance = 0 if cloud != "aws" or counts["spot"] == 0 else max(1, round(REBALANCE_SHARE * counts["spot"]))
-    rng = random.Random(seed)
+    rng = random.Random(trace_stream(cloud, seed))
     for _ in range(max_tries):
         trace = _draw(rng, steps, nodes, counts, n_rebalance, window, scale, min_gap)
         if trace is not None:
@@ -259,26 +300,118 @@ class Execution:
     counted: bool = False
 
 
-def executions_of_localrun(workdir: Path) -> list[Execution]:
-    """Every execution of every step in a ``run-local`` run's worker results: a step is one
-    execution per (segment, generation) that ran it; its duration is the slowest rank's."""
-    by_key: dict[tuple, dict] = {}
-    for f in workdir.glob("*.json"):
+class MissingRecords(RuntimeError):
+    """A run trained steps the bench found no record of: a measurement error, never lost time."""
+
+    def __init__(self, missing: list[int], last: int, where: str = "") -> None:
+        self.missing, self.last = missing, last
+        super().__init__(f"{where + ': ' if where else ''}no record of step(s) {step_ranges(missing)} "
+                         f"of 1-{last} ({len(missing)} missing)")
+
+
+def step_ranges(steps: list[int]) -> str:
+    """``[1, 2, 3, 7, 9, 10]`` -> ``"1-3, 7, 9-10"``."""
+    out: list[str] = []
+    for s in sorted(set(steps)):
+        if out and s == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{s}"
+        else:
+            out.append(str(s))
+    return ", ".join(out)
+
+
+def step_records(workdir: Path) -> list[dict]:
+    """Every step record a ``run-local`` run's workers left, each once. Two sources: the step
+    logs (``ID.steps.jsonl``, a line appended and flushed as each step is made: they survive the
+    death of their process) and the result files (``ID.json``, written when a worker ends: a
+    worker SIGKILLed later leaves none). A record is one worker's one step in one generation at
+    one time; found in both, it is kept once."""
+    from liveshard.runtime.agent.step_log import read_step_log
+
+    seen: dict[tuple, dict] = {}
+
+    def add(wid: str, rec: dict) -> None:
+        key = (wid, rec["generation"], rec["step"], round(float(rec["time"]), 6))
+        seen.setdefault(key, {**rec, "id": wid})
+
+    for f in sorted(workdir.glob("*.steps.jsonl")):
+        for rec in read_step_log(f):
+            add(str(rec.get("id", f.name.removesuffix(".steps.jsonl"))), rec)
+    for f in sorted(workdir.glob("*.json")):
         if f.name == "run.json":
             continue
         try:
             data = json.loads(f.read_text())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, OSError):
             continue
-        wid = str(data.get("id", f.stem))
-        segment = wid.split("w")[0] if wid.startswith("s") else ""
         for rec in data.get("steps", []):
-            key = (segment, rec["generation"], rec["step"])
-            cur = by_key.setdefault(key, {"end": rec["time"], "seconds": rec.get("seconds") or 0.0,
-                                          "world": rec["world_size"]})
-            cur["end"] = max(cur["end"], rec["time"])
-            cur["seconds"] = max(cur["seconds"], rec.get("seconds") or 0.0)
+            add(str(data.get("id", f.stem)), rec)
+    return list(seen.values())
+
+
+def executions_of_records(records: list[dict]) -> list[Execution]:
+    """The executions of a ``run-local`` run's step records: one per (segment, generation, step)
+    that ran it (a checkpoint-mode restart starts a segment: its workers are named ``sNwM``), its
+    end the last rank's, its duration the slowest rank's."""
+    by_key: dict[tuple, dict] = {}
+    for rec in records:
+        wid = str(rec["id"])
+        segment = wid.split("w")[0] if wid.startswith("s") else ""
+        key = (segment, rec["generation"], rec["step"])
+        cur = by_key.setdefault(key, {"end": rec["time"], "seconds": rec.get("seconds") or 0.0,
+                                      "world": rec["world_size"]})
+        cur["end"] = max(cur["end"], rec["time"])
+        cur["seconds"] = max(cur["seconds"], rec.get("seconds") or 0.0)
     return _mark_counted([Execution(k[2], v["end"] - v["seconds"], v["end"], v["world"]) for k, v in by_key.items()])
+
+
+def executions_of_localrun(workdir: Path) -> list[Execution]:
+    """Every execution of every step of a ``run-local`` run (``step_records``)."""
+    return executions_of_records(step_records(workdir))
+
+
+def check_complete(execs: list[Execution], last: int, where: str = "") -> None:
+    """Raise ``MissingRecords`` unless every step from 1 to ``last`` has an execution."""
+    have = {e.step for e in execs}
+    missing = [s for s in range(1, last + 1) if s not in have]
+    if missing:
+        raise MissingRecords(missing, last, where)
+
+
+def event_pauses(execs: list[Execution], events: list[dict]) -> list[dict]:
+    """Per trace event (at step S), the seconds training stood still for it: the longest time with
+    no execution running between the end of the execution of step S that was running when the
+    event came and the end of the next event's step (a change's pause, a loss's detection and
+    recovery, a restart, which torchrun makes at its next rendezvous, a few steps after a join).
+    Steps redone afterwards are not in it (they are lost time of their own). From the step
+    records, like the goodput, so a worker that died leaves no hole in it."""
+    evs = sorted(events, key=lambda ev: ev["step"])
+    by_start = sorted(execs, key=lambda x: x.start)
+    out: list[dict] = []
+    after = -math.inf  # the previous event's step ended here
+    for i, ev in enumerate(evs):
+        label = f"{ev['step']}:{ev['action']}"
+        cur = [e for e in execs if e.step == ev["step"] and e.end >= after]
+        if not cur:
+            out.append({"event": label, "action": ev["action"], "seconds": None})
+            continue
+        e0 = min(cur, key=lambda e: e.end)
+        limit = math.inf
+        if i + 1 < len(evs):
+            ends = [e.end for e in execs if e.step == evs[i + 1]["step"] and e.end > e0.end]
+            limit = min(ends, default=math.inf)
+        window = [x for x in by_start if e0.end < x.end <= limit]
+        longest, reach = 0.0, e0.end
+        for x in window:
+            longest = max(longest, x.start - reach)
+            reach = max(reach, x.end)
+        out.append({"event": label, "action": ev["action"], "seconds": longest if window else None})
+        after = e0.end
+    return out
+
+
+def _execs_of_timeline(r: dict) -> list[Execution]:
+    return [Execution(t["step"], t["start"], t["end"], t["world"], t["counted"]) for t in r.get("timeline", [])]
 
 
 def _mark_counted(execs: list[Execution]) -> list[Execution]:
@@ -339,13 +472,16 @@ def run_liveshard(args, trace: dict, mode: str, workdir: Path) -> dict:
         global_batch=args.global_batch, seq_length=args.seq_length, events=parse_events(trace["localrun"]),
         mode=mode, checkpoint_every=every, heartbeat_timeout=args.heartbeat_timeout, workdir=str(workdir),
         log=sys.stderr))
-    result = goodput(executions_of_localrun(workdir), args.global_batch * args.seq_length)
     shutil.rmtree(workdir / "checkpoints", ignore_errors=True)  # 1.5 GB per checkpoint
+    execs = executions_of_localrun(workdir)
+    check_complete(execs, args.steps, f"{mode} (records in {workdir})")
+    result = goodput(execs, args.global_batch * args.seq_length)
     result["run_seconds"] = time.time() - t
     result["checkpoint_every"] = every
     result["events"] = [{k: ev.get(k) for k in ("event", "outcome", "downtime", "to_next_step", "config")}
                         for ev in report["events"]]
     result["checksums"] = report["checksums"]
+    result["pauses"] = event_pauses(execs, trace["events"])
     return result
 
 
@@ -382,8 +518,10 @@ def run_torchrun(args, trace: dict, workdir: Path) -> dict:
         agents.append(subprocess.Popen([*cmd[:i_conf], f"--rdzv-conf={conf}", *cmd[i_conf:]], env=env, stdout=f,
                                        stderr=subprocess.STDOUT, start_new_session=True))
 
-    def read(path: Path) -> list[dict]:
-        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    def read(path: Path) -> list[dict]:  # a line torn by a kill mid-write is skipped
+        from liveshard.runtime.agent.step_log import read_step_log
+
+        return read_step_log(path) if path.exists() else []
 
     alive = lambda: [a for a in agents if a.poll() is None]  # noqa: E731
     t_run = time.time()
@@ -427,13 +565,13 @@ def run_torchrun(args, trace: dict, workdir: Path) -> dict:
     shutil.rmtree(workdir / "ckpt", ignore_errors=True)
     rows = read(log)
     execs = _mark_counted([Execution(r["step"], r["time"] - r["seconds"], r["time"], r["world"]) for r in rows])
+    check_complete(execs, args.steps, f"torchrun (records in {log})")
     result = goodput(execs, args.global_batch * args.seq_length)
-    if result["counted_steps"] != args.steps:
-        raise RuntimeError(f"torchrun trained {result['counted_steps']} of {args.steps} steps (see {workdir})")
     result["run_seconds"] = time.time() - t_run
     result["checkpoint_every"] = args.checkpoint_every
     result["actions"] = actions
     result["saves"] = [{"step": s["step"], "seconds": s["time"] - s["start"]} for s in read(saves)]
+    result["pauses"] = event_pauses(execs, trace["events"])
     return result
 
 
@@ -445,7 +583,7 @@ def plot(seed_result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    modes = [m for m in MODES if m in seed_result["modes"]]
+    modes = [m for m in MODES if m in seed_result["modes"] and "failed" not in seed_result["modes"][m]]
     fig, axes = plt.subplots(len(modes), 1, figsize=(11, 2.8 * len(modes)), sharex=True, squeeze=False)
     tokens_per_step = seed_result["tokens_per_step"]
     for ax, mode in zip(axes[:, 0], modes):
@@ -493,8 +631,64 @@ def plot(seed_result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+class CpuBurner:
+    """``procs`` processes that spin on a core each (``--load``): other work on the node. They run
+    at the bench's own priority, which the job's processes inherit too (``nice`` applies to all)."""
+
+    def __init__(self, procs: int) -> None:
+        self.procs = procs
+        self._running: list[subprocess.Popen] = []
+
+    def __enter__(self) -> CpuBurner:
+        for _ in range(self.procs):
+            self._running.append(subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                                  stdin=subprocess.DEVNULL, start_new_session=True))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self._running:
+            p.kill()
+        for p in self._running:
+            p.wait()
+        self._running.clear()
+
+
+def run_mode(args, trace: dict, mode: str, workdir: Path) -> dict:
+    """One mode on one trace: its goodput figures, or a failure with its reason (``failed``:
+    ``run``, the run itself failed; ``records``, the run trained steps the bench has no record of).
+    A failure is reported, never raised: the other runs go on."""
+    load0 = os.getloadavg()[0]
+    t = time.time()
+    try:
+        with CpuBurner(args.load_procs) if args.load else contextlib.nullcontext():
+            r = run_torchrun(args, trace, workdir) if mode == "torchrun" else run_liveshard(args, trace, mode, workdir)
+    except MissingRecords as e:
+        r = {"failed": "records", "reason": str(e), "missing_steps": e.missing}
+    except Exception as e:  # the run failed (an aborted join that ended it, a timeout, a crash)
+        r = {"failed": "run", "reason": f"{type(e).__name__}: {e}"}
+    if "failed" in r:
+        print(f"{trace['cloud']} seed {trace['seed']}, {mode} FAILED ({r['failed']}): {r['reason']}",
+              file=sys.stderr, flush=True)
+        r["run_seconds"] = time.time() - t
+        for ckpt in ("checkpoints", "ckpt"):
+            shutil.rmtree(workdir / ckpt, ignore_errors=True)
+    r["loadavg_1min"] = [load0, os.getloadavg()[0]]  # at the start and at the end
+    return r
+
+
+def run_pauses(r: dict, trace: dict) -> list[dict]:
+    """A run's per-event pauses (``event_pauses``, from its timeline)."""
+    return event_pauses(_execs_of_timeline(r), trace.get("events", [])) if r.get("timeline") else r.get("pauses", [])
+
+
+def pauses(r: dict, trace: dict) -> str:
+    """A run's per-event pauses (stop of training to training again), ``step:event seconds``."""
+    return ", ".join(f"{p['event']} {p['seconds']:.2f}s" if p["seconds"] is not None else f"{p['event']} -"
+                     for p in run_pauses(r, trace))
+
+
 def summary(seed_result: dict) -> dict:
-    m = seed_result["modes"]
+    m = {k: v for k, v in seed_result["modes"].items() if "failed" not in v}
     live = m.get("live", {}).get("goodput_loss")
     out = {}
     for mode in ("checkpoint", "torchrun"):
@@ -504,31 +698,101 @@ def summary(seed_result: dict) -> dict:
     return out
 
 
+def cloud_summary(seeds: dict[str, dict]) -> dict:
+    """Per mode over a cloud's seeds: runs, failures, goodput pooled (useful seconds over wall
+    seconds of every run that finished), lowest and highest; loss ratios of the pooled figures."""
+    out: dict = {"seeds": sorted(int(s) for s in seeds), "modes": {}}
+    for mode in MODES:
+        runs = [e["modes"][mode] for e in seeds.values() if mode in e["modes"]]
+        if not runs:
+            continue
+        ok = [r for r in runs if "failed" not in r]
+        row: dict = {"runs": len(runs), "failed": len(runs) - len(ok),
+                     "failures": [r["reason"] for r in runs if "failed" in r]}
+        if ok:
+            useful, wall = sum(r["useful_seconds"] for r in ok), sum(r["wall_seconds"] for r in ok)
+            row.update({"goodput": useful / wall, "goodput_loss": 1.0 - useful / wall,
+                        "goodput_min": min(r["goodput"] for r in ok), "goodput_max": max(r["goodput"] for r in ok),
+                        "goodput_steady": sum(r["goodput_steady"] * r["wall_seconds"] for r in ok) / wall})
+            by_kind: dict[str, list[float]] = {}
+            for e in seeds.values():
+                r = e["modes"].get(mode, {})
+                if "failed" in r:
+                    continue
+                for pause in run_pauses(r, e.get("trace", {})):
+                    if pause["seconds"] is not None:
+                        by_kind.setdefault(pause["action"], []).append(pause["seconds"])
+            if by_kind:
+                row["pauses_seconds"] = {k: {"n": len(v), "median": statistics.median(v), "max": max(v)}
+                                         for k, v in sorted(by_kind.items())}
+        out["modes"][mode] = row
+    live = out["modes"].get("live", {}).get("goodput_loss")
+    for mode in ("checkpoint", "torchrun"):
+        loss = out["modes"].get(mode, {}).get("goodput_loss")
+        if live and loss is not None:
+            out[f"{mode}_loss_over_live"] = loss / live
+    return out
+
+
 def print_table(seed_result: dict) -> None:
-    print(f"\nseed {seed_result['seed']}: {seed_result['trace']['localrun']}")
+    t = seed_result["trace"]
+    print(f"\n{t['cloud']} seed {seed_result['seed']}: {t['localrun']}")
     print(f"{'mode':<11} {'wall s':>7} {'useful s':>8} {'goodput':>8} {'loss':>6} {'steady gp':>9} {'redone':>6} "
           f"{'lost: redone s':>14} {'other s':>7} {'tokens':>7} {'tok/s':>6}")
     for mode in MODES:
         r = seed_result["modes"].get(mode)
         if not r:
             continue
+        if "failed" in r:
+            print(f"{mode:<11} FAILED ({r['failed']}): {r['reason']}")
+            continue
         print(f"{mode:<11} {r['wall_seconds']:>7.1f} {r['useful_seconds']:>8.1f} {100 * r['goodput']:>7.2f}% "
               f"{100 * r['goodput_loss']:>5.2f}% {100 * r['goodput_steady']:>8.2f}% {r['redone_steps']:>6} "
               f"{r['lost_redone_seconds']:>14.1f} {r['lost_other_seconds']:>7.1f} {r['tokens_trained']:>7} "
               f"{r['tokens_per_second']:>6.1f}")
+        print(f"{'':<11} pauses: {pauses(r, t)}")
     for k, v in summary(seed_result).items():
         print(f"{k}: {v:.1f}x")
 
 
-def main() -> None:
+def print_cloud_table(condition: str, clouds: dict[str, dict]) -> None:
+    print(f"\n== goodput per cloud ({condition}) ==")
+    print(f"{'cloud':<6} {'notice':>6} {'seeds':<9} {'mode':<11} {'goodput':>8} {'min':>7} {'max':>7} "
+          f"{'failed':>6} {'loss/live':>9}")
+    for cloud, c in clouds.items():
+        s = c["summary"]
+        for mode, row in s["modes"].items():
+            gp = f"{100 * row['goodput']:>7.2f}%" if "goodput" in row else f"{'-':>8}"
+            lo = f"{100 * row['goodput_min']:>6.2f}%" if "goodput_min" in row else f"{'-':>7}"
+            hi = f"{100 * row['goodput_max']:>6.2f}%" if "goodput_max" in row else f"{'-':>7}"
+            ratio = s.get(f"{mode}_loss_over_live")
+            print(f"{cloud:<6} {c['notice_seconds']:>5.0f}s {','.join(map(str, s['seeds'])):<9} {mode:<11} {gp} "
+                  f"{lo} {hi} {row['failed']:>3}/{row['runs']:<2} {f'{ratio:.1f}x' if ratio else '':>9}")
+            if row.get("pauses_seconds"):
+                print(f"{'':<6} {'':>6} {'':<9} {'':<11} pauses (median/max s): " + ", ".join(
+                    f"{k} {v['median']:.2f}/{v['max']:.2f} (n={v['n']})" for k, v in row["pauses_seconds"].items()))
+            for reason in row["failures"]:
+                print(f"{'':<6} {'':>6} {'':<9} {'':<11} failed: {reason}")
+
+
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="gpt-125m")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--nodes", type=int, default=2, help="the spot pool: nodes, one worker each")
     p.add_argument("--global-batch", type=int, default=2)
     p.add_argument("--seq-length", type=int, default=32)
-    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--cloud", choices=sorted(NOTICE_SECONDS), default="aws")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="trace seeds, run on every cloud")
+    p.add_argument("--clouds", default=",".join(CLOUDS),
+                   help=f"comma-separated, of {', '.join(CLOUDS)} (notice windows: "
+                        + ", ".join(f"{c} {NOTICE_SECONDS[c]:.0f} s" for c in CLOUDS) + ")")
+    p.add_argument("--cloud", choices=CLOUDS, default=None, help="one cloud only (same as --clouds CLOUD)")
+    p.add_argument("--quick", action="store_true",
+                   help="the first seed only, and live mode only unless --modes is given")
+    p.add_argument("--load", action="store_true",
+                   help="run a CPU burner beside the job (--load-procs spinning processes); results go under "
+                        "'loaded' in the JSON, a quiet run's under 'quiet'")
+    p.add_argument("--load-procs", type=int, default=os.cpu_count() or 1, help="burner processes (default: one per core)")
     p.add_argument("--band", choices=list(BANDS), default=">20%")
     p.add_argument("--interruptions", type=int, default=3)
     p.add_argument("--ref-step-seconds", type=float, default=10.0)
@@ -537,54 +801,89 @@ def main() -> None:
     p.add_argument("--live-checkpoint-every", type=int, default=0)
     p.add_argument("--heartbeat-timeout", type=float, default=3.0, help="the coordinator's default")
     p.add_argument("--torchrun-timeout", type=float, default=1500.0)
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=None, help=f"comma-separated, of {', '.join(MODES)} (default: all)")
+    p.add_argument("--plot", action="store_true", help="a PNG per run: world size and tokens/s over wall time")
     p.add_argument("--trace-only", action="store_true", help="print the traces and stop")
+    p.add_argument("--table", action="store_true", help="print the tables of --out's results and stop")
     p.add_argument("--out", default=str(HERE / "results" / "goodput.json"))
     args = p.parse_args()
-    modes = args.modes.split(",")
+    clouds = [args.cloud] if args.cloud else [c for c in args.clouds.split(",") if c]
+    if bad := [c for c in clouds if c not in NOTICE_SECONDS]:
+        p.error(f"unknown cloud(s) {', '.join(bad)}: choose from {', '.join(CLOUDS)}")
+    seeds = args.seeds[:1] if args.quick else args.seeds
+    modes = args.modes.split(",") if args.modes else (["live"] if args.quick else list(MODES))
+    condition = "loaded" if args.load else "quiet"
     out = Path(args.out)
+    if args.table:
+        stored = json.loads(out.read_text()).get("conditions", {})
+        for name, cond in stored.items():
+            for c in cond["clouds"].values():
+                c["summary"] = cloud_summary(c["seeds"])
+                for entry in c["seeds"].values():
+                    print_table(entry)
+            print_cloud_table(name, cond["clouds"])
+        return 0
     result: dict = json.loads(out.read_text()) if out.exists() else {}
+    if "conditions" not in result:
+        result = {}  # an older layout: start afresh
     result.update({"model": args.model, "machine": f"{os.cpu_count()} CPU cores, gloo", "steps": args.steps,
-                   "nodes": args.nodes, "global_batch": args.global_batch, "seq_length": args.seq_length})
-    result.setdefault("seeds", {})
+                   "nodes": args.nodes, "global_batch": args.global_batch, "seq_length": args.seq_length,
+                   "interruptions": args.interruptions, "band": args.band, "ref_step_seconds": args.ref_step_seconds})
+    cond = result.setdefault("conditions", {}).setdefault(condition, {"clouds": {}})
+    cond["load"] = {"burner_processes": args.load_procs, "priority": "the bench's own"} if args.load else None
     root = None if args.trace_only else Path(tempfile.mkdtemp(prefix="liveshard-goodput-"))
-    for seed in args.seeds:
-        trace = make_trace(args.steps, seed, nodes=args.nodes, cloud=args.cloud, band=args.band,
-                           interruptions=args.interruptions, ref_step_seconds=args.ref_step_seconds,
-                           min_gap=args.min_gap)
-        print(f"seed {seed}: {trace['localrun']}  (stands for {trace['represents_days']:.0f} days of the pool)")
-        if args.trace_only:
-            continue
-        entry = {"seed": seed, "model": args.model, "nodes": args.nodes,
-                 "tokens_per_step": args.global_batch * args.seq_length, "trace": trace, "modes": {}}
-        old = result["seeds"].get(str(seed), {})
-        if old.get("trace", {}).get("localrun") == trace["localrun"]:
-            entry["modes"] = {m: r for m, r in old.get("modes", {}).items() if m not in modes}
-        for mode in modes:
-            print(f"--- seed {seed}, {mode}", file=sys.stderr, flush=True)
-            d = root / f"seed{seed}-{mode}"
-            try:
-                entry["modes"][mode] = run_torchrun(args, trace, d) if mode == "torchrun" else \
-                    run_liveshard(args, trace, mode, d)
-            except Exception as e:  # one mode failing leaves the others' figures
-                print(f"seed {seed}, {mode} failed: {e}", file=sys.stderr, flush=True)
-                entry.setdefault("errors", {})[mode] = str(e)
-                for ckpt in ("checkpoints", "ckpt"):
-                    shutil.rmtree(d / ckpt, ignore_errors=True)
-        live, ckpt = entry["modes"].get("live"), entry["modes"].get("checkpoint")
-        if live and ckpt:
-            entry["live_checkpoint_bit_identical"] = bool(live["checksums"]) and live["checksums"] == ckpt["checksums"]
-        entry["summary"] = summary(entry)
-        png = out.parent / f"goodput_seed{seed}.png"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        plot(entry, png)
-        entry["figure"] = png.name
-        result["seeds"][str(seed)] = entry
-        out.write_text(json.dumps(result, indent=1))
-        print_table(entry)
-    if not args.trace_only:
-        print(f"wrote {out}")
+    missing: list[str] = []
+    t_start = time.time()
+    for cloud in clouds:
+        c = cond["clouds"].setdefault(cloud, {"seeds": {}})
+        c["notice_seconds"] = NOTICE_SECONDS[cloud]
+        for seed in seeds:
+            trace = make_trace(args.steps, seed, nodes=args.nodes, cloud=cloud, band=args.band,
+                               interruptions=args.interruptions, ref_step_seconds=args.ref_step_seconds,
+                               min_gap=args.min_gap)
+            print(f"{cloud} seed {seed}: {trace['localrun']}  (stands for {trace['represents_days']:.0f} days "
+                  f"of the pool)", flush=True)
+            if args.trace_only:
+                continue
+            entry = {"seed": seed, "model": args.model, "nodes": args.nodes,
+                     "tokens_per_step": args.global_batch * args.seq_length, "trace": trace, "modes": {}}
+            old = c["seeds"].get(str(seed), {})
+            if old.get("trace", {}).get("localrun") == trace["localrun"]:
+                entry["modes"] = {m: r for m, r in old.get("modes", {}).items() if m not in modes}
+            for mode in modes:
+                print(f"--- {condition}, {cloud} seed {seed}, {mode}", file=sys.stderr, flush=True)
+                r = run_mode(args, trace, mode, root / f"{cloud}-seed{seed}-{mode}")
+                entry["modes"][mode] = r
+                if r.get("failed") == "records":
+                    missing.append(f"{condition} {cloud} seed {seed} {mode}: {r['reason']}")
+                c["seeds"][str(seed)] = entry  # written after every run: an interrupted invocation keeps it
+                c["summary"] = cloud_summary(c["seeds"])
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(result, indent=1))
+            live, ckpt = entry["modes"].get("live"), entry["modes"].get("checkpoint")
+            if live and ckpt and "failed" not in live and "failed" not in ckpt:
+                entry["live_checkpoint_bit_identical"] = bool(live["checksums"]) and live["checksums"] == ckpt["checksums"]
+            entry["summary"] = summary(entry)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if args.plot and any("failed" not in r for r in entry["modes"].values()):
+                suffix = "_loaded" if args.load else ""
+                png = out.parent / f"goodput_{cloud}_seed{seed}{suffix}.png"
+                plot(entry, png)
+                entry["figure"] = png.name
+            c["seeds"][str(seed)] = entry
+            c["summary"] = cloud_summary(c["seeds"])
+            out.write_text(json.dumps(result, indent=1))
+            print_table(entry)
+    if args.trace_only:
+        return 0
+    print_cloud_table(condition, {k: v for k, v in cond["clouds"].items() if k in clouds})
+    print(f"\n{time.time() - t_start:.0f} s; wrote {out}")
+    if missing:
+        for line in missing:
+            print(f"MISSING STEP RECORDS: {line}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

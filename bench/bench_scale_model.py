@@ -22,6 +22,8 @@ plan-transition`` prints for the same inputs (the configs are in the JSON).
 scales the benchmarks do not use and keeps its JSON output.
 
     python bench/bench_scale_model.py [--only llama3-70b@1024] [--per-rank 24] [--extra]
+    python bench/bench_scale_model.py --figures     # time the operator's overlap figures for the rows there
+    python bench/bench_scale_model.py --json        # per row: plan/communicator/transfer/build/pause/end-to-end s
 
 Writes ``bench/results/scale_model.json`` (merged with what is there: ``--only`` replaces its own
 rows and keeps the others).
@@ -81,11 +83,18 @@ def nccl_init_s(n: int) -> float:
 
 
 def end_to_end(r: dict) -> dict:
-    """The parts of one reconfiguration and their sums, as built and with the new world prepared."""
+    """The parts of one reconfiguration and their sums, as built and with the new world prepared.
+
+    The operator chooses the rank order from the layouts' overlap (``overlap_figures_cpu_s``,
+    measured; rows measured before it existed fall back to the two whole plans it replaced). A
+    leave (nobody joins) transfers over the running world: no transition group. Preparing
+    connects the transition group (joins), then the next world; both are fresh NCCL
+    initialisations in this model (deriving the next world by splitting the old one is not
+    modeled)."""
     members = r["devices"]  # the transition group: every old and new member
-    operator = 2 * r["global_plan_cpu_s"]  # plan_world's least_movement: two whole plans
+    operator = r.get("overlap_figures_cpu_s", 2 * r["global_plan_cpu_s"])
     plan = r["per_rank_total_cpu_s_worst"]
-    group = nccl_init_s(members)
+    group = nccl_init_s(members) if r["join"] else 0.0
     world = nccl_init_s(r["new_gpus"])
     transfer = r["modeled_seconds"]
     pause = transfer + world + COMMIT_BUILD_S
@@ -93,7 +102,53 @@ def end_to_end(r: dict) -> dict:
     return {"operator_s": operator, "per_rank_plan_s": plan, "transition_group_s": group, "world_init_s": world,
             "transfer_s": transfer, "commit_build_s": COMMIT_BUILD_S, "pause_s": pause,
             "end_to_end_s": operator + plan + group + pause, "pause_prepared_s": pause_prepared,
-            "end_to_end_prepared_s": operator + plan + max(group, world) + pause_prepared}
+            "end_to_end_prepared_s": operator + plan + group + world + pause_prepared}
+
+
+# Where each figure of ``summary`` comes from.
+SOURCES = {
+    "plan_seconds": "measured: CPU seconds on one core of this machine (the operator's overlap figures, "
+                    "else its two whole plans, + the worst sampled per-rank plan)",
+    "communicator_seconds": "modeled: fresh NCCL initialisation, 2.46 s * (n/8)^0.5 (+-2x), for the transition "
+                            "group (joins only: a leave reuses the running world) and the next world, connected "
+                            "while the old one trains",
+    "transfer_seconds": "modeled: the measured plan's busiest device over 450 GB/s NVLink and 50 GB/s network per "
+                        "GPU, 50 us per round",
+    "build_seconds": "assumed: 1.0 s to build the new model and optimizer around the received tensors on a GPU",
+    "pause_seconds": "transfer_seconds + build_seconds (the world built ahead, the default)",
+    "end_to_end_seconds": "plan_seconds + communicator_seconds + pause_seconds (from the operator's decision)",
+}
+
+
+def summary(data: dict) -> list[dict]:
+    """One record per model, GPU count and scenario with the figures the issue tracker asks for."""
+    out = []
+    for r in sorted(data["rows"], key=_order):
+        e = end_to_end(r)
+        out.append({"model": r["model"], "gpus": r["gpus"], "scenario": r["scenario"], "from": r["from"],
+                    "to": r["to"], "plan_seconds": round(e["operator_s"] + e["per_rank_plan_s"], 3),
+                    "communicator_seconds": round(e["transition_group_s"] + e["world_init_s"], 2),
+                    "transfer_seconds": round(e["transfer_s"], 3), "build_seconds": e["commit_build_s"],
+                    "pause_seconds": round(e["pause_prepared_s"], 3),
+                    "end_to_end_seconds": round(e["end_to_end_prepared_s"], 2),
+                    "operator_measured_as": "overlap figures" if "overlap_figures_cpu_s" in r else "two whole plans",
+                    "sources": SOURCES})
+    return out
+
+
+def measure_figures(rows: list[dict]) -> None:
+    """Time the operator's rank-order choice (``overlap_figures``) for each row, on one core."""
+    for r in rows:
+        if r["model"] not in PRESETS:
+            continue
+        devices = DeviceMap(r["old_gpus"], GPUS_PER_NODE, frozenset(r["leave"]), r["join"])
+        old, new = ParallelConfig.parse(r["from"]), ParallelConfig.parse(r["to"])
+        gc.collect()
+        t0 = time.process_time()
+        transition_mod.overlap_figures(PRESETS[r["model"]], old, new, devices)
+        r["overlap_figures_cpu_s"] = time.process_time() - t0
+        print(f"{r['model']}@{r['gpus']} {r['scenario']}: overlap figures {r['overlap_figures_cpu_s']:.3f} s CPU",
+              flush=True)
 
 
 def _order(r: dict) -> tuple:
@@ -120,7 +175,7 @@ def table(data: dict) -> str:
         ref = {"llama3-70b": "< 2 s (70B)", "qwen3-235b-a22b": "4.36 s (235B MoE)"}.get(model, "")
         out.append(f"| {model} | {n} | {span(es, 'pause_s', '.0f')} | {span(es, 'pause_prepared_s', '.1f')} | "
                    f"{span(es, 'end_to_end_s', '.0f')} | {span(es, 'end_to_end_prepared_s', '.0f')} | {ref} |")
-    out += ["", "| model | GPUs | scenario | operator: 2 whole plans | per-rank plan | transition group | transfer | "
+    out += ["", "| model | GPUs | scenario | operator: rank order | per-rank plan | transition group | transfer | "
            "new world init | build | **pause** | end-to-end | pause, world built ahead | end-to-end, world built ahead |",
            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in data["rows"]:
@@ -324,9 +379,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra-only", action="store_true", help="only the other models")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--table", action="store_true", help="print the tables of the JSON in --out and exit")
+    ap.add_argument("--json", action="store_true",
+                    help="print, per model, GPU count and scenario, the plan, communicator, transfer, build, pause "
+                         "and end-to-end seconds with their sources (from the JSON in --out) and exit")
+    ap.add_argument("--figures", action="store_true",
+                    help="measure the operator's rank-order choice (overlap figures) for the rows in --out")
     args = ap.parse_args(argv)
     if args.table:
         print(table(json.loads(Path(args.out).read_text())))
+        return 0
+    if args.json:
+        print(json.dumps(summary(json.loads(Path(args.out).read_text())), indent=1))
         return 0
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})  # one core
@@ -338,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
         suites = [s for s in suites if s in args.only]
     if args.extra_only:
         suites = []
+    if args.figures:
+        rows = old.get("rows", [])
+        measure_figures([r for r in rows if not args.only or f"{r['model']}@{r['gpus']}" in args.only])
+        write(out_path, old, rows, old.get("extra"), budget)
+        return 0
     rows = [r for r in old.get("rows", []) if f"{r['model']}@{r['gpus']}" not in suites]
     print(f"{'suite':<22} {'scenario':<18} {'whole plan':>10} {'sched':>6} {'rank worst':>10} {'median':>7} "
           f"{'busiest GB (nvl/net)':>22} {'modeled s':>9}")
@@ -345,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         model, n = s.split("@")
         for t in transitions(model, int(n)):
             r = run_transition(model, int(n), t, budget, args.per_rank)
+            measure_figures([r])
             rows.append(r)
             print(f"{s:<22} {r['scenario']:<18} {r['global_plan_cpu_s']:>10.3f} {r['global_schedule_cpu_s']:>6.3f} "
                   f"{r['per_rank_total_cpu_s_worst']:>10.3f} {r['per_rank_total_cpu_s_median']:>7.3f} "

@@ -102,6 +102,13 @@ def _train_steps(built: Any, device: Any, steps: int = 4, batch: int = 4, seq: i
     return losses
 
 
+def _judged(figures: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """A part's figures, with its failure when it found problems."""
+    if problems:
+        figures["failure"] = "; ".join(problems)
+    return figures
+
+
 # ---- parts ------------------------------------------------------------------------------------
 def part_env() -> dict[str, Any]:
     import importlib.metadata as md
@@ -208,9 +215,7 @@ def part_run_local() -> dict[str, Any]:
         problems.append(f"losses {losses}")
     if event.get("outcome") != "committed":
         problems.append(f"the stop ended {event.get('outcome')}")
-    if problems:
-        out["failure"] = "; ".join(problems)
-    return out
+    return _judged(out, problems)
 
 
 def part_nccl_world() -> dict[str, Any]:
@@ -289,9 +294,7 @@ def part_nccl_world() -> dict[str, Any]:
         problems.append(f"training on the handed-over world: losses {trained}")
     if out["backend"] != worlds.AHEAD:
         problems.append(f"backend {out['backend']}")
-    if problems:
-        out["failure"] = "; ".join(problems)
-    return out
+    return _judged(out, problems)
 
 
 def part_pack() -> dict[str, Any]:
@@ -375,9 +378,12 @@ def part_health() -> dict[str, Any]:
         a @ b  # warm-up
     _sync(device)
     results = []
+    # on a GPU the clock is the kernels' time (synchronised wall time around them); on a CPU the
+    # training thread's CPU time
+    now = time.perf_counter if device.type == "cuda" else time.thread_time
     for _ in range(3):
         clock.begin_step()
-        t0 = time.perf_counter()
+        t0 = now()
         segment = clock("forward-compute")
         segment.start()
         for _ in range(reps):
@@ -386,7 +392,7 @@ def part_health() -> dict[str, Any]:
         clock("forward-send").start()  # not compute: ignored
         measured = clock.end_step()
         _sync(device)
-        wall = time.perf_counter() - t0
+        wall = now() - t0
         results.append((measured, wall))
     measured, wall = min(results)
     out.update(compute_seconds=round(measured, 5), wall_seconds=round(wall, 5),
@@ -401,9 +407,7 @@ def part_health() -> dict[str, Any]:
             problems.append(f"the GPU is throttled: {health['throttle']}")
     if not 0.8 <= out["agreement"] <= 1.05:
         problems.append(f"compute clock {measured:.4f} s against {wall:.4f} s of wall time")
-    if problems:
-        out["failure"] = "; ".join(problems)
-    return out
+    return _judged(out, problems)
 
 
 PARTS: dict[str, tuple[Callable[[], dict[str, Any]], int]] = {  # name: (part, timeout seconds)

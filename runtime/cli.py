@@ -10,8 +10,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
-from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.errors import ConfigError, RunFailed
+
+# Exit codes of every command (README "Exit codes"): 0 done; 1 it ran and did not finish (one
+# line says why; a crash's traceback also ends in 1); 2 bad input, named in one line before anything ran.
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -37,8 +43,16 @@ _EXTRA_OF = {"torch": "runtime", "megatron": "runtime", "numpy": "runtime", "psu
              "jsonpatch": "local", "tokenizers": "runtime", "sentencepiece": "runtime", "tqdm": "runtime", "safetensors": "runtime"}
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, whose usage errors are one line naming the flag and the fix, exit 2, like every
+    other bad input (argparse's own print the whole usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {_one_line(message)} (fix: see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="liveshard",
         description="Elastic Megatron training that switches parallelism live.",
     )
@@ -58,8 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except ConfigError as e:
-        print(f"liveshard {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        print(f"liveshard {args.command}: error: {_one_line(str(e))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except RunFailed as e:
+        print(f"liveshard {args.command}: failed: {_one_line(str(e))}", file=sys.stderr)
+        return EXIT_FAILED
     except ModuleNotFoundError as e:
         extra = _EXTRA_OF.get((e.name or "").partition(".")[0])
         if extra is None:
@@ -67,9 +84,14 @@ def main(argv: list[str] | None = None) -> int:
         # a command run where its extra is not installed (e.g. the demo in a product image)
         print(f"liveshard {args.command}: error: needs {e.name!r}, which this install leaves out "
               f"(fix: pip install 'liveshard[{extra}]')", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except BrokenPipeError:  # `liveshard layout ... | head`
         return 0
+
+
+def _one_line(text: str) -> str:
+    """A message as the one line it must be (a value quoted in it may hold line breaks)."""
+    return " ".join(text.split())
 
 
 def _lazy_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -77,7 +99,7 @@ def _lazy_parser(argv: list[str]) -> argparse.ArgumentParser:
     name = next((a for a in argv if not a.startswith("-")), None)
     if name not in COMMANDS:
         return build_parser()
-    parser = argparse.ArgumentParser(prog="liveshard")
+    parser = OneLineParser(prog="liveshard")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     module, help_text = COMMANDS[name]
     p = sub.add_parser(name, help=help_text, description=help_text)

@@ -21,3 +21,13 @@ class ConfigError(ValueError):
 
 class UnsupportedModelError(ConfigError):
     """The model is valid but uses an architecture liveshard cannot lay out yet."""
+
+
+class RunFailed(RuntimeError):
+    """A run that did not finish: a worker died and nothing recovered, the coordinator failed the
+    job or refused a change, the final checkpoint is missing. ``str()`` is one line saying why
+    (and where the logs are); the CLI prints it and exits 1."""
+
+
+class RunTimedOut(RunFailed, TimeoutError):
+    """A run that waited too long for something that never happened."""

@@ -243,7 +243,7 @@ class ModelSpec:
         if not isinstance(data, dict):
             raise ConfigError(source, "must be a mapping of ModelSpec fields")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(map(str, set(data) - known))
         if unknown:
             raise ConfigError(f"{source}.{unknown[0]}", "unknown field",
                               f"valid fields: {', '.join(sorted(known))}")
@@ -254,8 +254,12 @@ class ModelSpec:
             raise ConfigError(f"{source}.{missing[0]}", "is required")
         try:
             return cls(**data)
-        except TypeError as e:  # a wrong type that __post_init__ arithmetic tripped over
-            raise ConfigError(source, str(e)) from None
+        except ConfigError:
+            raise
+        except (TypeError, ValueError, OverflowError, ZeroDivisionError, AttributeError, KeyError) as e:
+            # a wrong type or size that __post_init__ arithmetic tripped over
+            raise ConfigError(source, f"a field has the wrong type or size ({' '.join(str(e).split())[:160]})",
+                              "give each field the type the ModelSpec reference shows") from None
 
 
 def load_model(ref: str) -> ModelSpec:
@@ -268,17 +272,14 @@ def load_model(ref: str) -> ModelSpec:
     if not path.exists():
         raise ConfigError("model", f"{ref!r} is neither a preset nor a file",
                           f"use a YAML file or one of: {', '.join(sorted(PRESETS))}")
-    import yaml
+    from liveshard.runtime.inputs import load_yaml
 
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError("model", f"{ref} is not valid YAML: {str(e).splitlines()[0]}") from None
+    data = load_yaml(path, "model", what="model file (YAML)")
     if isinstance(data, dict) and "model" in data and isinstance(data["model"], dict):
         data = data["model"]
     if isinstance(data, dict) and "preset" in data:
         base = data.pop("preset")
-        if base not in PRESETS:
+        if not isinstance(base, str) or base not in PRESETS:
             raise ConfigError("model.preset", f"unknown preset {base!r}",
                               f"use one of: {', '.join(sorted(PRESETS))}")
         merged = {**PRESETS[base].to_dict(), **data}
@@ -300,6 +301,9 @@ def model_from_ref_or_env(ref: str | None) -> ModelSpec:
         data = json.loads(text)
     except json.JSONDecodeError:
         return load_model(text)  # a preset name or a file
+    except (RecursionError, ValueError):
+        raise ConfigError(Env.MODEL, "is not a usable ModelSpec (JSON nested too deeply or a number too long)",
+                          "the operator writes it; do not edit it") from None
     return ModelSpec.from_dict(data, source=Env.MODEL)
 
 

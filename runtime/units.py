@@ -25,7 +25,10 @@ def parse_bytes(value: Any, field: str) -> int:
         if not match or unit not in _UNITS:
             raise ConfigError(field, f"{value!r} is not a size in bytes",
                               "write bytes or a number with a unit, e.g. 1073741824, 512MiB, 80Gi or 96GB")
-        number = int(float(match.group(1)) * _UNITS[unit])
+        scaled = float(match.group(1)) * _UNITS[unit]
+        if scaled != scaled or scaled in (float("inf"), float("-inf")) or scaled > 2**62:
+            raise ConfigError(field, f"{value!r} is beyond any sane size", "e.g. 512MiB, 80Gi or 96GB")
+        number = int(scaled)
     if number <= 0:
         raise ConfigError(field, f"{value!r} is not a positive size", "give a size above zero")
     return number

@@ -2,6 +2,11 @@
 
 ``--job FILE`` takes the ElasticTrainingJob manifest ``kubectl apply`` takes (its model, training
 and parallelism constraints); flags override single fields or, without ``--job``, say it all.
+``--check`` checks all of it (job, data, start config, every event) and starts nothing.
+
+Exit codes: 0 the job trained every step and saved its final checkpoint; 1 it did not finish (one
+line says why: a worker died and nothing recovered, the coordinator failed the job or refused an
+event, the final checkpoint is missing); 2 bad input, found before any process started.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from liveshard.runtime.commands import training_args
 
@@ -33,6 +39,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", default=None, help="logs, checkpoints and per-worker results")
     p.add_argument("--out", default="run.json")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--check", action="store_true",
+                   help="check the job, its data, the start config and every event, then exit (0: valid, 2: not); "
+                        "starts no process")
     g = p.add_argument_group("stragglers")
     g.add_argument("--stretch", type=float, default=1.0,
                    help="emulate devices this many times slower than the CPU by sleeping in proportion to their "
@@ -48,6 +57,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="steps a device set aside for slowness waits before it is tried again")
 
 
+MAX_LOCAL_WORKERS = 256  # processes of one local run (each imports megatron and builds a model)
+
+
 def _start_config(args: argparse.Namespace, spec, training, workers: int) -> str:
     """``--parallel``, else the planner's choice for ``workers`` processes under the job's constraints."""
     if args.parallel:
@@ -61,14 +73,23 @@ def _start_config(args: argparse.Namespace, spec, training, workers: int) -> str
         raw = training_args.read_job_file(args.job_file).raw["spec"]
         par = read_spec({**raw, "image": raw.get("image") or "local"}).parallelism
         tp, pp = par.tp, par.pp
+    from liveshard.runtime.errors import ConfigError
+    from liveshard.runtime.planner.search import NoFeasiblePlan
+
     gpus = [GPU(id=f"w{i}", node="local", memory_bytes=80 << 30) for i in range(workers)]
-    plan = plan_world(spec, gpus, Constraints(tp=tp, pp=pp, global_batch=training.global_batch,
-                                              micro_batch=training.micro_batch))
+    try:
+        plan = plan_world(spec, gpus, Constraints(tp=tp, pp=pp, global_batch=training.global_batch,
+                                                  micro_batch=training.micro_batch))
+    except NoFeasiblePlan as e:
+        raise ConfigError("--workers", f"no parallel config fits {workers} worker(s): {e}",
+                          "give --parallel, or another number of --workers") from None
     return str(plan.config)
 
 
-def run(args: argparse.Namespace) -> int:
-    from liveshard.dev.localrun.driver import RunSpec, run_local
+def prepare(args: argparse.Namespace):
+    """The run ``args`` ask for, checked as far as it can be before a process starts (what
+    ``--check`` runs): a ``RunSpec``, or ConfigError naming the first problem."""
+    from liveshard.dev.localrun.driver import RunSpec, check_run
     from liveshard.dev.localrun.events import parse_events
     from liveshard.runtime.contract.jobspec import AdaptivePolicy
     from liveshard.runtime.errors import ConfigError
@@ -76,27 +97,48 @@ def run(args: argparse.Namespace) -> int:
     spec, training = training_args.resolve(args, env={})
     from liveshard.runtime.data.datasets import check_data
 
-    check_data(training, spec.vocab_size, spec.padded_vocab_size)  # a worker would fail alone, later
-    from liveshard.runtime.agent.checkpoint import check_start_weights
-
-    check_start_weights(spec, training)
     workers = args.workers
     if workers is None:
         if not args.job_file:
             raise ConfigError("--workers", "is required without --job", "give the number of local workers")
         job = training_args.read_job_file(args.job_file)
         workers = job.workers_max * job.gpus_per_worker
+    if workers < 1:
+        raise ConfigError("--workers", f"must be >= 1, got {workers}", "give the number of local workers")
+    if workers > MAX_LOCAL_WORKERS:
+        raise ConfigError("--workers", f"{workers} processes on one machine", f"use at most {MAX_LOCAL_WORKERS}")
+    # what a worker would find alone, later (every worker of a local run builds its own index)
+    check_data(training, spec.vocab_size, spec.padded_vocab_size, processes=workers)
+    from liveshard.runtime.agent.checkpoint import check_start_weights
+
+    check_start_weights(spec, training)
+    if args.checkpoint_every < 0:
+        raise ConfigError("--checkpoint-every", f"must be >= 0, got {args.checkpoint_every}", "0 (off) or a step count")
     events = parse_events(args.events)
     if any(e.step >= training.train_iters for e in events):
         raise ConfigError("--events", "every event must come before the last step", "raise --steps")
-    report = run_local(RunSpec(
+    run_spec = RunSpec(
         spec=spec, training=training, workers=workers, parallel=_start_config(args, spec, training, workers),
         events=events, mode=args.mode, verify=args.verify, preallocate=args.preallocate,
         build_world_ahead=args.build_world_ahead,
         checkpoint_every=args.checkpoint_every, workdir=args.workdir, log=None if args.quiet else sys.stderr,
         adaptive=AdaptivePolicy(enabled=args.adaptive, threshold=args.adaptive_threshold, window=args.adaptive_window,
                                 horizon=args.adaptive_horizon, min_gain=args.adaptive_min_gain,
-                                probation=args.adaptive_probation), stretch=args.stretch))
+                                probation=args.adaptive_probation), stretch=args.stretch)
+    check_run(run_spec)
+    return run_spec
+
+
+def run(args: argparse.Namespace) -> int:
+    from liveshard.dev.localrun.driver import run_local
+    from liveshard.runtime.errors import RunFailed
+
+    run_spec = prepare(args)
+    if args.check:
+        print(f"{args.job_file or 'the run'} is valid: {run_spec.spec.name}, {run_spec.workers} workers starting as "
+              f"{run_spec.parallel}, {run_spec.steps} steps, {len(run_spec.events)} event(s); nothing was started")
+        return 0
+    report = run_local(run_spec)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     for e in report["events"]:
@@ -109,4 +151,24 @@ def run(args: argparse.Namespace) -> int:
               f"predicted {d.get('predictedStepSeconds')} -> {d.get('predictedStepSecondsAfter')} s/step)")
     print(f"{len(report['steps'])} steps, final loss {last.get('loss')}, consumed {last.get('consumed_samples')}"
           f" samples; final checkpoint {report.get('final_checkpoint')}; report: {args.out}")
+    why = unfinished(report, run_spec.steps)
+    if why:
+        raise RunFailed(f"the job did not finish: {why} (report: {args.out})")
     return 0
+
+
+def unfinished(report: dict, steps: int) -> str | None:
+    """Why the run of ``report`` did not finish (None: every step trained and the final checkpoint
+    saved): the steps it reached, and the first worker that failed, with the last line it logged."""
+    from liveshard.dev.localrun.driver import last_log_line
+
+    last = report["steps"][-1]["step"] if report["steps"] else 0
+    if last >= steps and report.get("final_checkpoint"):
+        return None
+    what = f"trained {last} of {steps} steps" if last < steps else "no final checkpoint was saved"
+    failed = {wid: code for wid, code in (report.get("exit_codes") or {}).items() if code not in (0, None, -9)}
+    if failed:
+        wid, code = next(iter(failed.items()))
+        line = last_log_line(Path(report.get("workdir") or ".") / f"{wid.replace('/', '_')}.log")
+        what += f"; {wid} exited with {code}" + (f": {line}" if line else "")
+    return what + f" (logs: {report.get('workdir')})"

@@ -32,14 +32,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from liveshard.dev.localrun.events import Event
+from liveshard.dev.localrun.events import PLAN_KINDS, Event
 from liveshard.dev.ports import free_port
 from liveshard.runtime.contract.env import Env
 from liveshard.runtime.contract.jobspec import AdaptivePolicy
 from liveshard.runtime.contract.keys import SECRET_ENV, Keys
 from liveshard.runtime.contract.training import TRAINING_ENV, TrainingSpec, read_training
 from liveshard.runtime.data.batches import BatchPlan
-from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.errors import ConfigError, RunFailed, RunTimedOut
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner import FEWEST_CHANGES, GPU, Constraints, ParallelPlan, plan_world
 from liveshard.runtime.spec import ModelSpec
@@ -146,26 +146,103 @@ def plan_local_world(run: RunSpec, current: ParallelConfig, workers: list[str]) 
     return plan_world(run.spec, gpus, constraints, current=current)
 
 
+def check_run(run: RunSpec) -> ParallelConfig:
+    """Everything about ``run`` that can be judged before a process starts (the start config and
+    every event against the model, the batch and the workers there will be), by the runtime's own
+    rules (``ParallelConfig.validate``, ``BatchPlan``, the planner's ``plan_world``): ConfigError
+    naming the first problem. The start config."""
+    cfg = ParallelConfig.parse(run.parallel)
+    cfg.validate(run.spec)
+    # The coordinator would refuse a first world whose batch does not split: say so now.
+    BatchPlan(run.global_batch, run.micro_batch, cfg.dp, cfg.dp_split)
+    if run.workers < 1:
+        raise ConfigError("--workers", f"must be >= 1, got {run.workers}", "give the number of local workers")
+    if cfg.world_size > run.workers:
+        raise ConfigError("--parallel", f"{cfg} needs {cfg.world_size} workers, --workers is {run.workers}")
+    if not run.stretch >= 1.0 or run.stretch == float("inf"):
+        raise ConfigError("--stretch", f"must be a finite number >= 1, got {run.stretch!r}", "1 (off) or more, e.g. 4")
+    if run.mode == "checkpoint" and any(e.kind == "kill" for e in run.events) and not run.checkpoint_every:
+        raise ConfigError("--checkpoint-every", "a kill in checkpoint mode needs periodic checkpoints",
+                          "set --checkpoint-every N")
+    alive, frozen = run.workers, 0  # workers of the job at each event, if every event goes as asked
+    world: int | None = cfg.world_size  # ranks of the world then, where no planner choice decides it
+    for ev in run.events:
+        if ev.kind == "slow" and max(ev.ranks) >= run.workers:
+            raise ConfigError("--events", f"{ev} names device {max(ev.ranks)}, the run starts {run.workers}",
+                              "name a device of the first world: 0 .. --workers - 1")
+        if run.adaptive is not None and run.adaptive.enabled and ev.kind != "slow":
+            # the policy switches between the driver's events; a scripted change would race it
+            raise ConfigError("--events", f"{ev}: an --adaptive run takes only slow events",
+                              "drop --adaptive, or script only slow=R@F events")
+        ranks = world if world is not None else alive
+        if ev.kind in ("leave", "kill", "sigstop") and ev.ranks and max(ev.ranks) >= ranks:
+            raise ConfigError("--events", f"{ev} names rank {max(ev.ranks)}, the world has {ranks} rank(s) then",
+                              f"name ranks of the world at step {ev.step}: 0 .. {ranks - 1}")
+        if ev.kind in PLAN_KINDS:
+            world = None  # the coordinator's planner chooses the next world
+        if ev.kind == "kill" and ev.phase:
+            continue  # armed for a phase of the next change: its victim is one of that change's members
+        if ev.kind in ("leave", "kill", "sigstop"):
+            alive -= len(ev.ranks) + len(ev.joiners)
+            frozen += len(ev.ranks) if ev.kind == "sigstop" else 0
+            if alive < 1 and ev.kind != "kill":
+                raise ConfigError("--events", f"{ev} leaves no worker to train", "keep at least one worker")
+        elif ev.kind == "sigcont":
+            alive, frozen = alive + frozen, 0
+        elif ev.kind == "join":
+            alive += ev.count
+        elif ev.kind == "parallel":
+            world = _check_parallel_event(run, ev, alive)
+    return cfg
+
+
+def _check_parallel_event(run: RunSpec, ev: Event, workers: int) -> int:
+    """A ``parallel=`` event's config, as the coordinator would plan it on ``workers`` workers;
+    its world size."""
+    from liveshard.runtime.coordinator.requests import PlanningInputs
+    from liveshard.runtime.planner.search import NoFeasiblePlan
+
+    assert ev.config is not None
+    try:
+        cfg = ParallelConfig.parse(ev.config)
+        cfg.validate(run.spec)
+        if cfg.world_size > workers:
+            raise ConfigError("parallel", f"needs {cfg.world_size} workers, the job has {workers} at that step")
+        BatchPlan(run.global_batch, run.micro_batch, cfg.dp, cfg.dp_split)
+        gpus = [GPU(id=f"w{i}", node="local", memory_bytes=PlanningInputs.gpu_memory_bytes) for i in range(workers)]
+        plan_world(run.spec, gpus, Constraints(global_batch=run.global_batch, micro_batch=run.micro_batch,
+                                               objective=FEWEST_CHANGES), config=cfg)
+    except ConfigError as e:
+        raise ConfigError("--events", f"{ev}: {e.field}: {e.problem}",
+                          e.fix or "give a config this model and worker count can take") from None
+    except NoFeasiblePlan as e:
+        raise ConfigError("--events", f"{ev}: {e}", "give a config this model and worker count can take") from None
+    return cfg.world_size
+
+
+def last_log_line(log: Path, limit: int = 240) -> str:
+    """The last line a process logged that says something (a traceback's last line is its error)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 16384))
+            lines = [x.strip() for x in f.read().decode("utf-8", "replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    text = lines[-1] if lines else ""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _refusals(status: dict) -> list[dict]:
+    """The plan requests the coordinator refused, oldest first (its history's ``rejected`` entries)."""
+    return [h for h in status.get("history", [])
+            if h.get("generation") is None and str(h.get("outcome", "")).startswith("rejected")]
+
+
 class LocalRun:
     def __init__(self, run: RunSpec) -> None:
         self.secret = secrets.token_hex(32).encode()
         self.run = run
-        self.cfg = ParallelConfig.parse(run.parallel)
-        self.cfg.validate(run.spec)
-        # The coordinator would refuse a first world whose batch does not split: say so now.
-        BatchPlan(run.global_batch, run.micro_batch, self.cfg.dp, self.cfg.dp_split)
-        if self.cfg.world_size > run.workers:
-            raise ConfigError("--parallel", f"{self.cfg} needs {self.cfg.world_size} workers, --workers is {run.workers}")
-        if not run.stretch >= 1.0:
-            raise ConfigError("--stretch", f"must be >= 1, got {run.stretch!r}", "1 (off) or more, e.g. 4")
-        for ev in run.events:
-            if ev.kind == "slow" and max(ev.ranks) >= run.workers:
-                raise ConfigError("--events", f"{ev} names device {max(ev.ranks)}, the run starts {run.workers}",
-                                  "name a device of the first world: 0 .. --workers - 1")
-            if run.adaptive is not None and run.adaptive.enabled and ev.kind != "slow":
-                # the policy switches between the driver's events; a scripted change would race it
-                raise ConfigError("--events", f"{ev}: an --adaptive run takes only slow events",
-                                  "drop --adaptive, or script only slow=R@F events")
+        self.cfg = check_run(run)
         self.dir = Path(run.workdir or tempfile.mkdtemp(prefix="liveshard-run-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.procs = Procs()
@@ -184,6 +261,8 @@ class LocalRun:
         self.join_retries: dict[int, list[dict]] = {}  # per join event's step: its aborted tries
         self._retried_generations: set[int] = set()  # those tries' generations (no event of their own)
         self._released_early: set[int] = set()  # hold steps released for a retried join
+        self._posted: Any = None  # the newest PlanRequest this driver posted
+        self._refusals_before = 0  # refusals the coordinator had reported when it was posted
 
     # ---- processes ---------------------------------------------------------------------------
     def _env(self) -> dict:
@@ -225,7 +304,8 @@ class LocalRun:
         if held and (r.stretch > 1.0 or any(e.kind == "slow" for e in r.events)):
             base += ["--slowdown", "--stretch", repr(r.stretch)]
         cmd = [*base, "--id", wid, "--coordinator", f"127.0.0.1:{port}", "--collective-timeout", str(r.collective_timeout),
-               "--result", str(self.dir / f"{safe}.json"), "--local-workers", "1", *(extra or [])]
+               "--result", str(self.dir / f"{safe}.json"), "--step-log", str(self.dir / f"{safe}.steps.jsonl"),
+               "--local-workers", "1", *(extra or [])]
         # Safety checkpoints (every --checkpoint-every steps) and the checkpoint a stop saves.
         # Background saves complete one step after they start: a scripted run is reproducible.
         cmd += ["--checkpoint-dir", str(self.dir / "checkpoints" / "periodic"), "--checkpoint-finalize-steps", "1"]
@@ -257,7 +337,7 @@ class LocalRun:
 
     # ---- live mode ---------------------------------------------------------------------------
     def run_live(self) -> dict:
-        from liveshard.runtime.coordinator import PlanRequest, StorePlanSource
+        from liveshard.runtime.coordinator import PlanRequest
 
         r = self.run
         port = free_port()
@@ -272,12 +352,10 @@ class LocalRun:
         # A plan names registered workers only (a worker registers once its imports and datasets
         # are ready, which on a loaded machine can take longer than the coordinator's grace).
         self._wait_registered(store, ids)
-        StorePlanSource.post(store, PlanRequest(members=tuple(ids), config=str(self.cfg), reason="start"))
+        self._post(store, PlanRequest(members=tuple(ids), config=str(self.cfg), reason="start"))
         self.say(f"started {len(ids)} workers ({len(joiners)} joiners waiting), config {self.cfg}")
         next_joiner = 0
-        status = self._wait_generation(store, 0)
-        if status.get("last_outcome") != "committed":
-            raise RuntimeError(f"the first world did not start: {status.get('last_outcome')}")
+        status = self._wait_first_world(store, "the first world")
         for ev in r.events:
             cur_members = tuple(status["members"])
             standbys = [m for m in status.get("standbys", [])]
@@ -396,23 +474,22 @@ class LocalRun:
                     self.procs.workers[m].poll() is not None for m in members if m in self.procs.workers)):
                 return st
             if time.monotonic() > end:
-                raise TimeoutError(f"the final world did not finish in {timeout:.0f} s")
+                raise RunTimedOut(f"the final world did not finish in {timeout:.0f} s")
             self._check_alive(st)
             time.sleep(0.1)
 
     def _apply(self, store, request, gen: int, release_step: int | None, message: str, what: str) -> dict:
         """Post ``request``, release the workers held at ``release_step`` once it is published as
         generation ``gen``, and wait for that generation to commit; the coordinator's status."""
-        from liveshard.runtime.coordinator import StorePlanSource
 
-        StorePlanSource.post(store, request)
+        self._post(store, request)
         self._wait_published(store, gen)
         if release_step is not None:
             store.set(Keys.release(release_step), "1")
         self.say(message)
         status = self._wait_generation(store, gen)
         if status.get("last_outcome") != "committed":
-            raise RuntimeError(f"{what} ended {status.get('last_outcome')}")
+            raise RunFailed(f"{what} ended {status.get('last_outcome')}")
         return status
 
     def _join(self, store, request, gen: int, ev: Event, new: tuple[str, ...]) -> dict:
@@ -420,14 +497,13 @@ class LocalRun:
         joiner is back (taken for dead, it rejoins as a new member) and the world trains again,
         the join is requested again, up to ``RunSpec.join_attempts`` tries with doubling back-off
         (``join_backoff``). A join that never commits fails the run, with each try's outcome."""
-        from liveshard.runtime.coordinator import StorePlanSource
 
         r = self.run
         tries: list[dict] = []
         release: int | None = ev.step
         self._wait_registered(store, new)
         for attempt in range(1, r.join_attempts + 1):
-            StorePlanSource.post(store, request)
+            self._post(store, request)
             self._wait_published(store, gen)
             if release is not None:
                 store.set(Keys.release(release), "1")
@@ -459,7 +535,7 @@ class LocalRun:
                               switch_at_step=step, reason=f"{ev.count} worker(s) joined (try {attempt + 1})")
             gen = store.latest_generation() + 1
             release = None
-        raise RuntimeError(f"event {ev}: the join of {', '.join(new)} did not commit in {len(tries)} tries: "
+        raise RunFailed(f"event {ev}: the join of {', '.join(new)} did not commit in {len(tries)} tries: "
                            + "; ".join(f"generation {t['generation']} {t['outcome']}" for t in tries))
 
     def _wait_registered(self, store, wids: list[str] | tuple[str, ...], timeout: float = 600.0) -> None:
@@ -468,9 +544,9 @@ class LocalRun:
         while missing := sorted(set(wids) - set(store.members())):
             exited = [m for m in missing if self.procs.workers[m].poll() is not None]
             if exited:
-                raise RuntimeError(f"{', '.join(exited)} exited before registering (see {self.dir})")
+                raise RunFailed(f"{', '.join(exited)} exited before registering (see {self.dir})")
             if time.monotonic() > end:
-                raise TimeoutError(f"{', '.join(missing)} did not register in {timeout:.0f} s (see {self.dir})")
+                raise RunTimedOut(f"{', '.join(missing)} did not register in {timeout:.0f} s (see {self.dir})")
             self._check_alive()
             time.sleep(0.1)
 
@@ -484,10 +560,10 @@ class LocalRun:
             st = self._status(store)
             exited = [m for m in new if self.procs.workers[m].poll() is not None]
             if exited:
-                raise RuntimeError(f"event {ev}: joiner(s) {', '.join(exited)} exited after the join aborted "
+                raise RunFailed(f"event {ev}: joiner(s) {', '.join(exited)} exited after the join aborted "
                                    f"(see {self.dir})")
             if st.get("finished"):
-                raise RuntimeError(f"event {ev}: training finished before the join of {', '.join(new)} committed")
+                raise RunFailed(f"event {ev}: training finished before the join of {', '.join(new)} committed")
             telemetry = st.get("telemetry") or {}
             members = st.get("members") or []
             if (st.get("pending") is None and not set(new) & set(st.get("dead") or ())
@@ -495,7 +571,7 @@ class LocalRun:
                 return st
             if time.monotonic() > end:
                 waiting = sorted(set(new) & set(st.get("dead") or ()))
-                raise TimeoutError(f"event {ev}: after the aborted join, "
+                raise RunTimedOut(f"event {ev}: after the aborted join, "
                                    + (f"{', '.join(waiting)} did not come back as new members"
                                       if waiting else "the world did not train again") + f" in {timeout:.0f} s")
             self._check_alive(st)
@@ -518,11 +594,10 @@ class LocalRun:
         """Post ``request`` and kill each armed victim when it is held at the armed phase of
         that reconfiguration; then wait until the job trains again without them (the
         generation committed without them, or a recovery after it did)."""
-        from liveshard.runtime.coordinator import StorePlanSource
 
         victims, phase = self.armed, self.armed_at
         self.armed, self.armed_at = [], None
-        StorePlanSource.post(store, request)
+        self._post(store, request)
         self._wait_published(store, gen)
         store.set(Keys.release(ev.step), "1")
         self.say(f"step {ev.step}: {ev.kind} ({request.reason}); killing {', '.join(victims)} at phase {phase}")
@@ -538,7 +613,7 @@ class LocalRun:
                     killed[wid] = time.time()
                     self.say(f"{wid} killed at phase {phase} of generation {gen}")
             if time.monotonic() > end:
-                raise TimeoutError(f"{', '.join(set(victims) - set(killed))} never reached phase {phase}")
+                raise RunTimedOut(f"{', '.join(set(victims) - set(killed))} never reached phase {phase}")
             self._check_alive()
             time.sleep(0.005)
         t_kill = max(killed.values())
@@ -551,7 +626,7 @@ class LocalRun:
                     and ((st.get("progress") or {}).get("step") or 0) > ev.step):
                 break
             if time.monotonic() > end:
-                raise TimeoutError(f"the job did not recover from the kill at phase {phase} in {timeout:.0f} s")
+                raise RunTimedOut(f"the job did not recover from the kill at phase {phase} in {timeout:.0f} s")
             self._check_alive(st)
             time.sleep(0.05)
         recovered = time.time()
@@ -572,10 +647,9 @@ class LocalRun:
         generation committed, or aborted and asked again by the new coordinator). The status, and
         a client of the new coordinator's store."""
         from liveshard.runtime.control.protocol import transition_members
-        from liveshard.runtime.coordinator import StorePlanSource
 
         phase, self.coordinator_armed_at = self.coordinator_armed_at, None
-        StorePlanSource.post(store, request)
+        self._post(store, request)
         self._wait_published(store, gen)
         gen = store.latest_generation()  # ``gen`` is the least it can be (a restarted coordinator skips numbers)
         plan = store.plan(gen)
@@ -589,11 +663,11 @@ class LocalRun:
         while any(store.get(Keys.at_phase(w)) != f"{phase}:{gen}" for w in holders):
             if time.monotonic() > end:
                 late = [w for w in holders if store.get(Keys.at_phase(w)) != f"{phase}:{gen}"]
-                raise TimeoutError(f"{', '.join(late)} never reached phase {phase} of generation {gen}")
+                raise RunTimedOut(f"{', '.join(late)} never reached phase {phase} of generation {gen}")
             self._check_alive()
             for w in holders:
                 if self.procs.workers[w].poll() is not None:
-                    raise RuntimeError(f"{w} exited before phase {phase} (see {self.dir})")
+                    raise RunFailed(f"{w} exited before phase {phase} (see {self.dir})")
             time.sleep(0.005)
         coordinator = self.procs.coordinator
         with contextlib.suppress(ProcessLookupError):
@@ -618,7 +692,7 @@ class LocalRun:
                     and ((st.get("progress") or {}).get("step") or 0) > ev.step):
                 break
             if time.monotonic() > end:
-                raise TimeoutError(f"the job did not come back to {plan.config} on {', '.join(plan.members)} after "
+                raise RunTimedOut(f"the job did not come back to {plan.config} on {', '.join(plan.members)} after "
                                    f"the coordinator was killed at phase {phase} in {timeout:.0f} s")
             self._check_alive(st)
             self._release_for_reissue(store, st, ev.step)
@@ -655,7 +729,7 @@ class LocalRun:
         """Every process of the job gone at once (a whole spot pool, a cluster restart): kill the
         workers held at the step and the coordinator, start new ones on the same checkpoint
         directory. The new coordinator's first world continues the newest complete checkpoint."""
-        from liveshard.runtime.coordinator import PlanRequest, StorePlanSource
+        from liveshard.runtime.coordinator import PlanRequest
 
         for wid in standbys:  # not training, so never held at a step: killed as they are
             with contextlib.suppress(ProcessLookupError):
@@ -672,11 +746,8 @@ class LocalRun:
         for wid in fresh:
             self.start_worker(wid, port, holds=holds)
         self._wait_registered(store, fresh)
-        StorePlanSource.post(store, PlanRequest(members=fresh, config=config, reason="start after a restart"))
-        status = self._wait_generation(store, 0)
-        if status.get("last_outcome") != "committed":
-            raise RuntimeError(f"the restarted job did not start: {status.get('last_outcome')}")
-        return status
+        self._post(store, PlanRequest(members=fresh, config=config, reason="start after a restart"))
+        return self._wait_first_world(store, "the restarted job")
 
     def _resume_stopped(self, store, ev, gen: int, members: tuple[str, ...], timeout: float = 120.0) -> dict:
         """SIGCONT every frozen worker, wait until the coordinator counts each as a new member
@@ -691,7 +762,7 @@ class LocalRun:
         end = time.monotonic() + timeout
         while set(back) & set(self._status(store).get("dead") or ()):
             if time.monotonic() > end:
-                raise TimeoutError(f"{', '.join(back)} did not come back as new members in {timeout:.0f} s")
+                raise RunTimedOut(f"{', '.join(back)} did not come back as new members in {timeout:.0f} s")
             self._check_alive()
             time.sleep(0.05)
         request = PlanRequest(members=members + tuple(back), reason=f"{', '.join(back)} back after a freeze",
@@ -704,9 +775,9 @@ class LocalRun:
         end = time.monotonic() + timeout
         while store.get(Keys.held(step, wid)) is None:
             if self.procs.workers[wid].poll() is not None:
-                raise RuntimeError(f"{wid} exited before step {step} (see {self.dir})")
+                raise RunFailed(f"{wid} exited before step {step} (see {self.dir})")
             if time.monotonic() > end:
-                raise TimeoutError(f"{wid} was not held at step {step} in {timeout:.0f} s")
+                raise RunTimedOut(f"{wid} was not held at step {step} in {timeout:.0f} s")
             self._check_alive()
             time.sleep(0.01)
 
@@ -748,7 +819,21 @@ class LocalRun:
                 return st
             self._check_alive()
             time.sleep(0.05)
-        raise TimeoutError(f"the restarted coordinator did not adopt generation {gen}")
+        raise RunTimedOut(f"the restarted coordinator did not adopt generation {gen}")
+
+    def _wait_first_world(self, store, what: str, tries: int = 5) -> dict:
+        """The status once a first world committed. One that did not start (a worker lost while
+        it started) the coordinator makes again without that worker: waited for as well, up to
+        ``tries`` generations (a failed job ends the wait at once: ``_check_alive``)."""
+        gen = 0
+        for _ in range(tries):
+            status = self._wait_generation(store, gen)
+            if status.get("last_outcome") == "committed":
+                self._fault_generations.update(range(1, gen + 1))  # no event's change
+                return status
+            self.say(f"{what}: generation {gen} {status.get('last_outcome')}; the coordinator makes it again")
+            gen = 1 + max([gen, *(h["generation"] for h in status.get("history", []) if h.get("generation") is not None)])
+        raise RunFailed(f"{what} did not start: {status.get('last_outcome')}")
 
     def _wait_generation(self, store, gen: int, timeout: float = 600.0,
                          while_waiting: Callable[[dict], None] | None = None) -> dict:
@@ -766,24 +851,57 @@ class LocalRun:
                 return st
             self._check_alive(st)
             time.sleep(0.05)
-        raise TimeoutError(f"generation {gen} was not decided in {timeout:.0f} s")
+        raise RunTimedOut(f"generation {gen} was not decided in {timeout:.0f} s")
 
     def _wait_published(self, store, gen: int, timeout: float = 60.0) -> None:
         end = time.monotonic() + timeout
+        polls = 0
         while store.latest_generation() < gen:
             if time.monotonic() > end:
-                raise TimeoutError(f"the coordinator published no plan {gen} (see {self.dir}/coordinator.log)")
-            self._check_alive()
+                raise RunTimedOut(f"the coordinator published no plan {gen} (see {self.dir}/coordinator.log)")
+            # its status says whether it refused the request (every 0.1 s: the plan is cheaper to poll)
+            self._check_alive(self._status(store) if polls % 10 == 0 else None)
+            polls += 1
             time.sleep(0.01)
 
+    def _post(self, store, request) -> None:
+        """Post a plan request; the coordinator's refusal of it ends the run at once, with its
+        reason (``_check_alive``), instead of a wait for a plan that never comes."""
+        from liveshard.runtime.coordinator import StorePlanSource
+
+        self._refusals_before = len(_refusals(self._status(store)))
+        self._posted = request
+        StorePlanSource.post(store, request)
+
     def _check_alive(self, status: dict | None = None) -> None:
-        """Raise if the coordinator exited, or reported that the run cannot go on."""
+        """Raise if the coordinator exited, refused the request posted last, or reported that
+        the run cannot go on."""
         failure = (status or {}).get("failure")
         if failure:
-            raise RuntimeError(f"the job failed ({failure.get('reason')}): {failure.get('message')}")
+            hint = ""
+            if failure.get("reason") == "NoSurvivingCopy" and not self.run.checkpoint_every:
+                hint = (" (fix: run with --checkpoint-every N, so that a checkpoint can replace state that "
+                        "only the lost workers held)")
+            raise RunFailed(f"the job failed ({failure.get('reason')}): {failure.get('message')}{hint}")
+        if status and self._posted is not None:
+            refused = [h for h in _refusals(status)[self._refusals_before:]
+                       if h.get("reason") == self._posted.reason]
+            if refused:
+                why = str(refused[0].get("outcome", "")).removeprefix("rejected:").strip()
+                raise RunFailed(f"the coordinator refused {self._posted.reason!r}: {why}")
+        workers = self.procs.workers
+        if workers and all(p.poll() is not None for p in workers.values()):
+            # nobody is left to train: whatever the driver waits for will not come
+            failed = [(w, p.returncode) for w, p in workers.items() if p.returncode not in (0, -signal.SIGKILL)]
+            why = "every worker exited"
+            if failed:
+                wid, code = failed[0]
+                line = last_log_line(self.dir / f"{wid.replace('/', '_')}.log")
+                why += f"; {wid} with {code}" + (f": {line}" if line else "")
+            raise RunFailed(f"{why} (see {self.dir})")
         c = self.procs.coordinator
         if c is not None and c.poll() is not None:
-            raise RuntimeError(f"the coordinator exited with {c.returncode} (see {self.dir}/coordinator.log)")
+            raise RunFailed(f"the coordinator exited with {c.returncode} (see {self.dir}/coordinator.log)")
 
     def _wait_workers(self, timeout: float, only: tuple[str, ...] | None = None) -> None:
         """Wait for the workers (``only``: the final world's members; standbys wait for plans
@@ -870,6 +988,8 @@ class LocalRun:
             "stragglers": (self.final_status.get("health") or {}) if self.final_status else {},
             "checksums": {k: f"{v:016x}" for k, v in sorted(checksums.items())},
             "workdir": str(self.dir),
+            # how each worker process ended (None: still running when the run ended; -9: killed)
+            "exit_codes": {wid: p.poll() for wid, p in self.procs.workers.items()},
         }
 
     def _adaptive_report(self, history: list[dict]) -> list[dict]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from liveshard.dev.localrun.driver import LocalRun, plan_local_world
 from liveshard.dev.ports import free_port
 from liveshard.runtime.contract.keys import Keys
-from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.errors import ConfigError, RunFailed
 from liveshard.runtime.parallel import ParallelConfig
 
 
@@ -78,7 +78,7 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
             # saved at its event (newer when the last periodic save came before that event)
             load_dir = _latest(ckpt_root / "periodic")
             if load_dir is None:
-                raise RuntimeError("no periodic checkpoint to restart from")
+                raise RunFailed("no periodic checkpoint to restart from (fix: a smaller --checkpoint-every)")
             workers -= len(ev.ranks)
         else:
             for p in job.procs.workers.values():

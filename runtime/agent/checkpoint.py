@@ -14,6 +14,7 @@ falls back to the newest complete one.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -40,23 +41,42 @@ def _sharded_state_dict(built: Any, is_loading: bool = False) -> dict:
 
 
 def save(built: Any, trainer: Any, directory: str | os.PathLike, queue: Any = None,
-         on_complete: Callable[[], None] | None = None) -> None:
+         on_complete: Callable[[], None] | None = None, min_free: int = 0,
+         verify_later: Callable[[Callable[[], None]], None] | None = None) -> None:
     """Save every rank's state to ``directory`` (collective over the training world).
 
     With ``queue`` (megatron's ``AsyncCallsQueue``) the shards are written by a background
     process while training goes on; the checkpoint is complete (``liveshard.json`` written,
     ``on_complete`` called) when the queue finalizes it, which every rank must ask for at the
     same step (``queue.maybe_finalize_async_calls``). Without it, it is complete on return.
+
+    Rank 0 first makes the directory and checks that its volume has ``min_free`` bytes free
+    (``MIN_FREE`` at least): megatron's first file (``common.pt``) is written by rank 0 alone,
+    so a full disk found there would fail rank 0 while the others wait in the next collective.
+    Either failure is raised on every rank, before anything is written.
+
+    The marker lists every file with its size and sha256: the checkpoint is complete once that
+    is written. ``verify_later`` (with ``queue``): rank 0 hands it the hashing and the marker's
+    writing (a full read of its files) to run off the training thread, and the completion to
+    call after; other ranks complete at finalize. Without it rank 0 hashes at finalize.
     """
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     path = Path(directory)
+    problem: OSError | None = None
     if dist.get_rank() == 0:
-        if path.exists():  # what an interrupted save left behind: never mixed with this one
-            shutil.rmtree(path)
-        path.mkdir(parents=True)
-    dist.barrier()
+        try:
+            if path.exists():  # what an interrupted save left behind: never mixed with this one
+                shutil.rmtree(path)
+            path.mkdir(parents=True)
+            free = shutil.disk_usage(path).free
+            if free < max(min_free, MIN_FREE):
+                raise OSError(errno.ENOSPC, f"{free} bytes free, the checkpoint needs about "
+                                            f"{max(min_free, MIN_FREE)}", str(path.parent))
+        except OSError as e:
+            problem = e
+    _raise_everywhere(problem, f"preparing {path}")
     sd = _sharded_state_dict(built)
     world = dist.get_world_size()
     sd["rng"] = ShardedObject("rng", capture_rng(), (world,), (dist.get_rank(),), replica_id=0)
@@ -67,11 +87,17 @@ def save(built: Any, trainer: Any, directory: str | os.PathLike, queue: Any = No
     sd["config"] = layout
     meta = json.dumps({"config": layout, "model": built.spec.to_dict(), **_plain(trainer.progress())})
 
+    def mark() -> None:  # every file hashed, then the marker: the checkpoint is complete
+        tmp = path / ".liveshard.json.partial"
+        tmp.write_text(json.dumps({**json.loads(meta), "files": file_manifest(path)}))
+        os.replace(tmp, path / MARKER)
+
     def finish() -> None:  # after every rank's shards and the global metadata are written
         if dist.get_rank() == 0:
-            tmp = path / ".liveshard.json.partial"
-            tmp.write_text(json.dumps({**json.loads(meta), "files": file_manifest(path)}))
-            os.replace(tmp, path / MARKER)
+            if verify_later is not None and queue is not None:
+                verify_later(mark)  # completes (on_complete) once the marker is written
+                return
+            mark()
         if on_complete is not None:
             on_complete()
 
@@ -85,36 +111,65 @@ def save(built: Any, trainer: Any, directory: str | os.PathLike, queue: Any = No
     queue.schedule_async_request(request)
 
 
+def _raise_everywhere(error: OSError | None, what: str) -> None:
+    """Raise on every rank when a step some ranks did alone failed on one (one MIN all-reduce;
+    it replaces the barrier after that step)."""
+    import torch
+
+    from liveshard.runtime.agent.world import device
+
+    flag = torch.tensor([0 if error is not None else 1], dtype=torch.int32, device=device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    if error is not None:
+        raise error
+    if not int(flag):
+        raise OSError(f"{what} failed on rank 0")
+
+
 MARKER = "liveshard.json"
-# Files up to this size get a sha256 in the manifest: megatron's metadata (``.metadata``, a pickle
-# torch DCP reads; ``common.pt``; ``metadata.json``) always does. Larger shard files are checked
-# by size: hashing them at finalize would stall training for a full read of the checkpoint.
-HASHED_BYTES = 64 << 20
+# Bytes a volume must have free before a save starts, whatever the checkpoint's size (its
+# metadata files, written by rank 0 alone).
+MIN_FREE = 1 << 20
+
+
+def manifest_bytes(directory: str | os.PathLike) -> int:
+    """The bytes of a complete checkpoint's files, from its manifest (0 where it has none)."""
+    try:
+        files = read_meta(directory).get("files") or {}
+        return sum(int(item.get("size") or 0) for item in files.values())
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 0
+# Files are hashed in pieces of this size (a shard may be many GiB).
+HASH_CHUNK = 8 << 20
+
+
+def sha256_of(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def file_manifest(directory: str | os.PathLike) -> dict[str, dict]:
-    """``{file: {size, sha256?}}`` for every file a save wrote (the marker itself excepted)."""
-    import hashlib
-
+    """``{file: {size, sha256}}`` for every file a save wrote (the marker itself excepted): every
+    byte, whatever the file's size."""
     out: dict[str, dict] = {}
     root = Path(directory)
     for entry in sorted(root.rglob("*")):
         if not entry.is_file() or entry.name in (MARKER, ".liveshard.json.partial"):
             continue
-        size = entry.stat().st_size
-        item: dict[str, Any] = {"size": size}
-        if size <= HASHED_BYTES:
-            item["sha256"] = hashlib.sha256(entry.read_bytes()).hexdigest()
-        out[entry.relative_to(root).as_posix()] = item
+        out[entry.relative_to(root).as_posix()] = {"size": entry.stat().st_size, "sha256": sha256_of(entry)}
     return out
 
 
 def verify(directory: str | os.PathLike) -> str | None:
     """Why ``directory`` is not a complete, intact checkpoint, or None when it is: the marker is
-    there and every file of its manifest has the size (and hash) the save recorded. A checkpoint
-    written before manifests existed passes on its marker alone."""
-    import hashlib
-
+    there and every file of its manifest has the size and sha256 the save recorded (a manifest
+    written before every file was hashed checks the hashes it has). A checkpoint written before
+    manifests existed passes on its marker alone."""
     root = Path(directory)
     try:
         meta = read_meta(root)
@@ -132,7 +187,7 @@ def verify(directory: str | os.PathLike) -> str | None:
         if f.stat().st_size != item.get("size"):
             return f"{name}: {f.stat().st_size} bytes, the save wrote {item.get('size')}"
         digest = item.get("sha256")
-        if digest is not None and hashlib.sha256(f.read_bytes()).hexdigest() != digest:
+        if digest is not None and sha256_of(f) != digest:
             return f"{name}: content differs from what the save wrote (sha256)"
     return None
 

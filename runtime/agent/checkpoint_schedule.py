@@ -9,7 +9,8 @@ save is finalized collectively at a later step boundary (``finalize``): once it 
 then is it complete: rank 0 publishes it as ``checkpoint/latest``, the one a restore plan loads.
 A broken world cannot agree that a save is complete: its save in flight is dropped (``abandon``).
 
-A stop saves in the foreground (complete on return). How a checkpoint is written and loaded is
+A stop and the final checkpoint save in the foreground (complete on return; the final save's
+retries and fallback are ``final_save.py``). How a checkpoint is written and loaded is
 ``checkpoint.py``.
 
 A save that fails (a full disk, an I/O error: megatron raises the same ``CheckpointException``
@@ -24,7 +25,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
+import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from liveshard.runtime.agent.connection import StoreClients
@@ -84,7 +88,16 @@ class SafetyCheckpoints:
         self.last_save = time.monotonic()
         self._saves: Any = None  # megatron AsyncCallsQueue of this world's background saves
         self._save_started_at = 0  # step at which the save in flight started
+        # rank 0 hashes every byte of a background save off the training thread (``verify_later``);
+        # the checkpoint's completion then runs on the training thread at the next finalize
+        self._hashing: list[threading.Thread] = []
+        self._verified: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.failed_saves = 0
+        # the directory the job names, also when it was unusable at start (the final save
+        # tries it again: space may have come back)
+        self.configured_dir: str | None = options.checkpoint_dir
+        # the size of the last checkpoint rank 0 saw complete: the free space the next save needs
+        self.expected_bytes = 0
 
     def check_dir(self) -> None:
         """An unusable checkpoint directory turns safety checkpoints off (and a stop is refused)."""
@@ -116,21 +129,23 @@ class SafetyCheckpoints:
         """A safety checkpoint failed: the next one is due a full interval from now."""
         self.last_save = time.monotonic()
 
-    def save(self, built: Any, trainer: Any, background: bool = False) -> None:
-        """Save the training world's state (collective) as ``<checkpoint_dir>/step<N>``. Once it
-        is complete, rank 0 publishes it as the newest checkpoint: the one a recovery with no
-        surviving copy loads. ``background``: written while training goes on (a safety
-        checkpoint); otherwise complete on return (a stop)."""
+    def save(self, built: Any, trainer: Any, background: bool = False, root: str | None = None) -> None:
+        """Save the training world's state (collective) as ``<checkpoint_dir>/step<N>`` (under
+        ``root`` instead, if given: the final save's fallback). Once it is complete, rank 0
+        publishes it as the newest checkpoint: the one a recovery with no surviving copy loads.
+        ``background``: written while training goes on (a safety checkpoint); otherwise complete
+        on return (a stop, the final checkpoint)."""
         from liveshard.runtime.agent import checkpoint
 
         t = trainer
-        if not self.options.checkpoint_dir:
+        root = root or self.options.checkpoint_dir
+        if not root:
             raise RuntimeError("no checkpoint directory (--checkpoint-dir or LIVESHARD_CHECKPOINT_DIR)")
         if background and self._saves is not None and self._saves.get_num_unfinalized_calls():
             return  # the previous one is still being written (every rank knows the same)
         if not background:
             self.finalize(step=t.step_count, wait=True)
-        path = os.path.join(self.options.checkpoint_dir, f"step{t.step_count:08d}")
+        path = os.path.join(root, f"step{t.step_count:08d}")
         info = {"path": path, "step": t.step_count, "config": str(built.cfg)}
         t0 = time.perf_counter()
         self.last_save = time.monotonic()
@@ -138,6 +153,7 @@ class SafetyCheckpoints:
         def complete() -> None:
             self.last = {**info, "time": time.time()}
             if self.state.rank == 0:
+                self.expected_bytes = checkpoint.manifest_bytes(path) or self.expected_bytes
                 self.clients.store.publish_checkpoint(self.last)  # a rewind after a restore (control.store)
                 prune(self.options.checkpoint_dir, self.options.checkpoint_keep)
             self.state.events.append({"kind": "checkpoint", "step": info["step"], "path": path,
@@ -152,15 +168,52 @@ class SafetyCheckpoints:
             if self._saves is None:
                 self._saves = AsyncCallsQueue()
             self._save_started_at = t.step_count
-            checkpoint.save(built, t, path, queue=self._saves, on_complete=complete)
+            checkpoint.save(built, t, path, queue=self._saves, on_complete=complete, min_free=self.expected_bytes,
+                            verify_later=lambda mark: self._verify_later(mark, complete, t.step_count))
         else:
-            checkpoint.save(built, t, path, on_complete=complete)
+            checkpoint.save(built, t, path, on_complete=complete, min_free=self.expected_bytes)
+
+    def _verify_later(self, mark: Callable[[], None], complete: Callable[[], None], step: int) -> None:
+        """Rank 0: hash the finished save's files and write its marker in a thread; its
+        completion (publication, pruning) waits for the training thread (``_drain_verified``)."""
+
+        def run() -> None:
+            try:
+                mark()
+            except Exception as e:  # a file gone or unreadable: the save never becomes complete
+                error = e
+                self._verified.put(lambda: self.failed(step, error))
+                return
+            self._verified.put(complete)
+
+        thread = threading.Thread(target=run, name="liveshard-checkpoint-hash", daemon=True)
+        self._hashing = [h for h in self._hashing if h.is_alive()] + [thread]
+        thread.start()
+
+    def _drain_verified(self, wait: bool) -> None:
+        """Complete the saves whose files are hashed (``wait``: for every one being hashed)."""
+        if wait:
+            for thread in self._hashing:
+                thread.join()
+            self._hashing = []
+        while True:
+            try:
+                done = self._verified.get_nowait()
+            except queue.Empty:
+                return
+            done()
 
     def finalize(self, step: int | None, wait: bool = False) -> None:
         """Complete the background saves that are done (all ranks call this at the same step:
         it is collective); ``wait`` for the one in flight, as at a switch or a stop, or when
         ``checkpoint_finalize_steps`` have passed since it started (``step``: the current one,
         None without a model)."""
+        try:
+            self._finalize_saves(step, wait)
+        finally:
+            self._drain_verified(wait)
+
+    def _finalize_saves(self, step: int | None, wait: bool) -> None:
         if self._saves is None or not self._saves.get_num_unfinalized_calls():
             return
         steps = self.options.checkpoint_finalize_steps
@@ -187,6 +240,16 @@ class SafetyCheckpoints:
             with contextlib.suppress(Exception):
                 self.clients.store.set_json(Keys.CHECKPOINT_FAILED, {"step": step, "error": str(error)[:500],
                                                                      "count": self.failed_saves, "time": time.time()})
+
+    def resolved(self, step: int) -> None:
+        """A save of ``step`` completed after failed ones (the final checkpoint, retried): rank 0
+        marks the last failure resolved, which clears ``CheckpointFailing``."""
+        if self.state.rank != 0:
+            return
+        with contextlib.suppress(Exception):
+            failed = self.clients.store.get_json(Keys.CHECKPOINT_FAILED)
+            if isinstance(failed, dict):
+                self.clients.store.set_json(Keys.CHECKPOINT_FAILED, {**failed, "resolved": step})
 
     def abandon(self) -> None:
         """A broken world cannot agree that a save is complete: it never becomes the newest."""

@@ -24,7 +24,9 @@ broken world), where it starts the first world, or follows the old world's switc
 
 A plan with no live state (``through_checkpoint``): a stop saves a checkpoint (all must succeed,
 or the stop is refused) and leaves every worker waiting; a restore builds the new world from
-the checkpoint it names.
+the checkpoint it names. A world built from scratch (a first world, a restore: ``start_world``)
+whose member is lost while it starts fails like a transition: reported, torn down, and the
+coordinator plans it again without that member.
 
 These functions work on the ``WorkerAgent``: its current world (``trainer``, ``built``,
 ``state``) and its lifecycle methods (``build``, ``adopt``, ``teardown``, ``report``).
@@ -47,6 +49,7 @@ from liveshard.runtime.agent import release
 from liveshard.runtime.agent import world as worlds
 from liveshard.runtime.agent.commit_point import CommitPoint, Failed, WriteReady
 from liveshard.runtime.agent.state import capture_rng, load_state, restore_rng, state_tensors
+from liveshard.runtime.agent.training import is_comm_failure
 from liveshard.runtime.agent.transition import TransitionResult, execute_transition
 from liveshard.runtime.contract.keys import COMMITTED, Keys
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan
@@ -108,8 +111,14 @@ def _take(agent: WorkerAgent, prep: Prepared) -> bool:
 
 
 def start_world(agent: WorkerAgent, plan: WorldPlan, load_dir: str | None = None,
-                phases: dict[str, float] | None = None) -> None:
-    """Build the world of ``plan`` from scratch: initialised, or loaded from a checkpoint."""
+                phases: dict[str, float] | None = None) -> bool:
+    """Build the world of ``plan`` from scratch: initialised, or loaded from a checkpoint.
+
+    The members meet on the store first (``_arrive``: a member lost before it arrives is waited
+    for only until the coordinator decides the generation). A member lost after that leaves the
+    others in the world's rendezvous or its first collectives until they fail: like a failed
+    transition, the start is then reported failed and torn down, and this worker waits for the
+    coordinator's next plan (a first world made again without the lost member). False then."""
     cfg = ParallelConfig.parse(plan.config)
     rank = plan.members.index(agent.id)
     # the job's own newest checkpoint, else --load, else spec.training.resume; initialWeights
@@ -118,23 +127,47 @@ def start_world(agent: WorkerAgent, plan: WorldPlan, load_dir: str | None = None
     weights = agent.training.initial_weights if load_dir is None else None
     phases = dict(phases or {})
     t0 = time.perf_counter()
-    worlds.init_training_world(agent.store.store, Keys.world_prefix(plan.generation), rank,
-                               cfg.world_size, agent.options.collective_timeout)
-    agent.build(cfg, initialize=load_dir is None and weights is None)
-    phases["build"] = time.perf_counter() - t0
-    if load_dir or weights:
-        from liveshard.runtime.agent import checkpoint
+    try:
+        _arrive(agent, plan, decided=Keys.outcome(plan.generation))
+        agent.at_phase("start", plan.generation)
+        worlds.init_training_world(agent.store.store, Keys.world_prefix(plan.generation), rank,
+                                   cfg.world_size, agent.options.collective_timeout)
+        agent.build(cfg, initialize=load_dir is None and weights is None)
+        phases["build"] = time.perf_counter() - t0
+        if load_dir or weights:
+            from liveshard.runtime.agent import checkpoint
 
-        t1 = time.perf_counter()
-        if load_dir:
-            checkpoint.load(agent.built, agent.trainer, load_dir)
-        else:
-            checkpoint.load_initial_weights(agent.built, weights)
-        phases["load"] = time.perf_counter() - t1
-        log.info("loaded %s from %s in %.2f s", f"initial weights ({weights.format})" if weights else "a checkpoint",
-                 load_dir or weights.path, phases["load"])
+            t1 = time.perf_counter()
+            if load_dir:
+                checkpoint.load(agent.built, agent.trainer, load_dir)
+            else:
+                checkpoint.load_initial_weights(agent.built, weights)
+            phases["load"] = time.perf_counter() - t1
+            log.info("loaded %s from %s in %.2f s", f"initial weights ({weights.format})" if weights else "a checkpoint",
+                     load_dir or weights.path, phases["load"])
+    except Exception as e:
+        if not (isinstance(e, NotArrived) or is_comm_failure(e)):
+            raise
+        _not_started(agent, plan, f"start: {type(e).__name__}: {' '.join(str(e).split())[:300]}", phases)
+        return False
     agent.adopt(plan, rank)
     agent.report(plan.generation, MemberResult(ok=True, phases=phases, step=agent.trainer.step_count))
+    return True
+
+
+def _not_started(agent: WorkerAgent, plan: WorldPlan, error: str, phases: dict[str, float]) -> None:
+    """The world of ``plan`` could not be made (a member lost while it started): drop what was
+    built of it, never take that plan again, and tell the coordinator; then wait for a plan."""
+    log.error("the world of generation %d did not start: %s", plan.generation, error)
+    agent.preparations.abort(plan.generation, error)
+    try:
+        agent.teardown()
+    finally:
+        agent.state.phase = "waiting"
+    agent.state.events.append({"kind": "start-failed", "generation": plan.generation, "error": error,
+                               "time": time.time()})
+    with contextlib.suppress(Exception):  # the coordinator decides without it (the member's death)
+        agent.report(plan.generation, MemberResult(ok=False, error=error, phases=phases))
 
 
 # ---- a live transition -----------------------------------------------------------------------
@@ -304,15 +337,21 @@ def _poll_delay(attempt: int) -> float:
     return min(0.1, 0.005 * 1.5 ** min(attempt, 20))
 
 
-def _arrive(agent: WorkerAgent, plan: WorldPlan, wait: bool = True, epoch: int | None = None) -> None:
+class NotArrived(RuntimeError):
+    """Not every member of a new world came to build it (``_arrive``)."""
+
+
+def _arrive(agent: WorkerAgent, plan: WorldPlan, wait: bool = True, epoch: int | None = None,
+            decided: str | None = None) -> None:
     """Count this member in (``Keys.arrived``: the coordinator reads it as the transfer having
     delivered) and, with ``wait``, wait until every new member is here to build the world, or
-    the generation is decided against (a member died: the coordinator wrote the decision),
-    rather than in the world's rendezvous, which only gives up after the collective timeout.
-    A store other than the one of the plan (``epoch``: the coordinator restarted) fails it."""
+    the generation is decided against (a member died: the coordinator wrote ``decided``, by
+    default the decision of a live transition; a first world's is its outcome), rather than in
+    the world's rendezvous, which only gives up after the collective timeout. A store other
+    than the one of the plan (``epoch``: the coordinator restarted) fails it."""
     gen = plan.generation
     if epoch is not None and agent.clients.epoch != epoch:
-        raise RuntimeError(f"the coordinator restarted during the switch to generation {gen}")
+        raise NotArrived(f"the coordinator restarted during the switch to generation {gen}")
     store = agent.store
     store.set(Keys.arrived(gen, agent.id), "1")  # sealed, one key per member: nobody else can count it in
     store.store.add(Keys.arrivals(gen), 1)
@@ -321,11 +360,11 @@ def _arrive(agent: WorkerAgent, plan: WorldPlan, wait: bool = True, epoch: int |
     end = time.monotonic() + agent.options.commit_timeout
     attempt = 0
     while store.store.add(Keys.arrivals(gen), 0) < len(plan.members):
-        decision = store.get(Keys.decision(gen))
+        decision = store.get(decided or Keys.decision(gen))
         if decision is not None:
-            raise RuntimeError(f"generation {gen} was decided while members were arriving: {decision}")
+            raise NotArrived(f"generation {gen} was decided while members were arriving: {decision}")
         if time.monotonic() > end:
-            raise RuntimeError(f"not every member arrived in {agent.options.commit_timeout:.0f} s")
+            raise NotArrived(f"not every member arrived in {agent.options.commit_timeout:.0f} s")
         time.sleep(_poll_delay(attempt))
         attempt += 1
 
@@ -452,9 +491,9 @@ def through_checkpoint(agent: WorkerAgent, prep: Prepared, switch_step: int) -> 
         phases["save"] = time.perf_counter() - t0
     agent.teardown()
     if plan.restore_from is not None and agent.id in plan.members:
-        start_world(agent, plan, load_dir=plan.restore_from, phases=phases)
-        agent.state.events.append({"kind": "restore", "generation": plan.generation, "from": plan.restore_from,
-                                   "phases": phases, "time": time.time()})
+        if start_world(agent, plan, load_dir=plan.restore_from, phases=phases):
+            agent.state.events.append({"kind": "restore", "generation": plan.generation,
+                                       "from": plan.restore_from, "phases": phases, "time": time.time()})
         return
     agent.report(plan.generation, MemberResult(ok=True, phases=phases, step=switch_step))
     agent.adopt(plan, None)

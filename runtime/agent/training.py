@@ -103,9 +103,17 @@ def train_one(state: WorkerState, trainer: Any, world_size: int, after_step: Cal
         if t.step_count > before and (not state.records or state.records[-1].step < t.step_count):
             # the update was applied and only reporting the loss failed: the step is done
             state.record_step(t, world_size, None)
-        log.error("world of generation %s broke at step %d: %s", state.generation, t.step_count, e)
-        state.phase = "broken"
-        state.events.append({"kind": "broken", "step": t.step_count, "error": str(e)[:200], "time": time.time()})
+        broke(state, t.step_count, e)
+
+
+def broke(state: WorkerState, step: int, error: BaseException, where: str = "") -> None:
+    """A collective of the world failed (``is_comm_failure``): this worker holds its state as a
+    broken world and waits for the coordinator's recovery (the run loop, ``switch.wait_for_plan``)."""
+    log.error("world of generation %s broke at step %d%s: %s", state.generation, step, f" {where}" if where else "",
+              error)
+    state.phase = "broken"
+    state.events.append({"kind": "broken", "step": step, "error": str(error)[:200], "time": time.time(),
+                         **({"where": where} if where else {})})
 
 
 class StepBoundary:

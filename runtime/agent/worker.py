@@ -23,7 +23,8 @@ Life of a worker:
 
 A rank that dies without notice breaks the old world's collectives; the survivors stop, report
 "broken" in their heartbeats and take the coordinator's recovery plan, which sources every
-region from surviving replicas (or falls back to the last checkpoint).
+region from surviving replicas (or falls back to the last checkpoint). So too during the final
+checkpoint at trainIters: the recovered world saves it again.
 
 This module holds the agent's state and composes the phases, each in its own module:
 
@@ -35,7 +36,9 @@ This module holds the agent's state and composes the phases, each in its own mod
 | ``cutoff.py`` | cutting the world off when the coordinator declares a peer dead (control thread) |
 | ``prepare.py`` | preparing a plan in the background (``Prepared``, ``Preparations``) |
 | ``training.py`` | one step and its record; the step-boundary agreement (``StepBoundary``) |
+| ``step_log.py`` | the step log: each step's record appended and flushed as it is made (``--step-log``) |
 | ``checkpoint_schedule.py`` | when safety checkpoints are saved, finalized or abandoned |
+| ``final_save.py`` | the final checkpoint: retried, in a fallback directory, waiting for space |
 | ``switch.py`` | switching: transfer, commit vote, commit, abort, through a checkpoint |
 """
 
@@ -121,6 +124,14 @@ class WorkerOptions:
     # Seconds a member waits at the commit point for the others to build the new world (a death
     # is decided sooner, by the coordinator).
     commit_timeout: float = 120.0
+    # The final checkpoint (``final_save.py``): where it goes when checkpoint_dir fails (a volume
+    # every worker sees; None: none), and how many seconds in all its retries wait for space
+    # before the job fails.
+    final_fallback_dir: str | None = None
+    final_save_patience: float = Defaults.FINAL_SAVE_PATIENCE
+    # Every step's record appended and flushed to this file as it is made (``step_log.py``),
+    # so that a process killed later leaves the steps it trained; None: off.
+    step_log: str | None = None
 
 
 @dataclass
@@ -165,10 +176,14 @@ class WorkerState:
     ready: list[dict] = field(default_factory=list)  # when each generation's world could train
     evals: list[dict] = field(default_factory=list)  # validation runs: step, loss, perplexity
     final_checkpoint: str | None = None  # saved at trainIters
+    failure: str | None = None  # why this worker gave up (phase "failed"): one line
     incarnation: str = field(default_factory=new_incarnation)  # this process's life as a member
     # the commit point of the newest live switch (``agent.commit_point.CommitPoint``): reported
     # to a restarted coordinator while its generation is open (``ControlThread._in_flight``)
     commit_point: Any = None
+    # the append-only step log (``agent.step_log.StepLog``, ``WorkerOptions.step_log``): every
+    # record also goes there as it is made; None: records are kept in memory only
+    step_log: Any = None
 
     def record_step(self, trainer: Any, world_size: int, loss: float | None) -> None:
         """Record the step ``trainer`` has just done (its loss: None where unknown)."""
@@ -179,6 +194,12 @@ class WorkerState:
                                        grad_norm=s.grad_norm, loss_scale=s.loss_scale, skipped=s.skipped,
                                        samples=list(s.samples), tokens=s.tokens,
                                        compute_seconds=s.compute_seconds, work_units=s.work_units))
+        if self.step_log is not None:
+            try:
+                self.step_log.append(self.records[-1])
+            except (OSError, ValueError) as e:  # a full disk never stops training: the log stops
+                log.error("step log %s: %s; no more steps are written there", self.step_log.path, e)
+                self.step_log = None
 
 
 class WorkerAgent:
@@ -203,6 +224,10 @@ class WorkerAgent:
         self.pulse = (Pulse(worker_id, host, port, job, interval=self.options.heartbeat_interval,
                             stale_after=self.options.pulse_stale_after) if self.options.pulse else None)
         self.state = WorkerState()
+        if self.options.step_log:
+            from liveshard.runtime.agent.step_log import StepLog
+
+            self.state.step_log = StepLog(self.options.step_log, worker_id)
         self.built: Any = None
         self.trainer: Trainer | None = None
         self.preparations = Preparations()
@@ -264,7 +289,7 @@ class WorkerAgent:
         register(self.clients, self.id, self.state.incarnation)
         self.control.start()
         try:
-            while not self.stopping():
+            while True:
                 if self.state.phase == "left":
                     break
                 if self.control.excluded is not None:
@@ -274,11 +299,15 @@ class WorkerAgent:
                     if not switching.wait_for_plan(self):
                         break
                     continue
+                if self.stopping():
+                    if self._done() and self.options.max_steps is None:
+                        self._finish()  # a world broken meanwhile is recovered (above), then saves again
+                        if self.state.phase == "broken":
+                            continue
+                    break
                 release.start()  # what the last switch retired is freed while this step computes
                 training.train_one(self.state, self.trainer, self.built.cfg.world_size, self._after_step)
-            if self._done() and self.state.phase == "training" and self.options.max_steps is None:
-                self._finish()
-            elif self.state.phase != "left":
+            if self.state.phase not in ("left", "finished", "failed"):
                 self.state.phase = "exited"
         finally:
             self.control.stop()
@@ -292,25 +321,45 @@ class WorkerAgent:
         return self.trainer is not None and self.trainer.step_count >= self.last_step
 
     def stopping(self) -> bool:
-        if self._done():
+        if self._done() and self.state.phase != "broken":  # a broken world is recovered first
             return True
         return self.control.stop_requested  # set by the control thread: training never waits on the store
 
     def _finish(self) -> None:
-        """trainIters reached: save the final checkpoint and wait until it is complete, then
-        tell the coordinator the job is done (rank 0) and leave as ``finished``."""
+        """trainIters reached: save the final checkpoint (``final_save``: retried, in the
+        fallback directory, after waiting for space), then tell the coordinator the job is done
+        (rank 0) and leave as ``finished``; or, with every attempt spent, say why it cannot be
+        saved (the coordinator fails the job) and leave as ``failed``. A peer lost meanwhile
+        breaks the world as in a training step: the run loop takes the recovery, then saves again."""
+        from liveshard.runtime.agent import final_save
+
         t = self.trainer
-        path = None
-        if self.options.checkpoint_dir:
-            self.checkpoints.save(self.built, t, background=False)  # finalizes a save in flight first
-            path = (self.checkpoints.last or {}).get("path")
+        path, error = None, None
+        if self.checkpoints.configured_dir or self.options.final_fallback_dir:
+            try:
+                outcome = final_save.save(self)
+            except Exception as e:
+                if not training.is_comm_failure(e):
+                    raise
+                training.broke(self.state, t.step_count, e, "during the final checkpoint")
+                return
+            if isinstance(outcome, final_save.Saved):
+                path = outcome.path
+            else:
+                error = outcome.reason
         else:
             log.warning("no checkpoint directory: the trained weights of step %d are not saved", t.step_count)
         self.state.final_checkpoint = path
         if self.state.rank == 0:
             self.store.set_json(Keys.FINISHED, {"step": t.step_count, "consumed_samples": t.consumed_samples,
                                                 "checkpoint": path, "generation": self.state.generation,
-                                                "time": time.time()})
+                                                "time": time.time(), **({"error": error} if error else {})})
+        if error:
+            self.state.phase, self.state.failure = "failed", error
+            self.state.events.append({"kind": "final-checkpoint-failed", "step": t.step_count, "error": error,
+                                      "time": time.time()})
+            log.error("%s", error)
+            return
         self.state.phase = "finished"
         self.state.events.append({"kind": "finished", "step": t.step_count, "checkpoint": path, "time": time.time()})
         log.info("training finished at step %d; final checkpoint: %s", t.step_count, path or "none")

@@ -92,14 +92,14 @@ def _import(args: argparse.Namespace, source: str, target: str) -> int:
     from liveshard.runtime.parallel import ParallelConfig
     from liveshard.runtime.spec import human_count
 
-    config = read_config(source)
-    spec = spec_from_hf_config(config, params_dtype=args.dtype or config_dtype(config), source=f"{source}/config.json")
-    if args.parallel:
+    if args.parallel:  # the flags first: they are checked without reading anything
         parallel = ParallelConfig.parse(args.parallel).with_even_dp()  # the import's layout; no batches
         if args.procs is not None and args.procs != parallel.world_size:
             raise ConfigError("--procs", f"{args.procs} differs from --parallel's world size {parallel.world_size}",
                               "leave --procs out: an import runs one process per rank")
-    else:
+    config = read_config(source)
+    spec = spec_from_hf_config(config, params_dtype=args.dtype or config_dtype(config), source=f"{source}/config.json")
+    if not args.parallel:
         n = args.procs or 1
         parallel = ParallelConfig.parse(f"tp=1,pp={n},dp=1" if n <= spec.num_layers else f"tp=1,pp=1,dp={n}")
     results = run_import(spec, parallel, source, target, show_progress=not args.no_progress and sys.stderr.isatty())
@@ -115,6 +115,8 @@ def _export(args: argparse.Namespace, source: str, target: str) -> int:
     from liveshard.runtime.hf.convert import checkpoint_model, run_export
     from liveshard.runtime.spec import load_model
     from liveshard.runtime.units import parse_bytes
+
+    max_shard_bytes = parse_bytes(args.max_shard_size, "--max-shard-size")  # the flags first
 
     spec = None
     if args.model:
@@ -134,6 +136,6 @@ def _export(args: argparse.Namespace, source: str, target: str) -> int:
     if args.procs is not None and args.parallel:
         raise ConfigError("--parallel", "is for import; an export reads any layout")
     run_export(source, spec, target, procs=args.procs or 1, dtype=args.dtype,
-               max_shard_bytes=parse_bytes(args.max_shard_size, "--max-shard-size"), tokenizer=args.tokenizer)
+               max_shard_bytes=max_shard_bytes, tokenizer=args.tokenizer)
     print(f"exported {spec.name} from {source} to {target}")
     return 0

@@ -13,10 +13,8 @@ Flags given together with 1 or 2 override single fields (``--global-batch``, ``-
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from liveshard.runtime.contract.env import Env
@@ -56,23 +54,34 @@ def add_arguments(p: argparse.ArgumentParser, *, defaults_from_env: bool = True)
 
 def read_job_file(path: str) -> JobFile:
     """The manifest at ``path``: one ElasticTrainingJob (``---`` separated documents allowed)."""
-    import yaml
+    from liveshard.runtime.inputs import load_yaml_all
 
-    try:
-        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
-    except OSError as e:
-        raise ConfigError("--job", f"cannot read {path}: {e.strerror}", "give the path of a job manifest") from None
-    except yaml.YAMLError as e:
-        raise ConfigError("--job", f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    docs = [d for d in load_yaml_all(path, "--job", what="job manifest") if d]
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "ElasticTrainingJob"]
     if len(jobs) != 1:
         raise ConfigError("--job", f"{path} holds {len(jobs)} ElasticTrainingJob documents",
                           "give a file with exactly one (kind: ElasticTrainingJob)")
     job = jobs[0]
     spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
-    workers = spec.get("workers") or {}
-    return JobFile(name=str((job.get("metadata") or {}).get("name") or "job"), raw=job,
-                   workers_max=int(workers.get("max") or 1), gpus_per_worker=int(workers.get("gpusPerWorker") or 8))
+    workers = spec.get("workers") if isinstance(spec.get("workers"), dict) else {}
+    meta = job.get("metadata") if isinstance(job.get("metadata"), dict) else {}
+    return JobFile(name=str(meta.get("name") or "job"), raw=job,
+                   workers_max=_count(workers, "max", 1), gpus_per_worker=_count(workers, "gpusPerWorker", 8))
+
+
+def _count(workers: dict[str, Any], key: str, default: int) -> int:
+    """``spec.workers.<key>`` as a positive integer (``read_spec`` names a bad one first)."""
+    value = workers.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"spec.workers.{key}", f"must be an integer >= 1, got {value!r}")
+    return value
+
+
+# flags that override single fields of spec.training (lr: of its optimizer section)
+_FLAGS = (("train_iters", "trainIters"), ("global_batch", "globalBatch"), ("micro_batch", "microBatch"),
+          ("seq_length", "seqLength"), ("seed", "seed"), ("precision", "precision"), ("lr", "lr"))
 
 
 def _blend(prefixes: list[str]) -> list[dict[str, Any]]:
@@ -99,7 +108,10 @@ def resolve(args: argparse.Namespace, *, env: dict[str, str] | None = None,
         from liveshard.runtime.spec import load_model
 
         job = read_job_file(args.job_file)
-        raw_spec = dict(job.raw.get("spec") or {})
+        if not isinstance(job.raw.get("spec"), dict):
+            raise ConfigError(f"{args.job_file}: spec", "is missing or not a mapping",
+                              "give the job a spec: {model, workers, training}")
+        raw_spec = dict(job.raw["spec"])
         raw_spec.setdefault("image", "local")  # a local run has no image
         if args.model:  # --model overrides the manifest's
             raw_spec["model"] = load_model(args.model).to_dict()
@@ -111,7 +123,9 @@ def resolve(args: argparse.Namespace, *, env: dict[str, str] | None = None,
     elif env.get(TRAINING_ENV) and not args.model:
         if not env.get(Env.MODEL):
             raise ConfigError(Env.MODEL, f"is not set but {TRAINING_ENV} is", "pass --model PRESET|FILE")
-        model = ModelSpec.from_dict(json.loads(env[Env.MODEL]), source=Env.MODEL)
+        from liveshard.runtime.inputs import parse_json
+
+        model = ModelSpec.from_dict(parse_json(env[Env.MODEL], Env.MODEL, Env.MODEL), source=Env.MODEL)
         section = TrainingSpec.from_json(env[TRAINING_ENV]).to_section()
         source = TRAINING_ENV
     else:
@@ -136,8 +150,7 @@ def resolve(args: argparse.Namespace, *, env: dict[str, str] | None = None,
     if args.tokenizer:
         kind = "sentencepiece" if args.tokenizer.endswith(".model") else "huggingface"
         section["tokenizer"] = {"type": kind, "path": args.tokenizer}
-    for flag, key in (("train_iters", "trainIters"), ("global_batch", "globalBatch"), ("micro_batch", "microBatch"),
-                      ("seq_length", "seqLength"), ("seed", "seed"), ("precision", "precision")):
+    for flag, key in _FLAGS[:-1]:
         value = getattr(args, flag, None)
         if value is not None:
             section[key] = value
@@ -149,8 +162,16 @@ def resolve(args: argparse.Namespace, *, env: dict[str, str] | None = None,
         section["optimizer"] = {**(section.get("optimizer") or {}), "lr": args.lr}
         if section["optimizer"].get("minLr", 0) > args.lr:
             section["optimizer"]["minLr"] = args.lr / 10
-    training = read_training(section, path="spec.training" if source != "flags" else "training",
-                             default_seq_length=model.max_sequence_length)
+    path = "spec.training" if source != "flags" else "training"
+    try:
+        training = read_training(section, path=path, default_seq_length=model.max_sequence_length)
+    except ConfigError as e:  # a value a flag gave is named by its flag
+        flag = next((f"--{name.replace('_', '-')}" for name, key in _FLAGS
+                     if e.field in (f"{path}.{key}", f"{path}.optimizer.{key}") and getattr(args, name, None) is not None),
+                    None)
+        if flag is None:
+            raise
+        raise ConfigError(flag, e.problem, e.fix) from None
     check_against_model(training, model.max_sequence_length,
                         field="--seq-length" if args.seq_length else "spec.training.seqLength")
     return replace(model, params_dtype=training.precision), training

@@ -55,6 +55,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--result", default=None,
                    help="write steps, events and final checksums here (JSON); with several local workers, "
                         "each writes FILE with .LOCAL_RANK before the extension (r.json -> r.0.json)")
+    p.add_argument("--step-log", default=None,
+                   help="append every step's record to this file (JSON lines) as it is made, flushed, so a "
+                        "process killed later leaves the steps it trained; with several local workers, each "
+                        "writes FILE with .LOCAL_RANK before the extension")
     p.add_argument("--load", default=None, help="megatron checkpoint to start from")
     p.add_argument("--save-dir", default=None)
     p.add_argument("--save-at-step", type=int, default=None, help="save to --save-dir at this step, then exit")
@@ -68,6 +72,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="minutes between safety checkpoints (0: off)")
     p.add_argument("--checkpoint-finalize-steps", type=int, default=0,
                    help="wait for a background checkpoint this many steps after it starts (0: when done)")
+    p.add_argument("--fallback-checkpoint-dir", default=os.environ.get(Env.FALLBACK_CHECKPOINT_DIR) or None,
+                   help="the final checkpoint goes here when --checkpoint-dir fails (a volume every worker sees)")
+    p.add_argument("--final-save-patience", type=float,
+                   default=float(os.environ.get(Env.FINAL_SAVE_PATIENCE) or Defaults.FINAL_SAVE_PATIENCE),
+                   help="seconds the final checkpoint's retries wait for space before the job fails")
 
 
 def worker_id(args: argparse.Namespace) -> str:
@@ -116,6 +125,7 @@ def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None
 
     wid = worker_id(args)
     result = lw.per_process_path(args.result, local_rank, local_size) if args.result else None
+    step_log = lw.per_process_path(args.step_log, local_rank, local_size) if args.step_log else None
     host, _, port = args.coordinator.rpartition(":")
     options = WorkerOptions(max_steps=args.max_steps, transfer_budget=args.budget, verify=args.verify,
                             preallocate=args.preallocate, build_world_ahead=args.build_world_ahead,
@@ -124,7 +134,9 @@ def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None
                             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                             checkpoint_interval=60.0 * args.checkpoint_interval_minutes,
                             checkpoint_finalize_steps=args.checkpoint_finalize_steps,
-                            checkpoint_keep=args.checkpoint_keep)
+                            checkpoint_keep=args.checkpoint_keep, step_log=step_log,
+                            final_fallback_dir=args.fallback_checkpoint_dir,
+                            final_save_patience=args.final_save_patience)
     agent = WorkerAgent(wid, host, int(port), spec, training, options, job=args.job_name, step_gate=step_gate,
                         phase_gate=phase_gate, compute_gate=compute_gate)
     state = agent.run()
@@ -139,8 +151,12 @@ def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None
             "ready": state.ready,
             "evals": state.evals,
             "final_checkpoint": state.final_checkpoint,
+            "failure": state.failure,
             "checksums": agent.final_checksums() if agent.built is not None else {},
         }
         with open(result, "w") as f:
             json.dump(out, f)
+    if state.phase == "failed":  # the job cannot end well (the coordinator fails it): say why, in one line
+        print(f"liveshard worker: failed: {state.failure}", file=sys.stderr)
+        return 1
     return 0

@@ -22,6 +22,9 @@ class Env:
     CHECKPOINT_DIR = "LIVESHARD_CHECKPOINT_DIR"
     CHECKPOINT_INTERVAL_MINUTES = "LIVESHARD_CHECKPOINT_INTERVAL_MINUTES"
     CHECKPOINT_KEEP = "LIVESHARD_CHECKPOINT_KEEP"
+    # the final checkpoint's fallback directory (a volume every worker sees) and its wait for space
+    FALLBACK_CHECKPOINT_DIR = "LIVESHARD_FALLBACK_CHECKPOINT_DIR"
+    FINAL_SAVE_PATIENCE = "LIVESHARD_FINAL_SAVE_PATIENCE"
     JOB_SECRET = "LIVESHARD_JOB_SECRET"  # the key of every store value's MAC (a per-job Secret)
     JOB_INCARNATION = "LIVESHARD_JOB_INCARNATION"  # the job's uid, bound into every MAC
     CACHE = "LIVESHARD_CACHE"  # where the built-in corpus and dataset indexes are cached
@@ -38,5 +41,6 @@ class Defaults:
     HEARTBEAT_TIMEOUT = 3.0  # seconds of silence before the coordinator declares a member dead
     TRANSITION_TIMEOUT = 120.0  # seconds a generation may take before the coordinator aborts it
     COLLECTIVE_TIMEOUT = 20.0  # seconds before a collective with a dead peer fails
+    FINAL_SAVE_PATIENCE = 600.0  # seconds the final checkpoint's retries wait for space before the job fails
     STAGING_BUDGET = 64 << 20  # staging bytes per rank during a transfer
     GPU_MEMORY = 80 << 30  # each GPU's memory, when nothing says otherwise

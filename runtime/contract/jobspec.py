@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from liveshard.runtime.contract.causes import NODE_KINDS
-from liveshard.runtime.contract.training import TrainingSpec, check_against_model, read_training
+from liveshard.runtime.contract.training import TrainingSpec, _section, check_against_model, read_training
 from liveshard.runtime.contract.training import int_field as _int
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.spec import ModelSpec
@@ -105,7 +105,7 @@ def read_model(model: Any) -> ModelSpec:
     data = dict(model)
     preset = data.pop("preset", None)
     if preset is not None:
-        if preset not in PRESETS:
+        if not isinstance(preset, str) or preset not in PRESETS:
             raise ConfigError("spec.model.preset", f"unknown preset {preset!r}",
                               f"use one of: {', '.join(sorted(PRESETS))}")
         data = {**PRESETS[preset].to_dict(), **data}
@@ -138,7 +138,7 @@ def read_spec(spec: dict[str, Any]) -> JobSpec:
     if not isinstance(image, str) or not image:
         raise ConfigError("spec.image", "is required", "set the training image, e.g. ghcr.io/org/train:1.0")
 
-    w = spec.get("workers") or {}
+    w = _section(spec, "workers", "spec")
     w_min = _int(w, "min", "spec.workers", 1)
     w_max = _int(w, "max", "spec.workers", None)
     if w_max is None:
@@ -154,7 +154,7 @@ def read_spec(spec: dict[str, Any]) -> JobSpec:
     mem = parse_bytes(w.get("gpuMemory", DEFAULT_GPU_MEMORY), "spec.workers.gpuMemory")
     workers = Workers(w_min, w_max, replicas, gpus, mem)
 
-    p = spec.get("parallelism") or {}
+    p = _section(spec, "parallelism", "spec")
     moved = sorted({"globalBatch", "microBatch", "seqLength"} & set(p))
     if moved:
         raise ConfigError(f"spec.parallelism.{moved[0]}", "moved to spec.training",
@@ -183,7 +183,7 @@ def read_spec(spec: dict[str, Any]) -> JobSpec:
         raise ConfigError("spec.parallelism.tp", f"no degree in {list(par.tp)} divides the model's "
                           f"{model.num_attention_heads} attention heads", "allow a tp that divides them")
 
-    e = spec.get("elasticity") or {}
+    e = _section(spec, "elasticity", "spec")
     act_on = e.get("actOn", list(NODE_KINDS))
     if not isinstance(act_on, list) or any(k not in NODE_KINDS for k in act_on):
         bad = next((k for k in act_on if k not in NODE_KINDS), act_on) if isinstance(act_on, list) else act_on

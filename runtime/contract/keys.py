@@ -72,7 +72,7 @@ class Keys:
     CHECKPOINT = "checkpoint/latest"
     CHECKPOINT_FAILED = "checkpoint/failed"
     CHECKPOINT_UNAVAILABLE = "checkpoint/unavailable"
-    FINISHED = "control/finished"  # rank 0 at trainIters: step, final checkpoint (JSON)
+    FINISHED = "control/finished"  # rank 0 at trainIters: step, final checkpoint, or why none (JSON)
     MEMBER_COUNT = "members/count"
     COORDINATOR_STATUS = "coordinator/status"
 

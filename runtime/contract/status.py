@@ -381,11 +381,13 @@ class CheckpointReport:
         latest = report.get("latest") or {}
         failed = report.get("failed") or {}
         unavailable = report.get("unavailable") or {}
+        # a failure a later save of its step made good (the final checkpoint, retried) is history
+        open_failure = bool(failed) and failed.get("resolved") is None
         return cls(latest_path=latest.get("path"), latest_step=latest.get("step"),
                    failed_saves=int(failed.get("count") or 0),
-                   last_failure=f"step {failed.get('step')}: {failed.get('error')}" if failed else None,
-                   failed_step=failed.get("step") if failed else None,
-                   failed_at=parse_time(failed.get("time")) if failed else None,
+                   last_failure=f"step {failed.get('step')}: {failed.get('error')}" if open_failure else None,
+                   failed_step=failed.get("step") if open_failure else None,
+                   failed_at=parse_time(failed.get("time")) if open_failure else None,
                    unavailable=f"{unavailable.get('path')}: {unavailable.get('error')}" if unavailable else None)
 
     @classmethod

@@ -14,6 +14,7 @@ checked where the files are: in the worker (``liveshard.runtime.data``), before 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,16 @@ WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
 TOKENIZER_TYPES = ("huggingface", "sentencepiece")
 WEIGHT_FORMATS = ("huggingface", "megatron")
 DEFAULT_SPLIT = "969,30,1"
+
+# Sane horizons: far beyond any training run (the longest published ones take a few million
+# steps and under 10^14 tokens), far below what breaks: megatron indexes every sample in memory
+# (a worker asked for 10^18 steps dies building that index), numpy seeds are 32-bit.
+MAX_TRAIN_ITERS = 10**8
+MAX_TRAIN_SAMPLES = 10**10  # megatron's sample and shuffle indices: ~24 bytes a sample
+MAX_TRAIN_TOKENS = 10**15
+MAX_SEQ_LENGTH = 1 << 22
+MAX_GLOBAL_BATCH = 1 << 24
+MAX_SEED = 2**32 - 1
 
 _GET_DATA = ("tokenize a corpus with `liveshard prepare-data --input FILE --tokenizer DIR --output-prefix "
              "PREFIX` and set spec.training.data.blend: [{prefix: PREFIX}] and spec.training.tokenizer, "
@@ -178,10 +189,12 @@ class TrainingSpec:
 
     @staticmethod
     def from_json(text: str, source: str = TRAINING_ENV) -> TrainingSpec:
+        from liveshard.runtime.inputs import parse_json
+
         try:
-            section = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(source, f"is not JSON: {e}", "the operator writes it; do not edit it") from None
+            section = parse_json(text, source, source)
+        except ConfigError as e:
+            raise ConfigError(source, e.problem, "the operator writes it; do not edit it") from None
         return read_training(section)
 
 
@@ -198,30 +211,54 @@ def _section(parent: dict[str, Any], key: str, path: str) -> dict[str, Any]:
     return value
 
 
-def int_field(section: dict[str, Any], key: str, path: str, default: int | None, minimum: int = 1) -> int | None:
-    """``section[key]`` as an integer >= ``minimum`` (``default`` when absent); ConfigError naming ``path.key``."""
-    value = section.get(key, default)
+def int_field(section: dict[str, Any], key: str, path: str, default: int | None, minimum: int = 1,
+              maximum: int | None = None, fix: str = "", too_big: str = "") -> int | None:
+    """``section[key]`` as an integer in ``minimum..maximum`` (``default`` when absent); ConfigError
+    naming ``path.key`` and ``fix`` (``too_big``, when given, for a value above ``maximum``). A null
+    value is an absent one."""
+    value = section.get(key)
+    if value is None:
+        value = default
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{path}.{key}", f"must be an integer >= {minimum}, got {value!r}")
+        raise ConfigError(f"{path}.{key}", f"must be an integer >= {minimum}, got {_short(value)}", fix)
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{path}.{key}", f"{value} is beyond a sane limit of {maximum:,}",
+                          too_big or fix or f"use at most {maximum:,}")
     return value
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to one short line (an error message is one line)."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _float(section: dict[str, Any], key: str, path: str, default: float, *, low: float = 0.0,
-           high: float | None = None, open_low: bool = False) -> float:
-    value = section.get(key, default)
+           high: float | None = None, open_low: bool = False, open_high: bool = False, fix: str = "") -> float:
+    """``section[key]`` as a finite number in ``[low, high]`` (ends excluded with ``open_*``; null: absent)."""
+    value = section.get(key)
+    if value is None:
+        value = default
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
-            raise ConfigError(f"{path}.{key}", f"{value!r} is not a number") from None
+            raise ConfigError(f"{path}.{key}", f"{_short(value)} is not a number", fix) from None
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ConfigError(f"{path}.{key}", f"must be a number, got {value!r}")
-    value = float(value)
-    if value < low or (open_low and value == low) or (high is not None and value > high) or value != value:
-        bound = f"{'>' if open_low else '>='} {low}" + (f" and <= {high}" if high is not None else "")
-        raise ConfigError(f"{path}.{key}", f"must be {bound}, got {value!r}")
+        raise ConfigError(f"{path}.{key}", f"must be a number, got {_short(value)}", fix)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer too large for a float
+        raise ConfigError(f"{path}.{key}", f"{_short(value)} is out of range", fix) from None
+    bound = f"{'>' if open_low else '>='} {low:g}" + (f" and {'<' if open_high else '<='} {high:g}"
+                                                      if high is not None else "")
+    if not math.isfinite(value):
+        raise ConfigError(f"{path}.{key}", f"must be a finite number {bound}, got {value!r}", fix)
+    if (value < low or (open_low and value == low) or (high is not None and value > high)
+            or (open_high and value == high)):
+        raise ConfigError(f"{path}.{key}", f"must be {bound}, got {value!r}", fix)
     return value
 
 
@@ -267,9 +304,10 @@ def _read_data(section: dict[str, Any], path: str) -> DataSpec:
             if prefix.endswith((".bin", ".idx")):
                 raise ConfigError(f"{where}.prefix", f"{prefix!r} names a file, not a prefix",
                                   f"drop the extension: {prefix[:-4]!r}")
-            blend.append(DatasetRef(prefix, _float(item, "weight", where, 1.0, open_low=True)))
+            blend.append(DatasetRef(prefix, _float(item, "weight", where, 1.0, open_low=True, high=1e9)))
     split = section.get("split", DEFAULT_SPLIT)
-    if not isinstance(split, str) or not _SPLIT.match(split) or sum(float(x) for x in split.split(",")) <= 0:
+    if (not isinstance(split, str) or not _SPLIT.match(split) or len(split) > 64
+            or sum(float(x) for x in split.split(",")) <= 0):
         raise ConfigError(f"{path}.split", f"{split!r} is not a train,valid,test split",
                           'write weights such as "969,30,1" (the train weight must be > 0)')
     if float(split.split(",")[0]) <= 0:
@@ -300,9 +338,13 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
         raise ConfigError(f"{path}.tokenizer", "is required with real data (its end-of-document id and "
                           "vocabulary size)", "set {type: huggingface, path: DIR with tokenizer.json}")
 
-    train_iters = int_field(section, "trainIters", path, None)
-    train_samples = int_field(section, "trainSamples", path, None)
-    global_batch = int_field(section, "globalBatch", path, None)
+    horizon = "a sane horizon is far shorter: give the steps this run really takes"
+    train_iters = int_field(section, "trainIters", path, None, maximum=MAX_TRAIN_ITERS, too_big=horizon,
+                            fix="optimizer steps of the whole run, e.g. 10000")
+    train_samples = int_field(section, "trainSamples", path, None, maximum=MAX_TRAIN_SAMPLES, too_big=horizon,
+                              fix="sequences of the whole run, a multiple of globalBatch")
+    global_batch = int_field(section, "globalBatch", path, None, maximum=MAX_GLOBAL_BATCH,
+                             fix="sequences per optimizer step, e.g. 256")
     if global_batch is None:
         raise ConfigError(f"{path}.globalBatch", "is required", "sequences per optimizer step, e.g. 256")
     if train_iters is None and train_samples is None:
@@ -320,22 +362,33 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
     if global_batch % micro_batch:
         raise ConfigError(f"{path}.globalBatch", f"{global_batch} is not a multiple of microBatch={micro_batch}",
                           "make globalBatch a multiple of microBatch")
-    seq_length = int_field(section, "seqLength", path, default_seq_length)
-    seed = int_field(section, "seed", path, 1234, minimum=0)
+    seq_length = int_field(section, "seqLength", path, default_seq_length, maximum=MAX_SEQ_LENGTH,
+                           fix="tokens per sample, at most the model's max_sequence_length, e.g. 4096")
+    seed = int_field(section, "seed", path, 1234, minimum=0, maximum=MAX_SEED,
+                     fix=f"a seed in 0..{MAX_SEED} (numpy's range)")
+    samples = train_iters * global_batch
+    if samples > MAX_TRAIN_SAMPLES or samples * (seq_length or default_seq_length) > MAX_TRAIN_TOKENS:
+        field_name = "trainIters" if section.get("trainIters") is not None else "trainSamples"
+        raise ConfigError(f"{path}.{field_name}", f"{train_iters:,} steps of globalBatch={global_batch} are "
+                          f"{samples:,} samples, beyond a sane horizon of {MAX_TRAIN_SAMPLES:,} samples and "
+                          f"{MAX_TRAIN_TOKENS:,} tokens (megatron indexes every sample in memory)", horizon)
 
     o = _section(section, "optimizer", path)
     op = f"{path}.optimizer"
     optimizer = OptimizerSpec(
-        lr=_float(o, "lr", op, 3e-4, open_low=True), min_lr=_float(o, "minLr", op, 0.0),
-        weight_decay=_float(o, "weightDecay", op, 0.01), adam_beta1=_float(o, "adamBeta1", op, 0.9, high=0.999999),
-        adam_beta2=_float(o, "adamBeta2", op, 0.95, high=0.999999), adam_eps=_float(o, "adamEps", op, 1e-8, open_low=True),
-        clip_grad=_float(o, "clipGrad", op, 1.0))
+        lr=_float(o, "lr", op, 3e-4, open_low=True, high=1.0, fix="Adam learning rates are about 1e-5 .. 1e-2"),
+        min_lr=_float(o, "minLr", op, 0.0, high=1.0, fix="a floor at or below lr, e.g. lr / 10"),
+        weight_decay=_float(o, "weightDecay", op, 0.01, high=10.0, fix="e.g. 0.1"),
+        adam_beta1=_float(o, "adamBeta1", op, 0.9, high=1.0, open_high=True, fix="e.g. 0.9"),
+        adam_beta2=_float(o, "adamBeta2", op, 0.95, high=1.0, open_high=True, fix="e.g. 0.95"),
+        adam_eps=_float(o, "adamEps", op, 1e-8, open_low=True, high=1.0, fix="e.g. 1e-8"),
+        clip_grad=_float(o, "clipGrad", op, 1.0, fix="e.g. 1.0 (0: no clipping)"))
     if optimizer.min_lr > optimizer.lr:
         raise ConfigError(f"{op}.minLr", f"{optimizer.min_lr} is above lr={optimizer.lr}", "make minLr <= lr")
 
     s = _section(section, "schedule", path)
     sp = f"{path}.schedule"
-    warmup = int_field(s, "warmupIters", sp, None, minimum=0)
+    warmup = int_field(s, "warmupIters", sp, None, minimum=0, maximum=MAX_TRAIN_ITERS)
     fraction = s.get("warmupFraction")
     if fraction is not None:
         if warmup is not None:
@@ -344,8 +397,8 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
     schedule = ScheduleSpec(
         warmup_iters=warmup or 0,
         decay_style=_choice(s, "decayStyle", sp, "cosine", DECAY_STYLES),
-        decay_iters=int_field(s, "decayIters", sp, 0, minimum=0) or 0,
-        wsd_decay_iters=int_field(s, "wsdDecayIters", sp, 0, minimum=0) or 0,
+        decay_iters=int_field(s, "decayIters", sp, 0, minimum=0, maximum=MAX_TRAIN_ITERS) or 0,
+        wsd_decay_iters=int_field(s, "wsdDecayIters", sp, 0, minimum=0, maximum=MAX_TRAIN_ITERS) or 0,
         wsd_decay_style=_choice(s, "wsdDecayStyle", sp, "linear", WSD_DECAY_STYLES),
     )
     decay_iters = schedule.decay_iters or train_iters
@@ -357,17 +410,18 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
                           "set the length of WSD's final decay, e.g. 10% of trainIters")
 
     precision = _choice(section, "precision", path, "bf16", PRECISIONS)
-    loss_scale = _float(section, "initialLossScale", path, 2.0**16, open_low=True)
+    loss_scale = _float(section, "initialLossScale", path, 2.0**16, open_low=True, high=2.0**40, fix="e.g. 65536")
 
     ev = _section(section, "eval", path)
-    evaluation = EvalSpec(interval=int_field(ev, "interval", f"{path}.eval", 0, minimum=0) or 0,
-                          iters=int_field(ev, "iters", f"{path}.eval", 10) or 10)
+    evaluation = EvalSpec(interval=int_field(ev, "interval", f"{path}.eval", 0, minimum=0, maximum=MAX_TRAIN_ITERS) or 0,
+                          iters=int_field(ev, "iters", f"{path}.eval", 10, maximum=MAX_TRAIN_SAMPLES // global_batch)
+                          or 10)
     if evaluation.interval and data.split_weights[1] <= 0 and not data.mock:
         raise ConfigError(f"{path}.eval.interval", f"is set but data.split {data.split!r} has no validation part",
                           'give the validation split a weight, e.g. "969,30,1", or set eval.interval: 0')
 
     lg = _section(section, "logging", path)
-    logging_spec = LoggingSpec(interval=int_field(lg, "interval", f"{path}.logging", 10) or 10,
+    logging_spec = LoggingSpec(interval=int_field(lg, "interval", f"{path}.logging", 10, maximum=MAX_TRAIN_ITERS) or 10,
                                tensorboard_dir=_text(lg, "tensorboardDir", f"{path}.logging"),
                                wandb_project=_text(lg, "wandbProject", f"{path}.logging"))
     iw = _section(section, "initialWeights", path)

@@ -151,6 +151,7 @@ class WorkerPhase(StrEnum):
     LEFT = "left"  # left the job by plan
     EXITED = "exited"  # the process is ending
     FINISHED = "finished"  # the job reached trainIters
+    FAILED = "failed"  # gave up: the final checkpoint could not be saved (the job fails); the process ends
 
 
 # A member in one of these phases is gone on purpose: silence after it is not a death, and no

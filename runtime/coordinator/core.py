@@ -113,8 +113,9 @@ class CoordinatorCore(Planning):
         return self.failure is None and self.pending is None and self.finished is None and not self._awaiting_adoption
 
     def watched(self) -> set[str]:
-        """The members whose heartbeats matter now, and the dead (who may come back as new)."""
-        out: set[str] = set(self.dead)
+        """The members whose heartbeats matter now, the dead (who may come back as new) and the
+        silent of an aborted first world (a beat since brings them back into the next one)."""
+        out: set[str] = set(self.dead) | set(self._unresponsive)
         if self.current:
             out |= {*self.current.members, *self.current.standbys}
         if self.pending:
@@ -134,6 +135,11 @@ class CoordinatorCore(Planning):
             self._read_inputs = obs.inputs
         if self.failure is not None:
             return []  # terminal: nothing more is planned (the workers were told to stop)
+        if isinstance(obs.finished, dict) and obs.finished.get("error") and self.finished is None:
+            # rank 0 at trainIters: the final checkpoint could not be saved anywhere (its retries,
+            # fallback and wait for space spent: ``agent.final_save``). Judged before liveness:
+            # the workers exit right after saying so, and their exits are no deaths to recover.
+            return self._fail("FinalCheckpointFailed", str(obs.finished["error"]))
         out: list[Action] = []
         if self.adopting and obs.registrations:
             out += self._adopt(obs.registrations, obs.now)
@@ -359,10 +365,13 @@ class CoordinatorCore(Planning):
         log.info("generation %d %s", plan.generation, outcome)
         out += self._unanswered(gen, outcome)
         if outcome != COMMITTED and plan.previous is None and self.current is None and not plan.is_stop:
-            # A first world that did not start: made again with the workers that answered.
-            for m in plan.members:
-                if m not in gen.results:
-                    self._unresponsive[m] = now
+            # A first world that did not start: made again with the workers that answered. Only a
+            # timeout says something of the silent: after a member's death the others may still
+            # be waiting for it in the world's rendezvous (they answer once that fails).
+            if outcome.startswith(TIMED_OUT):
+                for m in plan.members:
+                    if m not in gen.results:
+                        self._unresponsive[m] = now
             self._restart = (plan.restore_from is not None, now)
         out.append(Report())
         if outcome == COMMITTED:

@@ -57,7 +57,7 @@ class Observation:
     ready: frozenset[str] = frozenset()  # new members whose ready vote is in (read while undecided)
     request: PlanRequest | None = None  # polled only while ``core.accepting``
     registrations: Mapping[str, Registration] | None = None  # read while adopting or with a request
-    finished: dict | None = None  # rank 0's report at trainIters
+    finished: dict | None = None  # rank 0's report at trainIters (with ``error``: no final checkpoint)
     inputs: PlanningInputs | None = None  # the job's planning inputs now (None: the coordinator's own)
 
 

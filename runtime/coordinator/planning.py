@@ -117,7 +117,9 @@ class Planning:
             except (ConfigError, ValueError) as e:  # e.g. a device order the transition cannot use
                 return self._reject(request, str(e))
             if no_copy is not None:  # the last checkpoint is the way back
-                checkpoint = self.checkpoints.latest() or self.adopted_checkpoint
+                # the one published, else the newest verified on the job's volume (a save that
+                # completed while its world broke, before rank 0 could publish it)
+                checkpoint = self.checkpoints.latest() or self.adopted_checkpoint or self.checkpoints.on_volume()
                 if checkpoint is None:
                     why = f"{no_copy} (and no checkpoint to restore from)"
                     if any(m in self.dead for m in self.current.members):
@@ -159,7 +161,7 @@ class Planning:
     def _fail(self: CoordinatorCore, reason: str, message: str) -> list[Action]:
         """The run cannot go on: a terminal status the operator turns into a Failed job, and a
         stop for every worker still waiting."""
-        log.error("the job cannot continue: %s", message)
+        log.error("the job cannot continue (%s): %s", reason, message)
         self.failure = {"reason": reason, "message": message, "time": self._wall}
         self._history(GenerationOutcome(None, f"failed: {message}", reason="recovery"))
         return [Stop(), Report()]

@@ -90,9 +90,34 @@ def load_job_tokenizer(training: TrainingSpec, vocab_size: int, padded_vocab_siz
     return tokenizer
 
 
-def check_data(training: TrainingSpec, vocab_size: int, padded_vocab_size: int) -> None:
-    """What a worker checks before it joins, checked up front (``run-local``): the tokenizer
-    loads and fits the model, every dataset exists and every split the job reads holds documents."""
+# Bytes of megatron's indices per sample (``GPTDataset``: a sample index of two int64 offsets
+# and a shuffle index entry, with the document index's share; measured well under this).
+INDEX_BYTES_PER_SAMPLE = 32
+
+
+def check_index_memory(training: TrainingSpec, processes: int = 1, memory_bytes: int | None = None) -> None:
+    """The sample indices megatron builds in every process for this run's samples fit in this
+    machine's memory (``memory_bytes``: its RAM), ``processes`` of them at once: a run that asks
+    for more steps than that would be killed while building them, long after it started."""
+    if memory_bytes is None:
+        import psutil
+
+        memory_bytes = psutil.virtual_memory().total
+    samples = sum(sample_counts(training))
+    need = samples * INDEX_BYTES_PER_SAMPLE * processes
+    if need > memory_bytes:
+        raise ConfigError("spec.training.trainIters",
+                          f"{training.train_iters:,} steps of globalBatch={training.global_batch} are {samples:,} "
+                          f"samples, whose megatron sample index needs ~{need / 2**30:,.1f} GiB in {processes} "
+                          f"process(es); this machine has {memory_bytes / 2**30:,.1f} GiB",
+                          "train for fewer steps, or run where the index fits")
+
+
+def check_data(training: TrainingSpec, vocab_size: int, padded_vocab_size: int, processes: int = 1) -> None:
+    """What a worker checks before it joins, checked up front (``run-local``, ``processes``
+    workers on this machine): the tokenizer loads and fits the model, megatron's sample index fits
+    in memory, every dataset exists and every split the job reads holds documents."""
+    check_index_memory(training, processes)
     load_job_tokenizer(training, vocab_size, padded_vocab_size)
     if not training.data.mock:
         _check_prefixes(training)

@@ -284,6 +284,12 @@ def _json_documents(lines: Iterator[tuple[int, str]], path: str, key: str) -> It
             if lineno == 1 and line.lstrip().startswith("["):
                 problem += "; the file looks like one JSON array"
             raise ConfigError(f"{path}:{lineno}", problem, _ONE_OBJECT_PER_LINE) from None
+        except RecursionError:
+            raise ConfigError(f"{path}:{lineno}", "JSON nested too deeply to be a document",
+                              _ONE_OBJECT_PER_LINE) from None
+        except ValueError as e:  # e.g. an integer of more digits than Python converts
+            raise ConfigError(f"{path}:{lineno}", f"not valid JSON ({str(e).splitlines()[0][:120]})",
+                              _ONE_OBJECT_PER_LINE) from None
         if not isinstance(obj, dict):
             raise ConfigError(f"{path}:{lineno}", f"a JSON {_json_type(obj)}, not an object", _ONE_OBJECT_PER_LINE)
         try:
@@ -295,6 +301,13 @@ def _json_documents(lines: Iterator[tuple[int, str]], path: str, key: str) -> It
         if not isinstance(value, str):
             raise ConfigError(f"{path}:{lineno}", f'"{key}" is a JSON {_json_type(value)}, not a string',
                               "store each document's text as a string")
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate escape such as "\ud800": no text
+                raise ConfigError(f"{path}:{lineno}", f'"{key}" holds an unpaired surrogate '
+                                  f"(\\u{ord(value[e.start]):04x}) at character {e.start}",
+                                  "escape only whole characters (surrogate pairs) in the JSON") from None
         yield value
 
 

@@ -9,7 +9,6 @@ JSON. Nothing here executes or unpickles anything.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -26,14 +25,13 @@ _DTYPES = {"F32": "fp32", "BF16": "bf16", "F16": "fp16"}
 
 
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
+    from liveshard.runtime.inputs import load_json
+
     path = Path(directory) / "config.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists():
         raise ConfigError(str(path), "not found", "point at a Hugging Face model directory (config.json + "
-                          "*.safetensors)") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(str(path), f"cannot be read: {e}") from None
+                          "*.safetensors)")
+    data = load_json(path, str(path), what="Hugging Face config.json")
     if not isinstance(data, dict):
         raise ConfigError(str(path), "is not a JSON object")
     return data
@@ -55,16 +53,20 @@ class HFCheckpoint:
         self.config = read_config(self.directory)
         self.weight_map = self._weight_map()
         self._handles: dict[str, Any] = {}
+        self._names: dict[str, set[str]] = {}  # per open shard: the tensors its header lists
         self.bytes_read = 0
 
     def _weight_map(self) -> dict[str, str]:
         index = self.directory / INDEX
         if index.exists():
+            from liveshard.runtime.inputs import load_json
+
+            data = load_json(index, str(index), what="safetensors index")
             try:
-                data = json.loads(index.read_text())
                 weight_map = data["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError):
-                raise ConfigError(str(index), "is not a safetensors index (no weight_map)") from None
+            except (KeyError, TypeError):
+                raise ConfigError(str(index), "is not a safetensors index (no weight_map)",
+                                  "download the model's model.safetensors.index.json again") from None
             if not isinstance(weight_map, dict):
                 raise ConfigError(f"{index}: weight_map", "must be an object of tensor name -> file")
             for file in set(weight_map.values()):
@@ -74,11 +76,9 @@ class HFCheckpoint:
         if not files:
             raise ConfigError(str(self.directory), "has no *.safetensors files",
                               "save the model with safe_serialization (the default of save_pretrained)")
-        from safetensors import safe_open
-
         out: dict[str, str] = {}
         for file in files:
-            with safe_open(str(self.directory / file), framework="pt") as f:
+            with _open(self.directory / file) as f:
                 for name in f.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
                     out[name] = file
         return out
@@ -96,12 +96,14 @@ class HFCheckpoint:
                               "the checkpoint is incomplete or of another architecture")
         handle = self._handles.get(file)
         if handle is None:
-            from safetensors import safe_open
-
             path = self._confined(file)
             if not path.exists():
                 raise ConfigError(str(path), f"missing (holds {name!r} by the index)", "download every shard")
-            handle = self._handles[file] = safe_open(str(path), framework="pt")
+            handle = self._handles[file] = _open(path)
+            self._names[file] = set(handle.keys())
+        if name not in self._names[file]:
+            raise ConfigError(str(self.directory / file), f"has no tensor {name!r}, which the index places there",
+                              "the index and the shards are of different downloads: download them again")
         return handle
 
     def check(self, expected: list[HFTensor]) -> None:
@@ -112,6 +114,10 @@ class HFCheckpoint:
             if shape != t.shape:
                 raise ConfigError(f"{self.directory}: {t.name}", f"has shape {list(shape)}, the model needs "
                                   f"{list(t.shape)}", "the config.json does not match the weights")
+            if sl.get_dtype() not in _DTYPES:
+                raise ConfigError(f"{self.directory / self.weight_map[t.name]}: {t.name}",
+                                  f"holds {sl.get_dtype()} values, not weights (F32, BF16 or F16)",
+                                  "use a checkpoint of floating-point weights")
 
     def dtype(self, name: str) -> str:
         return _DTYPES.get(self._handle(name).get_slice(name).get_dtype(), "fp32")
@@ -125,6 +131,20 @@ class HFCheckpoint:
 
     def close(self) -> None:
         self._handles.clear()
+        self._names.clear()
+
+
+def _open(path: Path) -> Any:
+    """``safe_open`` of one shard; a header that lies about the file (sizes, offsets, JSON) is one
+    line naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError, ValueError) as e:
+        why = " ".join(str(e).split())[:200]
+        raise ConfigError(str(path), f"is not a valid safetensors file ({why})",
+                          "download it again: its header does not match its contents") from None
 
 
 __all__ = ["INDEX", "SINGLE", "TOKENIZER_FILES", "HFCheckpoint", "config_dtype", "read_config"]

@@ -46,6 +46,19 @@ def family_of(config: dict[str, Any], source: str = "config.json") -> str:
 def spec_from_hf_config(config: dict[str, Any], *, name: str | None = None, params_dtype: str = "bf16",
                         source: str = "config.json") -> ModelSpec:
     """The ``ModelSpec`` of a Hugging Face causal LM config (``ModelSpec.from_hf_config``)."""
+    try:
+        return _spec_from_hf_config(config, name=name, params_dtype=params_dtype, source=source)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, ZeroDivisionError) as e:
+        # a value of the wrong type or size (a string for a count, a list for a number, inf)
+        raise ConfigError(source, f"holds a value of the wrong type or size ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:160]})",
+                          "use the model's original config.json") from None
+
+
+def _spec_from_hf_config(config: dict[str, Any], *, name: str | None, params_dtype: str,
+                         source: str) -> ModelSpec:
     if not isinstance(config, dict):
         raise ConfigError(source, "is not a JSON object")
     family = family_of(config, source)

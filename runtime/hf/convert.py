@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.errors import ConfigError, RunFailed
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec
 
@@ -125,7 +125,7 @@ def run_import(spec: ModelSpec, parallel: ParallelConfig, source: str, out: str,
         p.join()
     failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
     if failed:
-        raise RuntimeError(f"import processes {failed} failed (exit codes "
+        raise RunFailed(f"import processes {failed} failed (exit codes "
                            f"{[procs[r].exitcode for r in failed]}); {out} is incomplete (no liveshard.json)")
     out_list = [results.get() for _ in procs]
     return [r for _, r in sorted(out_list, key=lambda x: x[0])]
@@ -163,7 +163,7 @@ def run_export(checkpoint: str, spec: ModelSpec, out: str, *, procs: int = 1, dt
     for p in ps:
         p.join()
     if any(p.exitcode != 0 for p in ps):
-        raise RuntimeError(f"export processes failed (exit codes {[p.exitcode for p in ps]}); {out} is incomplete")
+        raise RunFailed(f"export processes failed (exit codes {[p.exitcode for p in ps]}); {out} is incomplete")
 
 
 def checkpoint_model(directory: str | os.PathLike) -> ModelSpec | None:
@@ -171,10 +171,9 @@ def checkpoint_model(directory: str | os.PathLike) -> ModelSpec | None:
     path = Path(directory) / "liveshard.json"
     if not path.exists():
         return None
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError):
-        raise ConfigError(str(path), "is not valid JSON") from None
+    from liveshard.runtime.inputs import load_json
+
+    meta = load_json(path, str(path), what="liveshard.json")
     model = meta.get("model") if isinstance(meta, dict) else None
     return ModelSpec.from_dict(model, source=f"{path}: model") if isinstance(model, dict) else None
 

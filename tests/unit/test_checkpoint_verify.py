@@ -40,6 +40,48 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Pa
     assert newest_complete(tmp_path)["step"] == 4
 
 
+def test_every_byte_of_a_large_shard_is_verified(tmp_path: Path) -> None:
+    """4 KiB flipped inside a 67 MB shard (larger than any size threshold): the checkpoint is
+    refused and the restore takes the previous one."""
+    _save(tmp_path, 4)
+    newest = _save(tmp_path, 8, shard=bytes(67_000_000))
+    assert json.loads((newest / MARKER).read_text())["files"]["__0_0.distcp"]["sha256"]
+    with open(newest / "__0_0.distcp", "r+b") as f:
+        f.seek(40_000_000)
+        f.write(b"\xff" * 4096)
+    assert "sha256" in verify(newest)
+    assert newest_complete(tmp_path)["step"] == 4
+
+
+def test_a_background_save_is_complete_only_once_hashed_and_completes_on_the_training_thread(tmp_path: Path):
+    """Rank 0's hashing runs in a thread: until it wrote the marker the save is not complete,
+    and its completion (publication, pruning) runs when the training thread drains it."""
+    import threading
+
+    from liveshard.runtime.agent.checkpoint import is_complete
+    from liveshard.runtime.agent.checkpoint_schedule import SafetyCheckpoints
+
+    d = tmp_path / "step-000010"
+    d.mkdir()
+    (d / "__0_0.distcp").write_bytes(b"y" * 5000)
+    gate, completed, threads = threading.Event(), [], []
+
+    def mark() -> None:
+        gate.wait(10)
+        (d / MARKER).write_text(json.dumps({"step": 10, "files": file_manifest(d)}))
+
+    schedule = SafetyCheckpoints.__new__(SafetyCheckpoints)  # the hashing hand-off alone
+    schedule._hashing, schedule._verified = [], __import__("queue").SimpleQueue()
+    schedule._verify_later(mark, lambda: completed.append(threading.current_thread().name), 10)
+    assert not is_complete(d)
+    schedule._drain_verified(wait=False)
+    assert completed == []  # not hashed yet: nothing published
+    gate.set()
+    schedule._drain_verified(wait=True)
+    threads.append(threading.current_thread().name)
+    assert completed == threads and is_complete(d) and verify(d) is None
+
+
 def test_a_manifest_cannot_point_outside_its_checkpoint(tmp_path: Path) -> None:
     d = _save(tmp_path, 2)
     (tmp_path / "outside").write_text("x")

@@ -41,6 +41,8 @@ def test_worker_pod():
                                         "name": "llm", "uid": "u-1", "controller": True,
                                         "blockOwnerDeletion": True}]
     assert spec["restartPolicy"] == "Never" and spec["terminationGracePeriodSeconds"] == 90
+    # a worker's one-line error (the end of its log) becomes its termination message
+    assert spec["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert spec["nodeSelector"] == {"pool": "spot-h100"} and spec["tolerations"][0]["key"] == "spot"
     assert spec["hostname"] == "llm-worker-3" and spec["subdomain"] == "llm"
     assert spec["serviceAccountName"] == "llm-worker"

@@ -7,7 +7,7 @@ import copy
 from datetime import timedelta
 
 import pytest
-from test_operator_reconcile import T0, coordinator, healthy, make_job, make_pod, running_job, step
+from test_operator_reconcile import T0, ack, coordinator, healthy, make_job, make_pod, running_job, step
 
 from liveshard.operator.policy import JobPolicy
 from liveshard.operator.reconcile import (
@@ -172,3 +172,107 @@ def test_a_refused_job_starts_once_the_operator_allows_it():
     pods = [make_pod(i) for i in range(4)] + [coordinator()]
     _, job = step(job, pods, healthy(4), policy=JobPolicy(allow_host_path_checkpoints=True))
     assert job["status"]["plan"]["generation"] == 1 and job["status"]["phase"] == "Pending"
+
+
+# ---- a configuration error: the same bad input from every worker pod ---------------------------
+BAD_INPUT = "liveshard worker: error: spec.training.data.path: /opt/liveshard/corpus does not exist"
+
+
+def exit_2(pods, *indices, line=BAD_INPUT, code=2, uid_suffix=""):
+    """Worker pods whose container exited as the kubelet reports it: the log's tail (an earlier
+    line first) as the termination message."""
+    pods = copy.deepcopy(pods)
+    for i in indices:
+        p = next(p for p in pods if p["metadata"]["name"] == f"train-worker-{i}")
+        p["metadata"]["uid"] += uid_suffix
+        p["status"] = {"phase": "Failed", "containerStatuses": [{"name": "worker", "state": {"terminated": {
+            "exitCode": code, "reason": "Error", "message": f"reading the spec\n{line}\n"}}}]}
+    return pods
+
+
+def started_job(n=4, **kw):
+    """A job whose pods run and whose first plan the runtime has not applied yet."""
+    job = make_job(**kw)
+    pods = [make_pod(i) for i in range(n)] + [coordinator()]
+    _, job = step(job, pods, healthy(n))
+    assert job["status"]["plan"]["generation"] == 1 and "appliedGeneration" not in job["status"]
+    return job, pods
+
+
+def test_every_worker_exiting_on_the_same_bad_input_fails_the_job_with_their_message(crd_validator):
+    job, pods = started_job()
+    failed = exit_2(pods, 0, 1, 2, 3)
+    d, job = step(job, failed, healthy(4), T0 + timedelta(seconds=20))
+    st = job["status"]
+    assert st["phase"] == "Failed" and st["message"].startswith(BAD_INPUT)
+    assert "exited 2" in st["message"] and "spec" in st["message"]
+    assert st["configError"] == {"message": BAD_INPUT, "count": 4, "generation": 1}
+    cond = conditions(job)
+    assert (cond["Failed"]["status"], cond["Failed"]["reason"]) == ("True", "WorkerConfigError")
+    assert cond["Ready"]["status"] == "False"
+    [event] = [e for e in d.events if e[1] == "WorkerConfigError"]
+    assert event[0] == "Warning" and event[2].startswith(BAD_INPUT)
+    # nothing is created; the coordinator goes; the failed pods stay for their logs
+    assert d.delete_pods == ["train-coordinator"] and not d.create_workers and not d.create_coordinator
+    assert st["podFailures"] == 4 and sorted(st["countedFailures"]) == [f"pod-{i}" for i in range(4)]
+    assert crd_validator.errors(crd_validator.default(job)) == []
+
+    # later passes (a restarted operator too) stay Failed, quietly, creating nothing
+    d, job = step(job, failed[:4], healthy(4), T0 + timedelta(minutes=10))
+    assert job["status"]["phase"] == "Failed" and not d.events and not d.create_workers and not d.create_coordinator
+    assert job["status"]["message"].startswith(BAD_INPUT)
+
+    # a new spec resumes the job: the failed pods are replaced, the Failed condition cleared
+    fixed = copy.deepcopy(job)
+    fixed["metadata"]["generation"] = 2
+    d, job = step(fixed, failed[:4], healthy(4), T0 + timedelta(minutes=11))
+    assert job["status"]["phase"] != "Failed" and "configError" not in job["status"]
+    assert (conditions(job)["Failed"]["status"], conditions(job)["Failed"]["reason"]) == ("False", "SpecChanged")
+    assert sorted(d.delete_pods) == [f"train-worker-{i}" for i in range(4)] and d.create_coordinator
+    d, job = step(job, [], healthy(4), T0 + timedelta(minutes=11, seconds=1))
+    assert d.create_workers == [0, 1, 2, 3]
+
+
+def test_a_lone_worker_fails_the_job_on_its_third_identical_bad_input():
+    """One pod, re-created after each back-off: its first two exits are ordinary failures (with
+    its line in the event); the third with the same line fails the job. A different line starts
+    the count again."""
+    job, pods = started_job(n=1, max_workers=1)
+    t = T0 + timedelta(seconds=20)
+    for attempt, line in enumerate([BAD_INPUT, "liveshard worker: error: other", BAD_INPUT, BAD_INPUT], 1):
+        d, job = step(job, exit_2(pods, 0, line=line, uid_suffix=f"-{attempt}"), healthy(1), t)
+        assert job["status"]["phase"] != "Failed"
+        [event] = [e for e in d.events if e[1] == "WorkerFailed"]
+        assert f"exit code 2: {line}" in event[2]
+        t += timedelta(minutes=5)  # past the back-off: the pod is re-created
+        d, job = step(job, [coordinator()], healthy(1), t)
+        assert d.create_workers == [0]
+    assert job["status"]["configError"]["count"] == 2
+    d, job = step(job, exit_2(pods, 0, uid_suffix="-5"), healthy(1), t + timedelta(seconds=5))
+    assert job["status"]["phase"] == "Failed" and job["status"]["message"].startswith(BAD_INPUT)
+    assert "3 times in a row" in job["status"]["message"]
+
+
+def test_other_exit_codes_and_a_training_job_keep_the_ordinary_recovery():
+    # exit 1 (it ran and failed) from every pod: failures with back-off, never a configuration error
+    job, pods = started_job()
+    d, job = step(job, exit_2(pods, 0, 1, 2, 3, code=1), healthy(4), T0 + timedelta(seconds=20))
+    assert job["status"]["phase"] != "Failed" and "configError" not in job["status"]
+    assert job["status"]["podFailures"] == 4 and len(job["status"]["podBackoff"]) == 4
+    # a job that trains: one pod's bad input (its node, its mount) is that pod's failure
+    job, pods = running_job()
+    for attempt in range(4):
+        failed = exit_2(pods, 3, uid_suffix=f"-{attempt}")
+        d, job = step(job, failed, healthy(4), T0 + timedelta(minutes=10 * (attempt + 1)))
+        assert job["status"]["phase"] != "Failed" and "configError" not in job["status"]
+        assert "train-worker-3" in d.delete_pods
+
+
+def test_a_count_short_of_the_limit_is_cleared_once_the_job_trains():
+    job, pods = started_job()
+    _, job = step(job, exit_2(pods, 3), healthy(4), T0 + timedelta(seconds=20))
+    assert job["status"]["configError"]["count"] == 1
+    # the other three train (the plan over them is applied): the count is dropped
+    _, job = step(job, without(pods, "train-worker-3"), healthy(4), T0 + timedelta(seconds=30))
+    _, job = step(ack(job), without(pods, "train-worker-3"), healthy(4), T0 + timedelta(seconds=40))
+    assert job["status"]["phase"] == "Running" and "configError" not in job["status"]

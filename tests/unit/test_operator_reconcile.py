@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from liveshard.operator import signals
 from liveshard.operator.reconcile import reconcile
 from liveshard.runtime.contract.causes import Cause
@@ -427,6 +429,31 @@ def test_a_job_that_reached_train_iters_succeeds_and_is_never_restarted():
     d2, job = step(job, [], healthy(2))
     assert job["status"]["phase"] == "Succeeded" and not d2.create_workers and not d2.create_coordinator
     assert not d2.events
+
+
+def test_nothing_of_a_succeeded_job_keeps_running_or_pending():
+    """A worker pod re-created while the run ended (its predecessor exited 0 before the job's
+    status said Succeeded) would hold a GPU, or wait for one, forever: a pending one is deleted
+    with the coordinator at once, a running one once the members have had their time to exit by
+    themselves; those that exited stay for their logs; none is created, now or later."""
+    from liveshard.operator.reconcile import FINISHED_WORKER_GRACE_SECONDS
+    from liveshard.runtime.contract.status import Finished
+
+    job, pods = running_job()
+    end = T0 + timedelta(minutes=5)
+    job["status"].update(Finished(end, 1000, "/ckpt/step00001000").to_status())
+    pods = [make_pod(0, phase="Succeeded"), make_pod(1, phase="Failed"), make_pod(2),
+            make_pod(3, phase="Pending"), coordinator()]
+    d, job = step(job, pods, healthy(4), end + timedelta(seconds=5))
+    assert job["status"]["phase"] == "Succeeded"
+    assert sorted(d.delete_pods) == ["train-coordinator", "train-worker-3"]
+    assert d.requeue_after == pytest.approx(FINISHED_WORKER_GRACE_SECONDS - 5 + 0.1)
+    d, job = step(job, pods[:3], healthy(4), end + timedelta(seconds=FINISHED_WORKER_GRACE_SECONDS))
+    assert d.delete_pods == ["train-worker-2"] and not d.create_workers and not d.create_coordinator
+    # pods already being deleted are not deleted again; the exited ones stay
+    going = [pods[0], pods[1], make_pod(2, deletionTimestamp="2026-03-01T12:06:00Z")]
+    d, job = step(job, going, healthy(4), end + timedelta(minutes=1))
+    assert d.delete_pods == [] and not d.create_workers and not d.create_coordinator
 
 
 def test_a_run_the_runtime_cannot_continue_fails_the_job_and_releases_its_pods(crd_validator):

@@ -282,6 +282,54 @@ def test_a_worker_that_exited_cleanly_is_not_a_failure():
     assert classify_pod(pod(phase="Succeeded"), NOW).failure is False
 
 
+def exited(code, message=None):
+    """A pod whose container exited as the kubelet reports it (no pod-level reason or message)."""
+    p = pod(phase="Succeeded" if code == 0 else "Failed")
+    terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+    if message is not None:
+        terminated["message"] = message
+    p["status"]["containerStatuses"] = [{"name": "worker", "state": {"terminated": terminated}}]
+    return p
+
+
+def test_a_failed_container_says_its_exit_code_and_its_one_line():
+    tail = ("[rank0] loading the tokenizer\n"
+            "liveshard worker: error: spec.training.data.tokenizer: /data/tok.json does not exist (fix: ...)\n"
+            "WARNING local worker 1/2 (pid 12) ended: exit code 2; 0 still running\n")
+    sig = classify_pod(exited(2, tail), NOW)
+    assert sig.failure and sig.exit_code == 2
+    assert sig.termination == "liveshard worker: error: spec.training.data.tokenizer: /data/tok.json does not " \
+                              "exist (fix: ...)"  # the runtime's error line, not the supervisor's after it
+    assert sig.reason == f"worker pod failed: exit code 2: {sig.termination}"
+    # no error line: the last line of the tail; no message: the exit code alone
+    assert classify_pod(exited(1, "Traceback ...\n  File x\nKeyError: 'a'\n\n"), NOW).termination == "KeyError: 'a'"
+    bare = classify_pod(exited(137), NOW)
+    assert (bare.exit_code, bare.termination, bare.reason) == (137, "", "worker pod failed: exit code 137")
+    # a pod the kubelet stopped itself says so in the pod's own message, which comes first
+    evicted = exited(137)
+    evicted["status"].update(reason="Evicted", message="The node was low on resource: memory.")
+    assert classify_pod(evicted, NOW).reason == "worker pod failed: The node was low on resource: memory."
+
+
+def test_the_operators_pod_snapshot_keeps_how_the_container_stopped():
+    from liveshard.operator.handlers.pods import snapshot
+
+    p = exited(2, "reading\nliveshard worker: error: bad\n")
+    p["status"]["containerStatuses"][0]["state"]["terminated"]["startedAt"] = T0
+    snap = snapshot(p)
+    assert snap["status"]["containerStatuses"] == [{"name": "worker", "state": {"terminated": {
+        "exitCode": 2, "reason": "Error", "message": "reading\nliveshard worker: error: bad\n"}}}]
+    assert classify_pod(snap, NOW) == classify_pod(p, NOW)
+
+
+def test_a_termination_line_is_one_bounded_line():
+    assert signals.termination_line("a\n  c  \n") == "c"
+    assert signals.termination_line("x\nliveshard worker: error: a \t b\n") == "liveshard worker: error: a b"
+    long = signals.termination_line("liveshard worker: error: " + "x" * 2000)
+    assert len(long) == signals.TERMINATION_LINE_MAX and long.endswith("...")
+    assert signals.termination_line("") == signals.termination_line("\n \n") == ""
+
+
 # ---- policy -----------------------------------------------------------------------------------
 def test_policy_filters_node_signals_but_never_pod_loss():
     cordon = classify_node(node(unschedulable=True), NOW)

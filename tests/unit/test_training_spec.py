@@ -50,7 +50,7 @@ def test_train_samples_and_warmup_fraction():
     ({"trainSamples": 100}, "spec.training.trainSamples", "set one of them"),
     ({"optimizer": {"lr": 1e-4, "minLr": 1e-3}}, "spec.training.optimizer.minLr", "minLr <= lr"),
     ({"optimizer": {"lr": 0}}, "spec.training.optimizer.lr", "> 0"),
-    ({"optimizer": {"adamBeta2": 1.5}}, "spec.training.optimizer.adamBeta2", "<="),
+    ({"optimizer": {"adamBeta2": 1.5}}, "spec.training.optimizer.adamBeta2", "< 1"),
     ({"schedule": {"warmupIters": 1000}}, "spec.training.schedule.warmupIters", "no decay"),
     ({"schedule": {"decayStyle": "WSD"}}, "spec.training.schedule.wsdDecayIters", "WSD"),
     ({"schedule": {"decayStyle": "step"}}, "spec.training.schedule.decayStyle", "cosine"),
