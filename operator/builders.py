@@ -175,6 +175,10 @@ def worker_pod(job: dict[str, Any], spec: JobSpec, index: int) -> dict[str, Any]
         "name": "worker", "image": spec.image, "command": list(spec.raw.get("command") or ["liveshard", "worker"]),
         "env": [*_env(job, spec, ROLE_WORKER), {"name": Env.WORKER_INDEX, "value": str(index)}],
         "resources": resources, "volumeMounts": mounts,
+        # A worker that exits on bad input says why in one line as the last thing it prints: the
+        # log's tail becomes the termination message (the pod's containerStatuses), which the
+        # operator puts in the job's status.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.raw.get("args"):
         container["args"] = list(spec.raw["args"])

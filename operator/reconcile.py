@@ -25,8 +25,9 @@ from liveshard.operator.observed import Worker, observe_workers
 from liveshard.operator.planning import Planning
 from liveshard.operator.policy import DEFAULT_POLICY, JobPolicy, refusal
 from liveshard.operator.signals import Signal
+from liveshard.runtime.cli import EXIT_BAD_INPUT
 from liveshard.runtime.contract.causes import LOSSES, Cause
-from liveshard.runtime.contract.crd import LABEL_ROLE, ROLE_COORDINATOR
+from liveshard.runtime.contract.crd import LABEL_ROLE, ROLE_COORDINATOR, ROLE_WORKER
 from liveshard.runtime.contract.jobspec import JobSpec, read_spec
 from liveshard.runtime.contract.status import (
     AdaptiveReport,
@@ -55,6 +56,14 @@ COUNTED_FAILURES_LIMIT = 50  # UIDs kept in status.countedFailures
 POD_BACKOFF_BASE_SECONDS = 10.0
 POD_BACKOFF_MAX_SECONDS = 300.0
 FAILED_REQUEUE_SECONDS = 300.0
+# After the run's end (status.finishedAt), the seconds a worker pod still running has to exit by
+# itself before it is deleted: anything running later (a pod re-created as the run ended) would
+# hold its GPU for nothing.
+FINISHED_WORKER_GRACE_SECONDS = 30.0
+# Worker pods that exit with the runtime's "bad input" code and the same one-line message, one
+# after another while the job is not training: a configuration error no re-creation will fix.
+# The job fails after this many (a job of several pods, all failing at once, at its first try).
+CONFIG_ERROR_LIMIT = 3
 
 
 def pod_backoff_seconds(pod_failures: int) -> float:
@@ -112,6 +121,8 @@ class _Reconciler(Planning):
         self.d = Decision()
         self.conditions = list(self.status.get("conditions") or [])
         self.history = [dict(h) for h in self.status.get("history") or []]
+        self.config_error: dict[str, Any] | None = None  # status.configError as this pass leaves it
+        self.resume_reason = "WithinPodFailureBudget"  # of a Failed condition cleared in this pass
 
     # -- helpers --
     def event(self, kind: str, reason: str, message: str) -> None:
@@ -144,7 +155,11 @@ class _Reconciler(Planning):
         if any(settling):  # look again when the youngest withdrawable signal has held long enough
             self.d.requeue_after = min(self.d.requeue_after, min(x for x in settling if x) + 0.1)
         self.by_name = {w.name: w for w in workers}
-        if self._failure_budget_spent(workers):
+        budget_spent = self._failure_budget_spent(workers)
+        if self._config_error(workers):
+            self._config_failed(workers)
+            return d
+        if budget_spent:
             self._failed(workers)
             return d
         failure = self._status_part(RuntimeFailure.from_status, None)
@@ -189,8 +204,11 @@ class _Reconciler(Planning):
     def _succeeded(self, finished: Finished) -> None:
         """Training reached trainIters and its final checkpoint is complete: the job is done.
         Nothing is planned or created any more (an operator restart reads the same status); the
-        coordinator pod, which restarts on exit, is deleted; worker pods have exited 0 and stay
-        for their logs."""
+        coordinator pod, which restarts on exit, is deleted. Nothing else of the job may keep
+        running or pending (a worker pod re-created while the run ended would hold, or wait for,
+        a GPU): pending worker pods are deleted at once, running ones once the run has been over
+        for ``FINISHED_WORKER_GRACE_SECONDS`` (the members exit 0 by themselves right after the
+        final checkpoint). Worker pods that exited stay for their logs."""
         st, d = self.d.status, self.d
         where = f"; final checkpoint {finished.checkpoint}" if finished.checkpoint else ""
         message = f"trained {finished.step} steps{where}"
@@ -199,16 +217,25 @@ class _Reconciler(Planning):
         st["phase"] = JobPhase.SUCCEEDED
         st["message"] = message
         d.create_coordinator = False
+        d.requeue_after = FAILED_REQUEUE_SECONDS
+        wait = FINISHED_WORKER_GRACE_SECONDS - (self.now - finished.at).total_seconds()
         for p in self.pods:
             meta = p.get("metadata") or {}
-            if (meta.get("labels") or {}).get(LABEL_ROLE) == ROLE_COORDINATOR and not meta.get("deletionTimestamp"):
-                d.delete_pods.append(meta["name"])
+            role = (meta.get("labels") or {}).get(LABEL_ROLE)
+            phase = (p.get("status") or {}).get("phase") or "Pending"
+            if meta.get("deletionTimestamp") or role not in (ROLE_COORDINATOR, ROLE_WORKER):
+                continue
+            if role == ROLE_WORKER and phase in ("Succeeded", "Failed"):
+                continue  # exited: kept for its logs
+            if role == ROLE_WORKER and phase != "Pending" and wait > 0:
+                d.requeue_after = min(d.requeue_after, wait + 0.1)  # let it exit on its own first
+                continue
+            d.delete_pods.append(meta["name"])
         self.cond(ConditionType.SUCCEEDED, True, "TrainItersReached", message)
         self.cond(ConditionType.READY, False, "Succeeded", message)
         self.cond(ConditionType.RECONFIGURING, False, "Idle", "")
         st["conditions"] = self.conditions
         st["history"] = self.history[-HISTORY_LIMIT:]
-        d.requeue_after = max(d.requeue_after, 300.0)
 
     # -- failed pods and the job's budget for them --
     def _failure_budget_spent(self, workers: list[Worker]) -> bool:
@@ -226,13 +253,7 @@ class _Reconciler(Planning):
         created; pods still running or pending are deleted (their GPUs are released), failed ones
         are kept for their logs. Raising ``maxPodFailures`` (or removing it) resumes the job."""
         st, d = self.d.status, self.d
-        total = self.pod_failures + len(self.crashed)
-        if self.crashed:
-            counted = [*(self.status.get("countedFailures") or []), *(w.uid for w in self.crashed)]
-            d.new_failures = len(self.crashed)
-            st["failures"] = _count(self.status.get("failures")) + len(self.crashed)
-            st["countedFailures"] = counted[-COUNTED_FAILURES_LIMIT:]
-            st["podFailures"] = total
+        total = self._count_crashed()
         limit = self.spec.elasticity.max_pod_failures
         message = (f"{total} worker pods failed, more than spec.elasticity.maxPodFailures={limit}: the job "
                    "has failed and its running pods are deleted (raise maxPodFailures to resume it)")
@@ -245,6 +266,82 @@ class _Reconciler(Planning):
         self.cond(ConditionType.FAILED, True, "PodFailureBudgetExceeded", message)
         self.cond(ConditionType.READY, False, "PodFailureBudgetExceeded", message)
         self.cond(ConditionType.RECONFIGURING, False, "Idle", "")
+        self._release(workers)
+        st["conditions"] = self.conditions
+        st["history"] = self.history[-HISTORY_LIMIT:]
+        d.requeue_after = FAILED_REQUEUE_SECONDS
+
+    def _count_crashed(self) -> int:
+        """Count the pods that crashed since the last pass (the job's pod failures, now)."""
+        st, d = self.d.status, self.d
+        total = self.pod_failures + len(self.crashed)
+        if self.crashed:
+            counted = [*(self.status.get("countedFailures") or []), *(w.uid for w in self.crashed)]
+            d.new_failures = len(self.crashed)
+            st["failures"] = _count(self.status.get("failures")) + len(self.crashed)
+            st["countedFailures"] = counted[-COUNTED_FAILURES_LIMIT:]
+            st["podFailures"] = total
+        return total
+
+    # -- a configuration error: the same bad input from worker pod after worker pod --
+    def _config_error(self, workers: list[Worker]) -> bool:
+        """Note the worker pods that exited ``EXIT_BAD_INPUT`` since the last pass in
+        ``status.configError`` (the message, how many in a row, the job generation); whether
+        ``CONFIG_ERROR_LIMIT`` of them said the same. Another exit, or a job training (an
+        applied plan with GPUs and a worker pod running: the input works for some), clears the
+        count; a new spec generation resumes a job this failed."""
+        st = self.d.status
+        raw = self.status.get("configError")
+        old = raw if isinstance(raw, dict) else {}
+        generation = self.meta.get("generation")
+        message, count = str(old.get("message") or ""), _count(old.get("count"))
+        if old and old.get("generation") != generation:
+            message, count, self.resume_reason = "", 0, "SpecChanged"  # the spec was edited: try it
+        plan = self.plan
+        applied = _count(self.status.get("worldSize")) > 0 or (
+            plan is not None and bool(plan.members) and self.ack.generation >= plan.generation)
+        if applied and any(w.running for w in workers):
+            message, count = "", 0  # training (an applied plan has GPUs, a pod runs): the input works
+        else:
+            for w in self.crashed:
+                sig = w.signal
+                if sig is not None and sig.exit_code == EXIT_BAD_INPUT:
+                    said = sig.termination or f"exit code {EXIT_BAD_INPUT} (no message)"
+                    message, count = said, (count + 1 if said == message else 1)
+                else:
+                    message, count = "", 0
+        new = {"message": message, "count": count, "generation": generation} if count else None
+        if new != (old or None):
+            st["configError"] = new
+        self.config_error = new
+        return new is not None and count >= CONFIG_ERROR_LIMIT
+
+    def _config_failed(self, workers: list[Worker]) -> None:
+        """Worker pods keep exiting on the same bad input: the job has failed with the workers'
+        own message. Nothing is planned or created; pods still running or pending (and the
+        coordinator) are deleted, failed ones stay for their logs. A new spec resumes the job."""
+        st, d = self.d.status, self.d
+        assert self.config_error is not None
+        self._count_crashed()
+        line, count = self.config_error["message"], self.config_error["count"]
+        message = (f"{line} (worker pods exited {EXIT_BAD_INPUT}, bad input, {count} times in a row with this "
+                   "message: fix the job's spec and the job starts again)")
+        old = condition(self.conditions, ConditionType.FAILED)
+        if not (old and old.get("status") == "True" and old.get("reason") == "WorkerConfigError"):
+            self.event("Warning", "WorkerConfigError", message)
+        st["phase"] = JobPhase.FAILED
+        st["message"] = message
+        self.cond(ConditionType.FAILED, True, "WorkerConfigError", message)
+        self.cond(ConditionType.READY, False, "WorkerConfigError", message)
+        self.cond(ConditionType.RECONFIGURING, False, "Idle", "")
+        self._release(workers)
+        st["conditions"] = self.conditions
+        st["history"] = self.history[-HISTORY_LIMIT:]
+        d.requeue_after = FAILED_REQUEUE_SECONDS
+
+    def _release(self, workers: list[Worker]) -> None:
+        """Delete the coordinator and every worker pod still running or pending; create nothing."""
+        d = self.d
         d.create_coordinator = False
         for w in workers:
             if not w.deleting and not w.dead:
@@ -253,10 +350,7 @@ class _Reconciler(Planning):
             meta = p.get("metadata") or {}
             if (meta.get("labels") or {}).get(LABEL_ROLE) == ROLE_COORDINATOR and not meta.get("deletionTimestamp"):
                 d.delete_pods.append(meta["name"])
-        st["replicas"] = sum(1 for w in workers if not w.deleting and w.name not in d.delete_pods)
-        st["conditions"] = self.conditions
-        st["history"] = self.history[-HISTORY_LIMIT:]
-        d.requeue_after = FAILED_REQUEUE_SECONDS
+        d.status["replicas"] = sum(1 for w in workers if not w.deleting and w.name not in d.delete_pods)
 
     def _runtime_failed(self, failure: RuntimeFailure, workers: list[Worker]) -> None:
         """The runtime reported that the run cannot go on (e.g. state lost with no surviving
@@ -509,8 +603,9 @@ class _Reconciler(Planning):
             degraded, reason = True, "BelowDesiredSize"
             message = f"training on {len(members)} of {desired} desired worker pods"
         self.cond(ConditionType.DEGRADED, degraded, reason, message)
-        if condition(self.conditions, ConditionType.FAILED) is not None:  # resumed: maxPodFailures was raised
-            self.cond(ConditionType.FAILED, False, "WithinPodFailureBudget", "")
+        failed = condition(self.conditions, ConditionType.FAILED)
+        if failed is not None and failed.get("status") != "False":  # resumed: maxPodFailures raised, spec edited
+            self.cond(ConditionType.FAILED, False, self.resume_reason, "")
 
 
 def _count(value: Any) -> int:

@@ -57,6 +57,8 @@ class Signal:
     failure: bool = False  # counts against the job (never for planned removals)
     source: str = ""  # the taint key / condition / field that said so
     seen: datetime | None = None  # when the operator first saw it (None: act on it at once)
+    exit_code: int | None = None  # a stopped pod's container: how it exited
+    termination: str = ""  # ... and the one line it left (its termination message, or its log's)
 
     @property
     def preemption(self) -> bool:
@@ -226,9 +228,13 @@ def classify_pod(pod: dict[str, Any], now: datetime) -> Signal | None:
         reason = status.get("reason") or ""
         # A clean exit (a leaver after commit) or a removal the cluster made is not a crash.
         planned = phase == "Succeeded" or disruption is not None or reason in _PLANNED_FAILURE_REASONS
-        text = status.get("message") or reason or "no reason given"
+        code, line = container_exit(pod)
+        # The kubelet says why in the pod's message only when it stopped the pod itself (an
+        # eviction, a node shutdown); a container that exited says it in its own state.
+        exited = "" if code is None else f"exit code {code}" + (f": {line}" if line else "")
+        text = status.get("message") or exited or reason or "no reason given"
         return Signal(Cause.POD_FAILED, f"worker pod {phase.lower()}: {text}", now,
-                      failure=not planned, source=f"status.phase={phase}")
+                      failure=not planned, source=f"status.phase={phase}", exit_code=code, termination=line)
     if disruption is not None:
         reason = disruption.get("reason") or ""
         since = parse_time(disruption.get("lastTransitionTime")) or now
@@ -240,6 +246,42 @@ def classify_pod(pod: dict[str, Any], now: datetime) -> Signal | None:
         deadline = parse_time(meta["deletionTimestamp"]) or now
         return Signal(Cause.POD_DELETION, "worker pod is being deleted", deadline, source="metadata.deletionTimestamp")
     return None
+
+
+# The runtime's commands report bad input as one line, ``liveshard COMMAND: error: ...``, as the
+# last thing they print (runtime/cli.py); other lines (warnings, a supervisor's log) may follow
+# it in a log's tail when several processes share a pod.
+_ERROR_LINE = re.compile(r"^liveshard( [\w-]+)?: error: ")
+TERMINATION_LINE_MAX = 500
+
+
+def termination_line(message: str) -> str:
+    """The one line that says why a container stopped, from its termination message: the
+    runtime's own error line if there is one, else the last line (a log's tail with
+    ``terminationMessagePolicy: FallbackToLogsOnError``)."""
+    lines = [" ".join(line.split()) for line in (message or "").splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return ""
+    line = next((x for x in reversed(lines) if _ERROR_LINE.match(x)), lines[-1])
+    return line if len(line) <= TERMINATION_LINE_MAX else line[:TERMINATION_LINE_MAX - 3] + "..."
+
+
+def container_exit(pod: dict[str, Any]) -> tuple[int | None, str]:
+    """How a stopped pod's container exited: (exit code, its one line), from
+    ``status.containerStatuses[].state.terminated`` as the kubelet writes it; the first that
+    failed, else the first that stopped; (None, "") when none says."""
+    stopped = [((c.get("state") or {}).get("terminated") or {}) for c in
+               (pod.get("status") or {}).get("containerStatuses") or []]
+    stopped = [t for t in stopped if t.get("exitCode") is not None]
+    if not stopped:
+        return None, ""
+    first = next((t for t in stopped if t.get("exitCode") != 0), stopped[0])
+    try:
+        code = int(first["exitCode"])
+    except (TypeError, ValueError):
+        return None, ""
+    return code, termination_line(str(first.get("message") or ""))
 
 
 def node_gone(node_name: str, now: datetime) -> Signal:
@@ -256,7 +298,9 @@ __all__ = [
     "acts_on",
     "classify_node",
     "classify_pod",
+    "container_exit",
     "most_pressing",
     "node_gone",
     "parse_time",
+    "termination_line",
 ]

@@ -1060,9 +1060,16 @@ def _pod_status(pod: dict[str, Any]) -> str:
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return "Terminating"
     for c in status.get("containerStatuses") or []:
-        waiting = (c.get("state") or {}).get("waiting")
+        state = c.get("state") or {}
+        waiting, terminated = state.get("waiting"), state.get("terminated")
         if waiting and waiting.get("reason"):
             return str(waiting["reason"])
+        if terminated:  # as kubectl's printer: the reason (Completed, Error), else how it ended
+            if terminated.get("reason"):
+                return str(terminated["reason"])
+            if terminated.get("signal"):
+                return f"Signal:{terminated['signal']}"
+            return f"ExitCode:{terminated.get('exitCode')}"
     return str(status.get("reason") or status.get("phase") or "Pending")
 
 

@@ -12,9 +12,13 @@
   args as the kubelet does), and reports phase ``Running`` and the pod IP (127.0.0.1);
 * maps the job's coordinator Service to 127.0.0.1 and a free port per job
   (``LIVESHARD_COORDINATOR``, ``LIVESHARD_PORT``, ``LIVESHARD_BIND``);
-* reports ``Succeeded``/``Failed`` when a process exits (``restartPolicy: Always`` restarts it);
+* reports ``Succeeded``/``Failed`` when a process exits (``restartPolicy: Always`` restarts it),
+  with the container's ``state.terminated`` as a kubelet writes it: exit code, reason and, under
+  ``terminationMessagePolicy: FallbackToLogsOnError``, a failed container's log tail as its
+  termination message;
 * finishes a pod that is deleted with a grace period as its kubelet would: SIGTERM to its
-  processes, SIGKILL after the grace period (at most 5 s here), then deletes it again with grace
+  processes, SIGKILL after the grace period (at most 5 s here; to whatever the main process left
+  behind once it has ended, as in a container), then deletes it again with grace
   0 (bound to its uid). Until then it stays ``Terminating`` and its name cannot be reused.
   A pod on a lost node has no kubelet: it stays ``Terminating`` until its Node object is
   deleted; then the agent removes it, as kube-controller-manager's pod garbage collector does;
@@ -69,6 +73,11 @@ class PodProcess:
     env: dict[str, str]
     log_path: Path
     reported: str = "Running"
+    container: str = ""
+    image: str = ""
+    log_offset: int = 0  # where this pod's output starts in log_path
+    fallback_to_logs: bool = False  # terminationMessagePolicy: FallbackToLogsOnError
+    started_at: str = ""
 
 
 def node_object(name: str, gpus: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -151,6 +160,26 @@ def fits(pod: dict[str, Any], node: dict[str, Any], used_gpus: int) -> bool:
         return False
     allocatable = int(((node.get("status") or {}).get("allocatable") or {}).get(GPU) or 0)
     return _gpus(pod) <= allocatable - used_gpus
+
+
+# The kubelet's FallbackToLogsOnError: the last 80 lines or 2048 bytes of the log, whichever is less.
+TERMINATION_LOG_LINES = 80
+TERMINATION_LOG_BYTES = 2048
+
+
+def log_tail(path: Path, start: int = 0) -> str:
+    """A failed container's termination message under ``FallbackToLogsOnError``: the end of its
+    log (from ``start``, where this container's output begins in the file)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            end = f.tell()
+            f.seek(max(start, end - TERMINATION_LOG_BYTES))
+            data = f.read()
+    except OSError:
+        return ""
+    lines = data.decode(errors="replace").splitlines(keepends=True)
+    return "".join(lines[-TERMINATION_LOG_LINES:])
 
 
 def expand(text: str, env: dict[str, str]) -> str:
@@ -392,7 +421,10 @@ class NodeAgent:
         restart = pod["spec"].get("restartPolicy", "Always") == "Always"
         with self._lock:
             self.procs[(meta["namespace"], meta["name"])] = PodProcess(
-                meta["namespace"], meta["name"], meta.get("uid", ""), node, proc, restart, argv, env, log_path)
+                meta["namespace"], meta["name"], meta.get("uid", ""), node, proc, restart, argv, env, log_path,
+                container=container["name"], image=container.get("image", ""), log_offset=offset,
+                fallback_to_logs=container.get("terminationMessagePolicy") == "FallbackToLogsOnError",
+                started_at=_now())
         self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": {
             "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1",
             "conditions": [{"type": "Ready", "status": "True"}],
@@ -419,11 +451,33 @@ class NodeAgent:
         phase = "Succeeded" if code == 0 else "Failed"
         if p.reported != phase:
             p.reported = phase
-            self._set_phase(p.namespace, p.name, phase, f"exit code {code}")
+            self._set_status(p.namespace, p.name, {"phase": phase, "conditions": [
+                {"type": "Ready", "status": "False", "reason": "PodCompleted"}],
+                "containerStatuses": [self._terminated(p, code)]})
+
+    def _terminated(self, p: PodProcess, code: int) -> dict[str, Any]:
+        """The container's status once its process ended, as a kubelet writes it: the exit code
+        (128 + N for death by signal N), ``Completed`` or ``Error``, and with
+        ``FallbackToLogsOnError`` a failed container's log tail as its termination message."""
+        exit_code = 128 - code if code < 0 else code
+        terminated: dict[str, Any] = {"exitCode": exit_code, "reason": "Completed" if code == 0 else "Error",
+                                      "startedAt": p.started_at, "finishedAt": _now(),
+                                      "containerID": f"local://{p.proc.pid}"}
+        if code < 0:
+            terminated["signal"] = -code
+        if code != 0 and p.fallback_to_logs:
+            tail = log_tail(p.log_path, p.log_offset)
+            if tail:
+                terminated["message"] = tail
+        return {"name": p.container, "ready": False, "restartCount": 0, "image": p.image, "imageID": "",
+                "containerID": f"local://{p.proc.pid}", "state": {"terminated": terminated}}
 
     def _set_phase(self, namespace: str, name: str, phase: str, message: str) -> None:
+        self._set_status(namespace, name, {"phase": phase, "message": message})
+
+    def _set_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         with contextlib.suppress(Exception):  # the pod may be gone already
-            self.core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": phase, "message": message}})
+            self.core.patch_namespaced_pod_status(name, namespace, {"status": status})
 
     @staticmethod
     def _kill(p: PodProcess, grace: float = 5.0) -> None:
@@ -436,6 +490,8 @@ class NodeAgent:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.proc.pid, signal.SIGKILL)
                 p.proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # what it started ends with it, as in a container
+            os.killpg(p.proc.pid, signal.SIGKILL)
         log.info("pod %s/%s deleted: process %d ended (%s)", p.namespace, p.name, p.proc.pid, p.proc.returncode)
 
     def processes(self) -> dict[str, int]:

@@ -21,8 +21,20 @@ def snapshot(body: kopf.Body) -> dict[str, Any]:
         "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "labels", "deletionTimestamp")
                      if k in meta},
         "spec": {k: spec[k] for k in ("nodeName", "terminationGracePeriodSeconds") if k in spec},
-        "status": {k: status[k] for k in ("phase", "reason", "message", "conditions") if k in status},
+        "status": {**{k: status[k] for k in ("phase", "reason", "message", "conditions") if k in status},
+                   "containerStatuses": _stopped_containers(status)},
     }
+
+
+def _stopped_containers(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """How each container that stopped did (exit code, reason, termination message)."""
+    out = []
+    for c in status.get("containerStatuses") or []:
+        terminated = (c.get("state") or {}).get("terminated")
+        if terminated:
+            out.append({"name": c.get("name"), "state": {"terminated": {
+                k: terminated[k] for k in ("exitCode", "reason", "message") if k in terminated}}})
+    return out
 
 
 @kopf.index("pods", labels=JOB_PODS)
