@@ -9,7 +9,8 @@ the control thread):
    the planner's version) and waits for every other member's, heartbeating meanwhile: all must
    be equal, so that the parts are parts of one plan;
 3. builds the transition group over old and new members (``world.build_transition_group``), unless
-   nobody joins and nobody is dead: then the transfer runs over the running world's default group;
+   the change is a leave (nobody joins, nobody is dead): then the transfer runs over the running
+   world's default group;
 4. allocates and touches the new tensors the transfer will fill, and gradient memory when the
    old buffer is too small (joiners always; members too per ``WorkerOptions.preallocate``), so
    the pause does not pay for fresh memory;
@@ -71,8 +72,8 @@ class Prepared:
     grad_buffer: Any = None  # and memory for its gradients when the old DDP buffer is too small
     world: Any = None  # the new training world's communicators, built ahead (agent.world.WorldAhead)
     epoch: int = 0  # the store clients' epoch the plan was read in (``StoreClients.epoch``)
-    # nobody joins and nobody is dead: every device of the transition is a rank of the running
-    # world, in the same order, so the transfer runs over its default group (no new connection)
+    # a leave (nobody joins, nobody is dead): every device of the transition is a rank of the
+    # running world, in the same order, so the transfer runs over its default group (no new connection)
     over_running_world: bool = False
     connected: dict[str, int] = field(default_factory=dict)  # communicators connected while preparing, by kind
 
@@ -219,7 +220,12 @@ class Preparer:
         # heartbeats and watches the decision: a connection waiting for a peer that died blocks
         # every other request on its client until the collective timeout.
         connecting = self.clients.dedicated()
-        over_running_world = members == old.members
+        # A leave (someone goes, nobody joins, nobody is dead): every device is a rank of the
+        # running world. Changes that keep every member (a reshape, a recovery of a world whose
+        # collectives failed) keep a group of their own: a transfer aborted half-way must not
+        # leave the world they fall back to with unmatched messages.
+        leaving = set(old.members) - set(plan.members) - set(plan.standbys)
+        over_running_world = members == old.members and bool(leaving)
         group = None
         if not over_running_world:  # joiners (or the dead) make it another set of processes
             group = self._connect(plan.generation, lambda stop: worlds.build_transition_group(
