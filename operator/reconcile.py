@@ -252,7 +252,6 @@ class _Reconciler(Planning):
         """More worker pods failed than the job allows: the job has failed. Nothing is planned or
         created; pods still running or pending are deleted (their GPUs are released), failed ones
         are kept for their logs. Raising ``maxPodFailures`` (or removing it) resumes the job."""
-        st, d = self.d.status, self.d
         total = self._count_crashed()
         limit = self.spec.elasticity.max_pod_failures
         message = (f"{total} worker pods failed, more than spec.elasticity.maxPodFailures={limit}: the job "
@@ -261,15 +260,7 @@ class _Reconciler(Planning):
         if not (old and old.get("status") == "True"):
             last = "; ".join(f"{w.name}: {w.signal.reason}" for w in self.crashed if w.signal)
             self.event("Warning", "PodFailureBudgetExceeded", message + (f"; last: {last}" if last else ""))
-        st["phase"] = JobPhase.FAILED
-        st["message"] = message
-        self.cond(ConditionType.FAILED, True, "PodFailureBudgetExceeded", message)
-        self.cond(ConditionType.READY, False, "PodFailureBudgetExceeded", message)
-        self.cond(ConditionType.RECONFIGURING, False, "Idle", "")
-        self._release(workers)
-        st["conditions"] = self.conditions
-        st["history"] = self.history[-HISTORY_LIMIT:]
-        d.requeue_after = FAILED_REQUEUE_SECONDS
+        self._fail_job(workers, "PodFailureBudgetExceeded", message)
 
     def _count_crashed(self) -> int:
         """Count the pods that crashed since the last pass (the job's pod failures, now)."""
@@ -320,7 +311,6 @@ class _Reconciler(Planning):
         """Worker pods keep exiting on the same bad input: the job has failed with the workers'
         own message. Nothing is planned or created; pods still running or pending (and the
         coordinator) are deleted, failed ones stay for their logs. A new spec resumes the job."""
-        st, d = self.d.status, self.d
         assert self.config_error is not None
         self._count_crashed()
         line, count = self.config_error["message"], self.config_error["count"]
@@ -329,15 +319,21 @@ class _Reconciler(Planning):
         old = condition(self.conditions, ConditionType.FAILED)
         if not (old and old.get("status") == "True" and old.get("reason") == "WorkerConfigError"):
             self.event("Warning", "WorkerConfigError", message)
+        self._fail_job(workers, "WorkerConfigError", message)
+
+    def _fail_job(self, workers: list[Worker], reason: str, message: str) -> None:
+        """The job ends ``Failed`` for ``reason``: phase, message and conditions say why, and its
+        running pods are released."""
+        st = self.d.status
         st["phase"] = JobPhase.FAILED
         st["message"] = message
-        self.cond(ConditionType.FAILED, True, "WorkerConfigError", message)
-        self.cond(ConditionType.READY, False, "WorkerConfigError", message)
+        self.cond(ConditionType.FAILED, True, reason, message)
+        self.cond(ConditionType.READY, False, reason, message)
         self.cond(ConditionType.RECONFIGURING, False, "Idle", "")
         self._release(workers)
         st["conditions"] = self.conditions
         st["history"] = self.history[-HISTORY_LIMIT:]
-        d.requeue_after = FAILED_REQUEUE_SECONDS
+        self.d.requeue_after = FAILED_REQUEUE_SECONDS
 
     def _release(self, workers: list[Worker]) -> None:
         """Delete the coordinator and every worker pod still running or pending; create nothing."""
