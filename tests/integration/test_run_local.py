@@ -9,6 +9,7 @@ be detected and survived without a restart.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +59,24 @@ def test_live_run_goes_through_every_change(live_and_checkpoint):
     assert by_step[8]["config"].startswith("tp=1,pp=2")
     for e in live["events"]:
         assert e["phases"]["transfer"] > 0 and e["downtime"] is not None
+
+
+def test_a_leave_connects_nothing_for_its_transfer_and_no_change_connects_in_its_pause(live_and_checkpoint):
+    """What each change connected, as every worker recorded it: the leave's transfer ran over the
+    running world (no transition group); the join and the reshape connected theirs while
+    training went on; no pause connected anything (the next world was built ahead)."""
+    live, _ = live_and_checkpoint
+    workdir = Path(live["workdir"])
+    switches: dict[int, list[dict]] = {}
+    for path in sorted(workdir.glob("w*.json")):
+        for event in json.loads(path.read_text()).get("events", []):
+            if event.get("kind") == "switch":
+                switches.setdefault(event["generation"], []).append(event["connected"])
+    leave, join, reshape = (switches[e["generation"]] for e in live["events"])
+    assert leave and all("transition" not in c["prepare"] and c["prepare"].get("ahead") for c in leave), leave
+    assert join and all(c["prepare"].get("transition") == 1 for c in join), join
+    assert reshape and all(c["prepare"].get("transition") == 1 for c in reshape), reshape
+    assert all(c["pause"] == {} for c in (*leave, *join, *reshape))
 
 
 def test_live_equals_checkpoint_bit_for_bit(live_and_checkpoint):
