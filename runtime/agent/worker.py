@@ -295,6 +295,8 @@ class WorkerAgent:
                 if self.control.excluded is not None:
                     self.rejoin()
                     continue
+                if self.control.stop_requested and (self.trainer is None or self.state.phase == "broken"):
+                    break  # the job asked every worker to finish: nothing is recovered for it
                 if self.trainer is None or self.state.phase == "broken":
                     if not switching.wait_for_plan(self):
                         break
