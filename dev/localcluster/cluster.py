@@ -76,7 +76,8 @@ class LocalCluster:
     def operator_alive(self) -> bool:
         return self.operator is not None and self.operator.poll() is None
 
-    def stop(self) -> None:
+    def stop_operator(self) -> None:
+        """End the operator process (SIGTERM, then SIGKILL after 15 s); the cluster stays up."""
         if self.operator is not None and self.operator.poll() is None:
             self.operator.terminate()
             try:
@@ -84,6 +85,9 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 self.operator.kill()
                 self.operator.wait(timeout=10)
+
+    def stop(self) -> None:
+        self.stop_operator()
         if self.agent is not None:
             self.agent.stop()
         with contextlib.suppress(Exception):

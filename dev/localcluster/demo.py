@@ -229,11 +229,15 @@ class Demo:
         return st
 
     def finish(self, timeout: float = 120.0) -> None:
-        """Ask every worker to stop (the store's stop key) and wait for their results."""
+        """End the story: stop the operator, ask every worker to stop (the store's stop key) and
+        wait for their results. The operator goes first: the stop key is the runtime's own, not a
+        request the job's spec can express, so a running operator would take the exited pods for
+        lost ones and start the job again (a new coordinator's store has no stop key)."""
         from liveshard.runtime.contract.keys import Keys
 
         self.final_coordinator = self.coordinator()
         self.final_status = self.status()  # the stop ends the job's pods: judge the plans before it
+        self.cluster.stop_operator()
         self.store.set(Keys.STOP, "1")
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -332,6 +336,10 @@ class Demo:
             # the coordinator's record: runtime generations with phases and downtime
             "reconfigurations": (co.get("history") if co else None) or [],
             "job_status": self._status_or_none(),
+            # how the story ended: the job's status above is the operator's last word before it
+            "end": (f"stopped by the demo after step {ordered[-1]['step']}: the operator first, then every "
+                    "worker (the store's stop key); trainIters was not reached" if self.final_status is not None
+                    and ordered else None),
         }
         (self.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         if ordered:

@@ -435,7 +435,8 @@ class Simulation(Faults):
     def _beat(self, w: Worker) -> None:
         w.seq += 1
         beat = {"time": self.now + w.clock_skew, "seq": w.seq, "state": self._state(w), "incarnation": w.inc,
-                "generation": w.world.generation if w.world else None, "step": w.state_step}
+                "generation": w.world.generation if w.world else None, "step": w.state_step,
+                "preparing": w.target.generation if w.target is not None and w.phase in ("preparing", "transfer") else None}
         w.reader.store.set(Keys.heartbeat(w.id), beat)
         if w.reader.store.up:
             w.last_valid_beat = self.now

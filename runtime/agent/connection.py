@@ -135,8 +135,9 @@ def reannounce(clients: StoreClients, worker_id: str, state: WorkerState,
     return True
 
 
-def heartbeat_payload(now: float, state: WorkerState, trainer: Any) -> dict:
-    """``hb/<id>``: what the coordinator watches (liveness, phase, world, step, speed, health)."""
+def heartbeat_payload(now: float, state: WorkerState, trainer: Any, preparing: int | None = None) -> dict:
+    """``hb/<id>``: what the coordinator watches (liveness, phase, world, step, speed, health, and
+    the newest plan taken up: its members training towards it are slow, not stuck)."""
     t = trainer
     payload = {
         "time": now,
@@ -152,6 +153,7 @@ def heartbeat_payload(now: float, state: WorkerState, trainer: Any) -> dict:
         "loss": t.last_loss if t else None,
         "pid": os.getpid(),
         "incarnation": state.incarnation,
+        "preparing": preparing,
     }
     health = telemetry.gpu_health()
     if health:

@@ -397,7 +397,9 @@ class WorkerAgent:
 
     # ---- the current world -------------------------------------------------------------------
     def heartbeat(self, now: float) -> None:
-        beat(self.clients, self.id, heartbeat_payload(now, self.state, self.trainer), self.pulse)
+        preparing = self.control.preparing
+        beat(self.clients, self.id, heartbeat_payload(now, self.state, self.trainer,
+                                                      preparing.generation if preparing else None), self.pulse)
 
     def report(self, gen: int, result: MemberResult) -> None:
         report_result(self.store, self.id, gen, result)

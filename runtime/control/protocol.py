@@ -175,6 +175,7 @@ class Heartbeat:
     step_seconds: float | None = None
     loss: float | None = None
     seq: int | None = None  # a per-process counter, where the sender has one
+    preparing: int | None = None  # the newest plan the worker took up (its generation)
 
     @classmethod
     def parse(cls, data: object) -> Heartbeat | None:
@@ -191,7 +192,8 @@ class Heartbeat:
                        consumed_samples=None if data.get("consumed_samples") is None else int(data["consumed_samples"]),
                        step_seconds=None if data.get("step_seconds") is None else float(data["step_seconds"]),
                        loss=None if data.get("loss") is None else float(data["loss"]),
-                       seq=None if data.get("seq") is None else int(data["seq"]))
+                       seq=None if data.get("seq") is None else int(data["seq"]),
+                       preparing=None if data.get("preparing") is None else int(data["preparing"]))
         except (KeyError, TypeError, ValueError):
             return None
 

@@ -334,6 +334,12 @@ class CoordinatorCore(Planning):
                 if m not in gen.results and b is not None and b.generation == gen.plan.generation \
                         and b.state == WorkerPhase.TRAINING:
                     gen.results[m] = MemberResult(ok=True)
+        if self.current is not None:
+            for m in self.involved_alive():
+                b = self.liveness.latest(m)
+                if b is not None and b.state == WorkerPhase.TRAINING and b.step is not None \
+                        and b.generation == self.current.generation and b.preparing == gen.plan.generation:
+                    gen.saw_step(m, b.step, obs.now)
         verdict = judge(gen, self.current, self.dead, decision=obs.decision, arrived=obs.arrived, ready=obs.ready,
                         now=obs.now, timeout=self.transition_timeout)
         if verdict.decide is not None:

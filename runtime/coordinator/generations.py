@@ -29,6 +29,29 @@ class Generation:
     # Left open in its commit window by a coordinator that died: decided from the members'
     # reports (``resolve_open``) by the coordinator that took over.
     reopened: bool = False
+    # member -> (the newest training step seen from it while it had taken up this plan, when that
+    # step was first seen): a member training towards the switch step is slow, not stuck (``waited``)
+    advanced: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    def saw_step(self, member: str, step: int, now: float) -> None:
+        """A heartbeat of ``member`` training in the running world at ``step``. The first one is
+        the baseline (it counts from ``started``); each later step counts from when it was seen."""
+        prev = self.advanced.get(member)
+        if prev is None:
+            self.advanced[member] = (step, self.started)
+        elif step > prev[0]:
+            self.advanced[member] = (step, now)
+
+    def waited(self, missing: Iterable[str], now: float, timeout: float) -> float:
+        """How long the generation has waited for ``missing`` (involved, alive, no result yet):
+        since the stalest of them last advanced a training step, or since it was published.
+        Progress extends the wait by at most ``PROGRESS_CAP`` timeouts in all, so a member that
+        trains on but never takes up the plan still ends it within a bound."""
+        since = min((self.advanced.get(m, (0, self.started))[1] for m in missing), default=self.started)
+        waited = now - max(self.started, since)
+        if now - self.started > PROGRESS_CAP * timeout:
+            return max(waited, now - self.started)
+        return waited
 
 
 @dataclass(frozen=True)
@@ -42,6 +65,9 @@ class Judgement:
 
 
 WAIT = Judgement()
+# A generation whose missing members keep training towards it may take this many transition
+# timeouts in all (a loaded node's steps are slow; the switch step is some steps away).
+PROGRESS_CAP = 4
 TIMED_OUT = "aborted: no result from"  # how an outcome for members that never answered starts
 
 
@@ -70,9 +96,8 @@ def judge(gen: Generation, current: WorldPlan | None, dead: set[str] | frozenset
         why = f"aborted: {failed[0]}: {gen.results[failed[0]].error}"
     elif lost:
         why = f"aborted: member {lost[0]} died during the transition"
-    elif now - gen.started > timeout and not complete:
-        missing = sorted(set(alive) - set(gen.results))
-        why = f"{TIMED_OUT} {', '.join(missing[:3])} in {timeout:.0f} s"
+    elif not complete and gen.waited(missing := sorted(set(alive) - set(gen.results)), now, timeout) > timeout:
+        why = f"{TIMED_OUT} {', '.join(missing[:3])} in {now - gen.started:.0f} s"
     if live:
         if decision is None:
             if plan.members and all(m in ready for m in plan.members):

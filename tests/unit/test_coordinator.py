@@ -559,3 +559,42 @@ def test_a_forged_heartbeat_never_kills_a_live_member_and_never_keeps_a_dead_one
     c.store.store.set(Keys.heartbeat("w1"), "forged")
     c.tick()
     assert c.dead == {"w1"}
+
+
+def _train(c: Coordinator, step: int, *workers: str) -> None:
+    for w in workers:
+        c.store.set_json(Keys.heartbeat(w), {"time": _now(), "state": "training", "step": step,
+                                             "generation": c.current.generation,
+                                             "preparing": c.pending.plan.generation if c.pending else None})
+
+
+def test_a_change_whose_members_still_train_towards_it_is_slow_not_stuck_within_a_bound():
+    """The transition timeout counts from the stalest missing member's last training step: on a
+    loaded node steps are slow and the switch step is some away. Progress extends the wait to
+    ``PROGRESS_CAP`` timeouts at most; a member that stops advancing ends it one timeout later."""
+    from liveshard.runtime.coordinator.generations import PROGRESS_CAP
+
+    def run(advance_until: float) -> tuple[float, str]:
+        source = Requests()
+        c = _coordinator(source, LOCAL)
+        _running(c, source, ("w0", "w1", "w2", "w3"), "tp=1,pp=1,dp=4")
+        source.queue.append(PlanRequest(members=("w0", "w1"), config="tp=1,pp=1,dp=2", reason="w2, w3 leave",
+                                        switch_at_step=1000))
+        c.tick()
+        assert c.pending is not None
+        timeout, step, t = c.core.transition_timeout, 1, 0.0
+        while c.pending is not None and t < (PROGRESS_CAP + 2) * timeout:
+            c.clock.advance(timeout / 4)
+            t += timeout / 4
+            step += t <= advance_until  # one step every quarter timeout, then none
+            _beat(c, "w0", "w1", "w2", "w3")
+            _train(c, step, "w0", "w1", "w2", "w3")
+            c.tick()
+        return t, c.history[-1]["outcome"]
+
+    t, outcome = run(advance_until=10 * PROGRESS_CAP * 120.0)  # training never stops
+    assert outcome.startswith("aborted: no result from") and PROGRESS_CAP * 120.0 < t <= PROGRESS_CAP * 120.0 + 60
+    t, outcome = run(advance_until=180.0)  # steps until 1.5 timeouts in, then stuck
+    assert outcome.startswith("aborted: no result from") and 180.0 + 120.0 < t <= 180.0 + 120.0 + 60
+    t, outcome = run(advance_until=0.0)  # never a step: the plain timeout
+    assert outcome.startswith("aborted: no result from") and 120.0 < t <= 150.0

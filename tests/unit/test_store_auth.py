@@ -25,13 +25,33 @@ from liveshard.runtime.errors import ConfigError
 SECRET = b"s3cret"
 
 
+class Synced:
+    """The attacker's client, each write followed by a round trip on the same connection: a c10d
+    ``set`` is not acknowledged, so without it a job's read on its own connection can overtake it."""
+
+    def __init__(self, store: dist.Store) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str):
+        op = getattr(self._store, name)
+        if name not in ("set", "compare_set", "delete_key", "add"):
+            return op
+
+        def synced(*args, **kwargs):
+            result = op(*args, **kwargs)
+            self._store.num_keys()
+            return result
+
+        return synced
+
+
 @dataclass
 class Net:
     """One job's view of the store: ``job()`` is a process of the job (its own ``JobStore``, so its
     own memory of what it accepted), ``attacker`` a bare client that addresses the job's keys."""
 
     client: dist.TCPStore
-    attacker: dist.Store
+    attacker: Synced
     name: str
 
     def job(self, secret: bytes | None = SECRET, **kw) -> JobStore:
@@ -50,7 +70,7 @@ def tcp() -> Iterator[tuple[dist.TCPStore, dist.TCPStore, dist.TCPStore]]:
 def net(tcp, request) -> Net:
     _, client, attacker = tcp
     name = request.node.name.replace("[", "-").replace("]", "")
-    return Net(client, dist.PrefixStore(f"liveshard/{name}/", attacker), name)
+    return Net(client, Synced(dist.PrefixStore(f"liveshard/{name}/", attacker)), name)
 
 
 def test_a_forged_heartbeat_keeps_the_last_valid_one_and_is_counted_once_per_value(net, caplog):
