@@ -45,6 +45,15 @@ from liveshard.runtime.planner import FEWEST_CHANGES, GPU, Constraints, Parallel
 from liveshard.runtime.spec import ModelSpec
 
 
+class CoordinatorExited(RunFailed):
+    """The coordinator process ended before its store answered."""
+
+    def __init__(self, port: int, code: int | None, log: str) -> None:
+        self.log = log
+        super().__init__(f"the coordinator exited with code {code} before serving 127.0.0.1:{port}"
+                         + (f": {log.splitlines()[-1]}" if log else ""))
+
+
 @dataclass
 class RunSpec:
     spec: ModelSpec  # its params_dtype is the training's precision
@@ -319,17 +328,46 @@ class LocalRun:
         self.procs.workers[wid] = subprocess.Popen(cmd, stdout=self._logfile(safe), stderr=subprocess.STDOUT,
                                                    env=self._env(), start_new_session=True)
 
-    def connect(self, port: int, timeout: float = 60.0):
+    def connect(self, port: int, timeout: float = 120.0):
+        """The job's store at ``port``, served by the coordinator process: retried while that
+        process lives (a loaded machine takes a while to import torch), ``CoordinatorExited``
+        at once when it has exited, ``RunFailed`` after ``timeout``."""
         from liveshard.runtime.control.store import JobStore, connect_store
 
         end = time.monotonic() + timeout
         while True:
+            coordinator = self.procs.coordinator
+            if coordinator is not None and coordinator.poll() is not None:
+                raise CoordinatorExited(port, coordinator.returncode, self._log_tail("coordinator"))
             try:
-                return JobStore(connect_store("127.0.0.1", port, timeout=30.0), secret=self.secret)
-            except Exception:
+                return JobStore(connect_store("127.0.0.1", port, timeout=5.0), secret=self.secret)
+            except Exception as e:
                 if time.monotonic() > end:
-                    raise
+                    raise RunFailed(f"the coordinator's store at 127.0.0.1:{port} did not answer in {timeout:.0f} s "
+                                    f"({type(e).__name__}; see {self.dir / 'coordinator.log'})") from None
                 time.sleep(0.2)
+
+    def serve(self, attempts: int = 3) -> tuple[int, Any]:
+        """Start a coordinator on a free port and connect to its store: ``(port, store)``. A port
+        found free can be taken before the coordinator binds it (the ephemeral range is shared
+        with every connection on the machine): then the next attempt takes another one."""
+        for attempt in range(1, attempts + 1):
+            port = free_port()
+            self.start_coordinator(port)
+            try:
+                return port, self.connect(port)
+            except CoordinatorExited as e:
+                if attempt == attempts or "address already in use" not in e.log.lower():
+                    raise RunFailed(str(e)) from None
+                self.say(f"port {port} was taken before the coordinator bound it; another port")
+        raise AssertionError("unreachable")
+
+    def _log_tail(self, name: str, lines: int = 5) -> str:
+        try:
+            text = (self.dir / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
 
     def say(self, text: str) -> None:
         if self.run.log is not None:
@@ -340,9 +378,7 @@ class LocalRun:
         from liveshard.runtime.coordinator import PlanRequest
 
         r = self.run
-        port = free_port()
-        self.start_coordinator(port)
-        store = self.connect(port)
+        port, store = self.serve()
         ids = [f"w{i}" for i in range(r.workers)]
         joiners = [f"w{r.workers + i}" for i in range(sum(e.count for e in r.events if e.kind == "join"))]
         # Joiners start now: imports and megatron set-up happen before they are admitted.

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from liveshard.dev.localrun.driver import LocalRun, RunSpec
-from liveshard.dev.ports import free_port
 from liveshard.runtime.contract.env import Env
 from liveshard.runtime.contract.keys import Keys
 
@@ -70,9 +69,7 @@ def run_end(run: RunSpec, *, kill: tuple[int, str] | None = None, env: dict[str,
     job = EndRun(run, env)
     out: dict[str, Any] = {"killed": None, "grown": None}
     try:
-        port = free_port()
-        job.start_coordinator(port)
-        store = job.connect(port)
+        port, store = job.serve()
         ids = [f"w{i}" for i in range(run.workers)]
         for wid in ids:
             # a hold at the last step is never reached (no step boundary follows it): the held

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from liveshard.dev.localrun.driver import LocalRun, plan_local_world
-from liveshard.dev.ports import free_port
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.errors import ConfigError, RunFailed
 from liveshard.runtime.parallel import ParallelConfig
@@ -42,10 +41,8 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
         # coordinator continues from the newest complete checkpoint there (by step), which is
         # this one, not an older periodic save.
         save_dir = ckpt_root / "periodic" / f"seg{seg}-step{end_step:08d}"
-        port = free_port()
         job.procs.workers.clear()
-        job.start_coordinator(port)
-        store = job.connect(port)
+        port, store = job.serve()
         ids = [f"s{seg}w{i}" for i in range(cfg.world_size)]
         for wid in ids:
             extra: list[str] = []

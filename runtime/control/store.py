@@ -91,9 +91,15 @@ from liveshard.runtime.errors import ConfigError
 
 
 def serve_store(host: str, port: int, timeout: float = 30.0) -> dist.TCPStore:
-    """Start the store server (the coordinator's); ``port=0`` picks a free port."""
-    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=timeout))
+    """Start the store server (the coordinator's); ``port=0`` picks a free port. A port that
+    cannot be listened on is the caller's ``--port`` (``ConfigError``, one line)."""
+    try:
+        return dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                             timeout=timedelta(seconds=timeout))
+    except dist.DistNetworkError as e:
+        why = "address already in use" if "EADDRINUSE" in str(e) else str(e).splitlines()[0]
+        raise ConfigError("--port", f"cannot listen on {host}:{port}: {why}",
+                          "choose a free port, or 0 for any") from None
 
 
 def connect_store(host: str, port: int, timeout: float = 30.0) -> dist.TCPStore:

@@ -111,3 +111,45 @@ def test_a_run_whose_workers_all_exited_fails_at_once_naming_the_first_failure(j
     job.procs.workers["w2"] = _Exited(0)
     with pytest.raises(RunFailed, match=r"every worker exited; w1 with 1: RuntimeError: rendezvous failed"):
         job._check_alive({})
+
+
+def test_a_port_taken_before_the_coordinator_binds_it_is_retried_and_a_dead_coordinator_named(job, monkeypatch):
+    """``serve`` starts the coordinator on a free port; a port taken meanwhile (the ephemeral range
+    is shared) makes it exit "address already in use": another port is tried. A coordinator that
+    exits for another reason ends the run at once with its log's last line, not a 30 s timeout."""
+    import subprocess
+    import sys
+
+    from liveshard.dev.localrun import driver
+    from liveshard.runtime.control.store import serve_store
+
+    ports = iter([101, 102])
+    monkeypatch.setattr(driver, "free_port", lambda: next(ports))
+    servers = []
+
+    def start(port: int) -> None:
+        log = job.dir / "coordinator.log"
+        if port == 101:  # exits as a coordinator that lost the race for its port
+            log.write_text("RuntimeError: ... EADDRINUSE: address already in use\n")
+            job.procs.coordinator = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+            job.procs.coordinator.wait()
+        else:  # serves the store (in this process) while "its process" lives
+            servers.append(serve_store("127.0.0.1", 0))
+            job.procs.coordinator = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+
+    monkeypatch.setattr(job, "start_coordinator", start)
+    monkeypatch.setattr(job, "connect", lambda port, **kw: driver.LocalRun.connect(
+        job, servers[0].port if port == 102 else port, **kw))
+    port, store = job.serve()
+    assert port == 102 and store is not None
+    job.procs.coordinator.kill()
+
+    def dies(port: int) -> None:
+        (job.dir / "coordinator.log").write_text("Traceback ...\nConfigError: --checkpoint-dir: not writable\n")
+        job.procs.coordinator = subprocess.Popen([sys.executable, "-c", "raise SystemExit(2)"])
+        job.procs.coordinator.wait()
+
+    monkeypatch.setattr(driver, "free_port", lambda: 103)
+    monkeypatch.setattr(job, "start_coordinator", dies)
+    with pytest.raises(RunFailed, match=r"exited with code 2 before serving .*: ConfigError: --checkpoint-dir"):
+        job.serve()

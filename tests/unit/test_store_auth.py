@@ -327,3 +327,9 @@ def test_a_pod_the_operator_built_refuses_to_run_without_its_secret(monkeypatch)
     monkeypatch.delenv("LIVESHARD_ROLE")
     monkeypatch.delenv(SECRET_ENV)
     assert job_secret() is None  # a local tool without one: unauthenticated, as its own choice
+
+
+def test_a_port_in_use_is_a_one_line_error_naming_the_port(tcp):
+    server, _, _ = tcp
+    with pytest.raises(ConfigError, match=r"--port: cannot listen on 127.0.0.1:\d+: address already in use"):
+        serve_store("127.0.0.1", server.port)
