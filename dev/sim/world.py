@@ -421,7 +421,7 @@ class Simulation(Faults):
         info: dict = {"node": w.id, "incarnation": w.inc, "latest_seen": w.latest_seen}
         if w.world is not None and w.state_step is not None:
             info["plan"] = w.world
-        if w.cp is not None and not w.cp.decided:
+        if w.cp is not None:  # in its commit window, or decided and not switched yet (as a real worker)
             info["open"] = w.cp.report().to_dict()
         elif w.target is not None and w.phase in ("preparing", "transfer"):
             info["pending_plan"] = w.target

@@ -147,8 +147,12 @@ class CoordinatorCore(Planning):
             for m, reg in obs.registrations.items():
                 if m not in self.dead:
                     self.nodes.setdefault(m, reg.node)
-                if self.current is not None and reg.plan is not None and reg.plan.generation == self.current.generation:
-                    self.liveness.hold(m, reg.incarnation)  # a holder re-registering late
+                if self.current is not None and (
+                        (reg.plan is not None and reg.plan.generation == self.current.generation)
+                        or (reg.open is not None and reg.open.generation == self.current.generation)):
+                    # a holder re-registering late: it trains in the world, or is inside the commit
+                    # window of the generation adopted as committed (it reads that decision next)
+                    self.liveness.hold(m, reg.incarnation)
         out += self._judge_liveness(obs)
         for m, hb in obs.telemetry.items():
             self.telemetry[m] = hb
