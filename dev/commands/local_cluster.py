@@ -62,9 +62,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         pid_file.write_text(str(os.getpid()))
         # One worker pod per fake node, one process per GPU; 320 keeps multi-GPU pods all busy.
-        from liveshard.runtime.data.corpus import build_corpus, default_corpus_dir
+        from liveshard.runtime.data.corpus import BUILTIN_VOCAB, build_corpus, builtin_corpus_dir
 
-        corpus = build_corpus(os.path.join(default_corpus_dir(), "v1024"), vocab_size=1024)
+        corpus = build_corpus(builtin_corpus_dir(), vocab_size=BUILTIN_VOCAB)
         job = sample_job(replicas=min(3, max(1, args.nodes)), gpus_per_worker=args.gpus_per_node, corpus=corpus,
                          global_batch=240 if args.gpus_per_node == 1 else 320,
                          checkpoint_dir=str(workdir.resolve() / "checkpoints"))

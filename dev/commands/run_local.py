@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from liveshard.runtime.commands import training_args
@@ -130,6 +131,9 @@ def prepare(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    # megatron-core warns at import that Apex / TransformerEngine kernels are missing: a matter
+    # for the workers' training (their logs say it), noise on this console
+    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
     from liveshard.dev.localrun.driver import run_local
     from liveshard.runtime.errors import RunFailed
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -79,9 +78,9 @@ class Demo:
         self.core = k8s.CoreV1Api(self.cluster.api)
         self.custom = k8s.CustomObjectsApi(self.cluster.api)
         self.say(f"cluster up: kubeconfig {self.cluster.kubeconfig} ({self.cluster.kube.url})")
-        from liveshard.runtime.data.corpus import build_corpus, default_corpus_dir
+        from liveshard.runtime.data.corpus import BUILTIN_VOCAB, build_corpus, builtin_corpus_dir
 
-        corpus = build_corpus(os.path.join(default_corpus_dir(), "v1024"), vocab_size=1024)
+        corpus = build_corpus(builtin_corpus_dir(), vocab_size=BUILTIN_VOCAB)
         self.say(f"corpus: {corpus.data_prefix} (tokenizer {corpus.tokenizer_dir})")
         body = sample_job(self.job, self.ns, replicas=self.replicas, global_batch=self.global_batch,
                           gpus_per_worker=self.gpus_per_worker, corpus=corpus, train_iters=self.train_iters,

@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -340,6 +341,8 @@ class LocalRun:
             if coordinator is not None and coordinator.poll() is not None:
                 raise CoordinatorExited(port, coordinator.returncode, self._log_tail("coordinator"))
             try:
+                # a plain TCP probe first: c10d logs every failed try with a C++ stack trace
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
                 return JobStore(connect_store("127.0.0.1", port, timeout=5.0), secret=self.secret)
             except Exception as e:
                 if time.monotonic() > end:

@@ -5,6 +5,11 @@
 
 The dataset is then named by its prefix (``data/train_text_document``) wherever Megatron takes a
 data path. Input formats and guarantees: ``liveshard.runtime.data.prepare``.
+
+    liveshard prepare-data --builtin-corpus [DIR]
+
+builds the built-in corpus (``builtin:corpus/...`` in a job; ``liveshard.runtime.data.corpus``)
+ahead of its first use, in DIR or where a job would look for it.
 """
 
 from __future__ import annotations
@@ -13,20 +18,24 @@ import argparse
 import sys
 import warnings
 
+from liveshard.runtime.contract.env import Env
 from liveshard.runtime.errors import ConfigError
 
 TOKENIZER_TYPES = ("huggingface", "sentencepiece")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, nargs="+", metavar="FILE",
+    p.add_argument("--builtin-corpus", nargs="?", const="", default=None, metavar="DIR",
+                   help="build the built-in corpus that jobs name builtin:corpus/... (default DIR: "
+                        "$LIVESHARD_CORPUS, else ~/.cache/liveshard/corpus/v1024) instead of tokenizing --input")
+    p.add_argument("--input", nargs="+", metavar="FILE",
                    help="JSON lines (.jsonl/.json, one object per line) or plain text (one document per "
                         "blank-line-separated paragraph); .gz accepted")
-    p.add_argument("--tokenizer", required=True, metavar="DIR_OR_FILE",
+    p.add_argument("--tokenizer", metavar="DIR_OR_FILE",
                    help="a directory holding a Hugging Face tokenizer.json (or the file), or a SentencePiece .model")
     p.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default=None,
                    help="default: sentencepiece for a .model path, else huggingface")
-    p.add_argument("--output-prefix", required=True, metavar="PREFIX",
+    p.add_argument("--output-prefix", metavar="PREFIX",
                    help="writes PREFIX.bin and PREFIX.idx (directories are created)")
     p.add_argument("--json-key", default="text", help="the key holding each document's text (default: text)")
     p.add_argument("--workers", type=int, default=1, help="tokenizer processes, one core each (default: 1)")
@@ -36,6 +45,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.builtin_corpus is not None:
+        return _builtin_corpus(args)
+    for flag in ("input", "tokenizer", "output_prefix"):
+        if not getattr(args, flag):
+            name = "--" + flag.replace("_", "-")
+            raise ConfigError(name, "is required", f"give {name}, or --builtin-corpus to build the built-in corpus")
     # Imported here: megatron-core and torch take seconds, which --help should not pay.
     with warnings.catch_warnings():
         # megatron-core warns at import that Apex / TransformerEngine kernels are missing: a
@@ -58,4 +73,24 @@ def run(args: argparse.Namespace) -> int:
         print("liveshard prepare-data: interrupted; nothing written", file=sys.stderr)
         return 130
     print(summary.describe())
+    return 0
+
+
+def _builtin_corpus(args: argparse.Namespace) -> int:
+    from liveshard.runtime.data.corpus import BUILTIN_VOCAB, build_corpus, builtin_corpus_dir
+
+    if args.input or args.tokenizer or args.output_prefix:
+        raise ConfigError("--builtin-corpus", "builds its own data; --input, --tokenizer and --output-prefix do not "
+                          "apply", "drop them, or drop --builtin-corpus")
+    root = args.builtin_corpus or builtin_corpus_dir()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+        try:
+            paths = build_corpus(root, vocab_size=BUILTIN_VOCAB)
+        except OSError as e:
+            raise ConfigError("--builtin-corpus", f"cannot build in {root}: {e.strerror or e}",
+                              "give a writable directory") from None
+    print(f"built-in corpus in {paths.root}: tokenizer {paths.tokenizer_dir}, dataset {paths.data_prefix}")
+    if args.builtin_corpus:
+        print(f"jobs find it with {Env.CORPUS}={paths.root} in their environment")
     return 0

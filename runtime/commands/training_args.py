@@ -174,5 +174,8 @@ def resolve(args: argparse.Namespace, *, env: dict[str, str] | None = None,
         raise ConfigError(flag, e.problem, e.fix) from None
     check_against_model(training, model.max_sequence_length,
                         field="--seq-length" if args.seq_length else "spec.training.seqLength")
+    from liveshard.runtime.data.corpus import with_builtin_paths
+
+    training = with_builtin_paths(training, path)
     return replace(model, params_dtype=training.precision), training
 

@@ -28,6 +28,7 @@ class Env:
     JOB_SECRET = "LIVESHARD_JOB_SECRET"  # the key of every store value's MAC (a per-job Secret)
     JOB_INCARNATION = "LIVESHARD_JOB_INCARNATION"  # the job's uid, bound into every MAC
     CACHE = "LIVESHARD_CACHE"  # where the built-in corpus and dataset indexes are cached
+    CORPUS = "LIVESHARD_CORPUS"  # the built-in corpus (``builtin:corpus``) when prebuilt, e.g. in the image
 
 
 STORE_PORT = 29400  # the coordinator's store

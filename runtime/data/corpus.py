@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 from liveshard.runtime.contract.env import Env
 from liveshard.runtime.errors import ConfigError
@@ -53,6 +54,54 @@ def default_corpus_dir() -> str:
     """``$LIVESHARD_CACHE/corpus``, else ``~/.cache/liveshard/corpus``."""
     cache = os.environ.get(Env.CACHE) or os.path.join(os.path.expanduser("~"), ".cache", "liveshard")
     return os.path.join(cache, "corpus")
+
+
+# How a job names the built-in corpus portably: ``builtin:corpus/tokenizer`` and
+# ``builtin:corpus/data/corpus_text_document`` are its tokenizer and dataset wherever it lives
+# (the image's prebuilt copy, else the cache, where it is built on first use in about a second).
+BUILTIN_SCHEME = "builtin:"
+BUILTIN_CORPUS = "corpus"
+BUILTIN_VOCAB = 1024  # the examples' models have this vocabulary
+
+
+def builtin_corpus_dir() -> str:
+    """``$LIVESHARD_CORPUS`` (the image sets it to its prebuilt copy), else
+    ``default_corpus_dir()/v1024``."""
+    return os.environ.get(Env.CORPUS) or os.path.join(default_corpus_dir(), f"v{BUILTIN_VOCAB}")
+
+
+def resolve_builtin(path: str, field: str) -> str:
+    """``path`` itself, or for ``builtin:corpus[/REST]`` the built-in corpus's directory (built
+    now when absent) joined with REST."""
+    if not path.startswith(BUILTIN_SCHEME):
+        return path
+    name, _, rest = path[len(BUILTIN_SCHEME):].partition("/")
+    if name != BUILTIN_CORPUS:
+        raise ConfigError(field, f"unknown built-in {name!r} in {path!r}",
+                          f"use {BUILTIN_SCHEME}{BUILTIN_CORPUS}/tokenizer or "
+                          f"{BUILTIN_SCHEME}{BUILTIN_CORPUS}/data/corpus_text_document")
+    root = builtin_corpus_dir()
+    try:
+        built = build_corpus(root, vocab_size=BUILTIN_VOCAB)
+    except OSError as e:
+        raise ConfigError(field, f"the built-in corpus could not be built in {root}: {e.strerror or e}",
+                          f"set {Env.CORPUS} or {Env.CACHE} to a writable directory") from None
+    return os.path.join(built.root, rest) if rest else built.root
+
+
+def with_builtin_paths(training: Any, path: str = "spec.training") -> Any:
+    """``training`` (a ``TrainingSpec``) with its ``builtin:`` dataset prefixes and tokenizer path
+    resolved (``resolve_builtin``); the same object when it names none."""
+    from dataclasses import replace
+
+    data, tokenizer = training.data, training.tokenizer
+    blend = tuple(replace(ref, prefix=resolve_builtin(ref.prefix, f"{path}.data.blend[{i}].prefix"))
+                  for i, ref in enumerate(data.blend))
+    if tokenizer is not None and tokenizer.path.startswith(BUILTIN_SCHEME):
+        tokenizer = replace(tokenizer, path=resolve_builtin(tokenizer.path, f"{path}.tokenizer.path"))
+    if blend == data.blend and tokenizer is training.tokenizer:
+        return training
+    return replace(training, data=replace(data, blend=blend), tokenizer=tokenizer)
 
 
 def corpus_texts() -> list[str]:

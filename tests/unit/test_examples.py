@@ -5,6 +5,10 @@ worker range. The Karpenter example matches what the 70B job selects."""
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +17,9 @@ import yaml
 
 from liveshard.dev.localcluster.crd_validation import CRDValidator
 from liveshard.runtime.cli import COMMANDS
+from liveshard.runtime.contract.env import Env
 from liveshard.runtime.contract.jobspec import read_spec, validate_spec
+from liveshard.runtime.data.corpus import with_builtin_paths
 from liveshard.runtime.planner.pods import Candidate, plan_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +65,19 @@ def test_the_validator_rejects_a_broken_example(validator):
     assert any("multiple of microBatch" in e for e in validator.errors(validator.default(job)))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def builtin_corpus(tmp_path_factory) -> Iterator[str]:
+    """The built-in corpus the tiny example names (``builtin:corpus/...``), built once here."""
+    root = str(tmp_path_factory.mktemp("builtin") / "corpus")
+    old = os.environ.get(Env.CORPUS)
+    os.environ[Env.CORPUS] = root
+    yield root
+    if old is None:
+        os.environ.pop(Env.CORPUS, None)
+    else:
+        os.environ[Env.CORPUS] = old
+
+
 @pytest.mark.parametrize("name", JOB_FILES)
 def test_example_runs_a_real_worker_command(name):
     """The worker command and the environment the operator gives it resolve to the job's own
@@ -79,7 +98,7 @@ def test_example_runs_a_real_worker_command(name):
     pod = builders.worker_pod({**job, "metadata": {**job["metadata"], "uid": "u"}}, job_spec, 0)
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
     model, training = training_args.resolve(parsed, env=env)
-    assert model == job_spec.model and training == job_spec.training
+    assert model == job_spec.model and training == with_builtin_paths(job_spec.training)
     assert training.global_batch == spec["training"]["globalBatch"]
 
 
@@ -112,3 +131,28 @@ def test_karpenter_nodepools_match_the_70b_job():
     assert workers["spec"]["limits"]["nvidia.com/gpu"] >= spec["workers"]["max"] * spec["workers"]["gpusPerWorker"]
     coordinator = pools[spec["coordinator"]["nodeSelector"]["karpenter.sh/nodepool"]]
     assert capacity_types(coordinator) == ["on-demand"]
+
+
+def test_the_tiny_example_runs_as_shipped_with_the_built_in_corpus(builtin_corpus, tmp_path):
+    """``builtin:corpus/...`` resolves to the corpus (built on first use) wherever the job runs:
+    run-local's up-front check (the tokenizer loads and fits, the dataset exists and every split
+    has documents) passes on the file as shipped; ``prepare-data --builtin-corpus`` builds it."""
+    from liveshard.runtime.data.corpus import resolve_builtin
+    from liveshard.runtime.errors import ConfigError
+
+    env = {**os.environ, Env.CORPUS: builtin_corpus}
+    check = subprocess.run([sys.executable, "-m", "liveshard.runtime.cli", "run-local", "--job",
+                            str(EXAMPLES / "tiny-cpu.yaml"), "--check"], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=300)
+    assert check.returncode == 0 and "is valid" in check.stdout, check.stderr[-2000:]
+    assert os.path.isfile(os.path.join(builtin_corpus, "tokenizer", "tokenizer.json"))
+    assert resolve_builtin("builtin:corpus/tokenizer", "f") == os.path.join(builtin_corpus, "tokenizer")
+    assert resolve_builtin("/data/x", "f") == "/data/x"
+    with pytest.raises(ConfigError, match=r"^f: unknown built-in 'corpora'.*\(fix: use builtin:corpus/tokenizer"):
+        resolve_builtin("builtin:corpora/tokenizer", "f")
+    built = subprocess.run([sys.executable, "-m", "liveshard.runtime.cli", "prepare-data", "--builtin-corpus",
+                            str(tmp_path / "mine")], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert built.returncode == 0 and (tmp_path / "mine" / "data" / "corpus_text_document.bin").is_file(), built.stderr
+    both = subprocess.run([sys.executable, "-m", "liveshard.runtime.cli", "prepare-data", "--builtin-corpus",
+                           "--input", "x.jsonl"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert both.returncode == 2 and both.stderr.count("\n") == 1 and "--builtin-corpus" in both.stderr
