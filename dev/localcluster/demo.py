@@ -359,7 +359,8 @@ def plot(steps: list[dict], events: list[ClusterEvent], path: Path, t0: float) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_loss, ax_tput) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    fig, (ax_loss, ax_tput, ax_world) = plt.subplots(3, 1, figsize=(10, 8), sharex=True,
+                                                      gridspec_kw={"height_ratios": [3, 3, 1.4]})
     t = [s["time"] - t0 for s in steps]
     ax_loss.plot(t, [s["loss"] for s in steps], ".-", lw=1, ms=3, color="tab:blue")
     ax_loss.set_ylabel("loss")
@@ -371,14 +372,23 @@ def plot(steps: list[dict], events: list[ClusterEvent], path: Path, t0: float) -
             tput.append((b["consumed_samples"] - a["consumed_samples"]) / dt)
     ax_tput.plot(tput_t, tput, ".-", lw=1, ms=3, color="tab:green")
     ax_tput.set_ylabel("samples / s")
-    ax_tput.set_xlabel("seconds since start")
+    # the world each step trained in (the runtime's own record of it)
+    ax_world.step(t, [s.get("world_size") or 0 for s in steps], where="post", color="tab:purple", lw=1.5)
+    ax_world.set_ylabel("world size")
+    ax_world.set_yticks(sorted({s.get("world_size") or 0 for s in steps}))
+    ax_world.set_xlabel("seconds since start")
     colors = {"join": "tab:green", "spot-notice": "tab:orange", "node-lost": "tab:red"}
     for ev in events:
-        for ax in (ax_loss, ax_tput):
-            ax.axvline(ev.time - t0, color=colors.get(ev.kind, "gray"), ls="--", lw=1)
-        ax_loss.annotate(f"{ev.kind}\n{ev.node}", (ev.time - t0, 1.0), xycoords=("data", "axes fraction"),
-                         fontsize=8, va="top", ha="left", color=colors.get(ev.kind, "gray"))
-    fig.suptitle("liveshard demo: tiny GPT on the local cluster (world changes live)")
+        color = colors.get(ev.kind, "gray")
+        for ax in (ax_loss, ax_tput, ax_world):
+            ax.axvline(ev.time - t0, color=color, ls="--", lw=1)  # the event
+            if ev.acked_after is not None:  # its plan in effect: the runtime acked it
+                ax.axvline(ev.time + ev.acked_after - t0, color=color, ls="-", lw=1, alpha=0.6)
+        took = f"\nin effect +{ev.acked_after:.1f} s" if ev.acked_after is not None else "\nno plan in effect"
+        ax_loss.annotate(f"{ev.kind}\n{ev.node}{took}", (ev.time - t0, 1.0), xycoords=("data", "axes fraction"),
+                         xytext=(3, -3), textcoords="offset points", fontsize=8, va="top", ha="left", color=color)
+    fig.suptitle("liveshard demo: tiny GPT on the local cluster (world changes live; dashed: the event, "
+                 "solid: its plan in effect)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
