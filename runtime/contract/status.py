@@ -304,7 +304,9 @@ class Progress:
     updated_at: datetime | None = None
 
     def to_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"step": self.step, "loss": self.loss, "tokensPerSecond": self.tokens_per_second,
+        # the loss to 4 decimals, as the training log prints it (kubectl's LOSS column shows it as is)
+        loss = round(self.loss, 4) if self.loss is not None else None
+        out: dict[str, Any] = {"step": self.step, "loss": loss, "tokensPerSecond": self.tokens_per_second,
                                "eta": self.eta}
         if self.train_iters is not None:
             out["trainIters"] = self.train_iters
