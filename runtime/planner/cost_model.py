@@ -41,9 +41,21 @@ class Hardware:
     logits_bytes: int = 6  # per logit: the 16-bit output plus the fp32 copy the loss uses
     memory_usable_fraction: float = 0.92  # the rest: CUDA context, NCCL buffers, fragmentation
     dp_overlap: float = 0.5  # share of data-parallel traffic hidden behind the backward pass
+    # Arithmetic intensity (FLOP per byte moved) below which a matmul is bound by memory, not the
+    # tensor cores. MoE expert matmuls can be far below it: few tokens per expert (rows) when EP
+    # is small, narrow slices (columns) under expert TP. The FLOP count alone does not see that.
+    # An estimate (H100: ~990 TFLOP/s over ~3.35 TB/s is ~300; the MFU above already covers part).
+    gemm_ridge: float = 128.0
 
     def flops(self, params_dtype: str) -> float:
         return (self.peak_flops_fp32 if params_dtype == "fp32" else self.peak_flops) * self.mfu
+
+    def expert_gemm_slowdown(self, rows: float, cols: float, inner: float) -> float:
+        """Extra time of a ``rows x inner @ inner x cols`` matmul over its FLOP count at the MFU:
+        ridge / intensity, with intensity = 1 / (1/rows + 1/cols + 1/inner) FLOP per byte."""
+        if min(rows, cols, inner) <= 0:
+            return 0.0
+        return self.gemm_ridge * (1 / rows + 1 / cols + 1 / inner)
 
     def link(self, local: bool) -> tuple[float, float]:
         """(bytes/s, latency) of a group that stays inside one node, or one that spans nodes."""
@@ -79,6 +91,7 @@ class ModelCosts:
     logits_per_token: float  # bytes
     hidden_bytes_per_token: int  # one activation row [h], for TP/PP/EP traffic
     topk: int
+    expert_flops_per_token_layer: float = 0.0  # the routed experts' share of flops_per_token_layer
 
     @classmethod
     def of(cls, spec: ModelSpec, seq_length: int, micro_batch: int, hw: Hardware) -> ModelCosts:
@@ -89,7 +102,7 @@ class ModelCosts:
         q, kv = spec.query_projection_size, spec.kv_channels * spec.num_query_groups
 
         replicated = sharded = experts = 0.0
-        flops = act_elems = 0.0
+        flops = act_elems = expert_flops = 0.0
         expert_mlp = spec._mlp_params(spec.moe_ffn_hidden_size) if spec.is_moe else 0
         for layer in range(L):
             total = spec.layer_params(layer)
@@ -102,6 +115,7 @@ class ModelCosts:
                 experts += spec.num_moe_experts
                 exp = spec.num_moe_experts * expert_mlp
                 ffn = spec.moe_ffn_hidden_size
+                expert_flops += 6 * spec.moe_router_topk * expert_mlp
                 fc1 = ffn * (2 if spec.gated_linear_unit else 1)
                 elems += spec.moe_router_topk * (h + fc1 + ffn)  # permuted input, fc1 out, fc2 in
                 shared = spec.moe_shared_expert_intermediate_size
@@ -132,6 +146,7 @@ class ModelCosts:
             flops_per_token_layer=flops / L, flops_per_token_output=6 * vocab * h,
             act_per_token_layer=act_elems / L * act, logits_per_token=vocab * hw.logits_bytes,
             hidden_bytes_per_token=h * act, topk=spec.moe_router_topk if spec.is_moe else 0,
+            expert_flops_per_token_layer=expert_flops / L,
         )
 
     @property

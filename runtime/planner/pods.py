@@ -43,6 +43,11 @@ class PodAssignment:
     def world_size(self) -> int:
         return len(self.plan.gpus)
 
+    @property
+    def standby_reason(self) -> str:
+        """Why the plan leaves pods unused, in one line to log ("" when it uses every one)."""
+        return self.plan.standby_reason if self.standby else ""
+
 
 def node_gpu_memory(labels: Mapping[str, str] | None) -> int | None:
     for key in GPU_MEMORY_LABELS:

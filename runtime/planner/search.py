@@ -65,6 +65,9 @@ class ParallelPlan:
     standby: tuple[GPU, ...] = ()  # GPUs given but left unused
     costs: tuple[tuple[str, float], ...] = ()  # the step time's terms (seconds), summing to it
     stage_memory_bytes: tuple[int, ...] = ()  # worst GPU per pipeline stage
+    # Why GPUs were left standby, in one line ("" when none were): the batch, a cap, or the cost
+    # model finding fewer GPUs faster (by how much). The CLI prints it, callers can log it.
+    standby_reason: str = ""
 
 
 class NoFeasiblePlan(Exception):
@@ -145,6 +148,7 @@ class _Search:
         self.moe_fraction = (self.costs.layer_experts / spec.num_moe_experts) if spec.is_moe else 0.0
         self.evaluated = 0
         self.memory_short: list[tuple[_Family, int]] = []
+        self.all_families: list[_Family] = []
 
     # ---- enumeration -------------------------------------------------------------------------
     def degrees(self) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -186,7 +190,8 @@ class _Search:
         expert = k.layer_expert_params(ep, etp)
         bpp_dense = k.state_bytes_per_param(hw, dp, c.dist_opt)
         bpp_expert = k.state_bytes_per_param(hw, edp, c.dist_opt)
-        layer_flops = k.flops_per_token_layer * k.tokens / tp
+        slowdown = self.expert_slowdown(tp, ep, etp)
+        layer_flops = (k.flops_per_token_layer + slowdown * k.expert_flops_per_token_layer) * k.tokens / tp
         out_flops = k.flops_per_token_output * k.tokens / tp
         # Optimistic per-layer communication: NVLink wherever the group could fit in a node.
         tp_comm = self._tp_layer_seconds(tp, etp, tp <= self.node_size)
@@ -205,6 +210,18 @@ class _Search:
             logits=k.logits_bytes(tp), dense_per_layer=dense, expert_per_layer=expert,
             lb_per_pass=pass_seconds,
         )
+
+    def expert_slowdown(self, tp: int, ep: int, etp: int) -> float:
+        """Extra time of the expert matmuls over their FLOPs at the MFU (0 for a dense model).
+
+        Each expert sees the routed tokens of its EP x expert-TP group (tokens per rank are the
+        micro-batch's over TP, sequence parallel): few when EP is small, which leaves the matmuls
+        bound by reading the weights; expert TP narrows their columns as well."""
+        spec = self.spec
+        if not spec.is_moe:
+            return 0.0
+        rows = self.costs.tokens / tp * ep * etp * spec.moe_router_topk / spec.num_moe_experts
+        return self.hw.expert_gemm_slowdown(rows, (spec.moe_ffn_hidden_size or 0) / etp, spec.hidden_size)
 
     @staticmethod
     def lower_bound(f: _Family, pp: int) -> float:
@@ -345,6 +362,7 @@ class _Search:
     # ---- the loop ------------------------------------------------------------------------------
     def run(self, exhaustive: bool = False) -> tuple[_Priced | None, _Priced | None, int]:
         families = self.families()
+        self.all_families = families
         heap = [(self.lower_bound(f, f.pps[0]), i, 0) for i, f in enumerate(families)]
         heapq.heapify(heap)
         best_by_shape: dict[tuple[int, ...], _Priced] = {}
@@ -508,11 +526,15 @@ def _build_plan(search: _Search, best: _Priced, runner: _Priced | None, consider
     ranks = tuple(g for blk in search.stage_blocks(f, best.pp) for g in order[blk * stage:(blk + 1) * stage])
     standby = order[best.world:]
     tokens = c.global_batch * search.seq
-    from liveshard.runtime.planner.explain import explain
+    from liveshard.runtime.planner.explain import explain, why_standby
 
     explanation = explain(search, best, runner, cfg, considered)
+    reason = why_standby(search, best) if standby else ""
+    if reason:  # second, so that callers who keep the first lines keep it
+        explanation = (explanation[0], reason, *explanation[1:])
     return ParallelPlan(
         config=cfg, gpus=ranks, step_seconds=best.step, tokens_per_second=tokens / best.step,
         memory_bytes_per_gpu=int(max(best.stage_memory)), explanation=explanation, standby=standby,
         costs=best.terms, stage_memory_bytes=tuple(int(x) for x in best.stage_memory),
+        standby_reason=reason,
     )
