@@ -167,8 +167,9 @@ class Planning:
             tokens_per_second=round(float(new.plan.tokens_per_second), 3),
             explanation=tuple(new.plan.explanation)[:12])
         self._record_plan(old, plan)
+        standby = f"; {len(new.standby)} pod(s) stand by: {new.standby_reason}" if new.standby_reason else ""
         self.event("Normal", "Replanned", f"generation {gen}: {new.config} on {new.world_size} GPUs "
-                   f"({len(new.members)} pods); {nxt.text}")
+                   f"({len(new.members)} pods); {nxt.text}{standby}")
         return plan
 
     def _write_stop(self, old: StatusPlan | None, nxt: _NextPlan, old_members: list[str]) -> StatusPlan:

@@ -59,6 +59,8 @@ class WorldChooser:
              dead: set[str] | frozenset[str], generation: int, created: float) -> WorldPlan:
         ordered = tuple(g.id for g in world.gpus)
         used = set(ordered)
+        if world.standby_reason and any(m not in used for m in members):
+            log.info("%d worker(s) stand by: %s", sum(m not in used for m in members), world.standby_reason)
         return WorldPlan(
             generation=generation,
             config=str(world.config),
