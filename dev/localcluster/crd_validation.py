@@ -1,9 +1,11 @@
 """Validate a custom resource against its CRD the way kube-apiserver does.
 
 Three steps, in the API server's order: structural defaults, the ``openAPIV3Schema`` (checked
-with jsonschema; unknown fields rejected as ``kubectl``'s strict field validation does), then the
+with jsonschema; ``validate`` reports unknown fields too, as a strict check of a manifest), then the
 CEL ``x-kubernetes-validations`` rules (evaluated with cel-python, transition rules against the
 old object on update). Errors read like the API server's: ``spec.workers.max: Required value``.
+``prune`` is the API server's structural pruning, with the paths it pruned: the emulator's
+server-side field validation (``fieldValidation=Strict|Warn|Ignore``) is built on it.
 
 Used by the emulator (liveshard.dev.localcluster.emulator) so that invalid manifests are refused over HTTP,
 and directly by tests.
@@ -86,6 +88,23 @@ class CRDValidator:
         if not errs:  # CEL rules run on a well-typed object, as in the API server
             self._check_rules(self.schema, obj, old, "", errs)
         return errs
+
+    def prune(self, obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """A copy of ``obj`` without the fields its structural schema does not declare, and their
+        paths (``spec.foo``, ``spec.items[0].bar``, ``metadata.foo``), sorted: the API server's
+        pruning, whose paths its field validation reports as ``unknown field "spec.foo"``.
+        ``x-kubernetes-preserve-unknown-fields`` keeps a node's undeclared fields (its declared
+        ones are still pruned inside); ``apiVersion``, ``kind`` and ``metadata`` are always known at
+        the root and in ``x-kubernetes-embedded-resource`` nodes."""
+        out = copy.deepcopy(obj)
+        pruned: list[str] = []
+        _prune(self.schema, out, "", pruned, embedded=True)
+        meta = out.get("metadata")
+        if isinstance(meta, dict):
+            for key in [k for k in meta if k not in _OBJECT_META_FIELDS]:
+                del meta[key]
+                pruned.append(f"metadata.{key}")
+        return out, sorted(pruned)
 
     def validate(self, obj: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:
         """Default then validate; return the defaulted object or raise InvalidObject."""
@@ -173,6 +192,40 @@ def _apply_defaults(node: dict[str, Any], value: Any) -> None:
     elif isinstance(value, list) and isinstance(node.get("items"), dict):
         for item in value:
             _apply_defaults(node["items"], item)
+
+
+_EMBEDDED_META = ("apiVersion", "kind", "metadata")
+_OBJECT_META_FIELDS = frozenset({
+    "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation", "creationTimestamp",
+    "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations", "ownerReferences", "finalizers",
+    "managedFields"})
+
+
+def _prune(node: dict[str, Any] | None, value: Any, path: str, pruned: list[str], embedded: bool = False) -> None:
+    """Structural pruning (k8s.io/apiextensions-apiserver's pruning.Prune), in place."""
+    if node is None:
+        node = {}
+    preserve = bool(node.get("x-kubernetes-preserve-unknown-fields"))
+    embedded = embedded or bool(node.get("x-kubernetes-embedded-resource"))
+    if isinstance(value, dict):
+        props = node.get("properties") or {}
+        extra = node.get("additionalProperties")
+        for key in list(value):
+            if embedded and key in _EMBEDDED_META:
+                continue
+            if key in props:
+                _prune(props[key], value[key], _join(path, key), pruned)
+            elif isinstance(extra, dict):
+                _prune(extra, value[key], _join(path, key), pruned)
+            elif not (preserve or extra is True):
+                del value[key]
+                pruned.append(_join(path, key))
+    elif isinstance(value, list):
+        items = node.get("items") if isinstance(node.get("items"), dict) else None
+        if items is None and preserve:
+            return
+        for i, item in enumerate(value):
+            _prune(items, item, f"{path}[{i}]", pruned)
 
 
 def _unknown_fields(node: dict[str, Any], value: Any, path: str, errs: list[str]) -> None:

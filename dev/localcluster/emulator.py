@@ -38,6 +38,25 @@ the kubernetes client and kubectl rely on, as kube-apiserver does it, and refuse
 * registered CRDs are enforced: defaults, ``openAPIV3Schema``, CEL rules (422 with the
   API server's style of message; crd_validation.py), and are served as
   ``customresourcedefinitions`` objects (a CRD created through the API is registered too);
+* field validation of custom resources (create, PUT, patch, ``/status``): fields the structural
+  schema does not declare are pruned (not under ``x-kubernetes-preserve-unknown-fields``); with
+  ``?fieldValidation=Strict`` they and duplicate JSON keys are a 400 BadRequest (``ElasticTrainingJob
+  in version "v1alpha1" cannot be handled as a ElasticTrainingJob: strict decoding error: unknown
+  field "spec.foo"``; a patch's message is from ``strict decoding error`` on), with ``Warn`` (the
+  default) each is a ``Warning: 299 - "unknown field \\"spec.foo\\""`` header, ``Ignore`` is
+  silent; ``?dryRun=All`` (and a DeleteOptions' ``dryRun``) answers without storing anything;
+* ``/openapi/v3``: the index of every served group-version (``serverRelativeURL`` with the
+  document's hash; an old hash is redirected) and per group-version documents: each resource's
+  paths (collection, named object, ``/status``, ``/scale``; pods' ``/log`` and ``/binding``) with
+  GET/POST/PUT/PATCH/DELETE operations carrying ``x-kubernetes-group-version-kind`` and the
+  ``dryRun``/``fieldManager``/``fieldValidation`` query parameters (so kubectl validates on the
+  server: ``kubectl apply`` without ``--validate=false``); a CRD's PATCH takes JSON patch, merge
+  patch and apply patch (kubectl's ``apply`` then sends a JSON merge patch), a built-in kind's also
+  strategic merge patch; ``components/schemas`` hold each CRD version's ``openAPIV3Schema`` as
+  ``io.liveshard.v1alpha1.ElasticTrainingJob`` (``kubectl explain`` reads it) and its List; built-in
+  kinds get placeholder schemas without a group-version-kind, so kubectl builds strategic merge
+  patches from its compiled-in types. ``/openapi/v2`` is 404: kubectl asks for it only as a
+  fallback and goes on without it;
 * discovery fixed for the core group (``groupVersion: v1``; subresources carry no short
   names, or kubectl warns on every call); ``/version`` is v1.36, the server the operator was
   checked against; lists carry ``kind``/``apiVersion``.
@@ -45,9 +64,10 @@ the kubernetes client and kubectl rely on, as kube-apiserver does it, and refuse
 Namespaces are not objects here: ``/api/v1/namespaces`` lists ``default`` and every namespace
 in use. Still missing (don't depend on it): paging (``limit`` returns everything),
 ``deletecollection``, the strategic merge of lists not in ``_MERGE_KEYS`` (e.g. ``finalizers``,
-which a real server merges as a set), server-side apply, ``/openapi``
-(``kubectl apply --validate=false``), and kubelet/scheduler behaviour (pods stay Pending until
-a test binds them; ``node_agent.py`` plays both in the local cluster).
+which a real server merges as a set), server-side apply (``application/apply-patch+yaml`` is
+listed in /openapi/v3 as a real server lists it, but refused), ``/openapi/v2``, the built-in
+kinds' schemas (no field validation for them), and kubelet/scheduler behaviour (pods stay Pending
+until a test binds them; ``node_agent.py`` plays both in the local cluster).
 
 ``KubeEmulator`` runs it on a free loopback port in a background thread::
 
@@ -62,8 +82,10 @@ import asyncio
 import base64
 import bisect
 import contextlib
+import contextvars
 import copy
 import datetime
+import hashlib
 import itertools
 import json
 import logging
@@ -95,6 +117,10 @@ _NODES = kmock.resource("", "v1", "nodes")
 _EVENTS = kmock.resource("", "v1", "events")
 _CUSTOM_PATCHES = ("application/json-patch+json", "application/merge-patch+json")
 _TRUE = ("true", "1", "True")
+_FIELD_VALIDATIONS = ("Ignore", "Warn", "Strict")  # ?fieldValidation=; none is Warn
+# per request (each runs in its own task): the Warning headers to send, and whether it is a dry run
+_WARNINGS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("warnings", default=None)
+_DRY_RUN_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar("dry_run", default=False)
 
 # The fields the API server can select on, beside metadata.name and metadata.namespace.
 _SELECTABLE: dict[tuple[str, str], frozenset[str]] = {
@@ -275,6 +301,9 @@ class Emulator(kmock.KubernetesEmulator):
         self.validators: dict[Any, CRDValidator] = {}
         self.scale_paths: dict[Any, dict[str, str]] = {}
         self.printer_columns: dict[Any, list[dict[str, Any]]] = {}
+        self.crd_versions: dict[Any, tuple[dict[str, Any], dict[str, Any]]] = {}  # resource -> (CRD, version)
+        self._openapi: tuple[Any, dict[str, tuple[bytes, str]]] | None = None  # (what it was built from, docs)
+        self._crd_generation = 0  # bumped by each register_crd: the OpenAPI documents change
         # (namespace, pod, uid, container) -> (log file, offset where this pod's output starts),
         # or None while it has not started; the local cluster's node agent answers it
         self.pod_logs: Callable[[str, str, str, str], tuple[Path, int] | None] | None = None
@@ -302,8 +331,10 @@ class Emulator(kmock.KubernetesEmulator):
             )
             self.validators[res] = CRDValidator(crd, version["name"])
             self.printer_columns[res] = list(version.get("additionalPrinterColumns") or [])
+            self.crd_versions[res] = (copy.deepcopy(crd), copy.deepcopy(version))
             if "scale" in subresources:
                 self.scale_paths[res] = version["subresources"]["scale"]
+        self._crd_generation += 1
         # ... and served as an object, as `kubectl get crd` lists it
         key = (_CRDS, None, crd["metadata"]["name"])
         if key not in self._objects or self._objects[key].deleted:
@@ -340,7 +371,79 @@ class Emulator(kmock.KubernetesEmulator):
         # watches it when it runs for named namespaces.
         if raw_request.path.rstrip("/") == "/api/v1/namespaces" and raw_request.method == "GET":
             return await self._namespaces(raw_request)
+        if raw_request.path.startswith("/openapi/v3") and raw_request.method in ("GET", "HEAD"):
+            return self._serve_openapi(raw_request)
         return await super().__call__(raw_request)
+
+    # ---- OpenAPI v3 ---------------------------------------------------------------------------
+    def _openapi_docs(self) -> dict[str, tuple[bytes, str]]:
+        """Per group-version key (``api/v1``, ``apis/liveshard.io/v1alpha1``): its OpenAPI v3
+        document and the document's hash, rebuilt when the served resources change."""
+        resources = sorted(self._get_resources(), key=lambda r: (r.group or "", r.version or "", r.plural or ""))
+        basis = (tuple(resources), self._crd_generation)
+        if self._openapi is not None and self._openapi[0] == basis:
+            return self._openapi[1]
+        docs: dict[str, dict[str, Any]] = {}
+        for res in resources:
+            if not res.plural or res.group is None or not res.version:
+                continue
+            info = self.resources.get(res)
+            custom = res in self.crd_versions
+            kind = (info.kind if info is not None else None) or res.plural.capitalize()
+            verbs = set(info.verbs) if info is not None and info.verbs else {"get", "list", "watch"}
+            verbs &= {"get", "list", "create", "update", "patch", "delete"}
+            subresources = set(info.subresources) if info is not None else set()
+            namespaced = bool(info.namespaced) if info is not None and info.namespaced is not None else True
+            doc = docs.setdefault(_openapi_key(res.group, res.version), {
+                "openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.36.0"}, "paths": {},
+                "components": {"schemas": copy.deepcopy(_META_SCHEMAS)}})
+            doc["paths"].update(_resource_paths(res.group, res.version, res.plural, kind, namespaced, verbs,
+                                                subresources, custom))
+            schemas = doc["components"]["schemas"]
+            if custom:
+                schemas.update(_crd_schemas(*self.crd_versions[res]))
+            else:
+                for name in (kind, f"{kind}List"):
+                    schemas[_schema_name(res.group, res.version, name, False)] = _builtin_schema(
+                        res.group, res.version, name)
+            if "scale" in subresources:
+                schemas["io.k8s.api.autoscaling.v1.Scale"] = copy.deepcopy(_SCALE_SCHEMA)
+            if not res.group and res.plural == "pods":
+                schemas["io.k8s.api.core.v1.Binding"] = _builtin_schema("", "v1", "Binding")
+        built = {}
+        for key, doc in docs.items():
+            body = json.dumps(doc, sort_keys=True).encode()
+            built[key] = (body, hashlib.sha512(body).hexdigest().upper())
+        self._openapi = (basis, built)
+        return built
+
+    def _serve_openapi(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """``/openapi/v3``: the index of group-version documents, each named with its hash;
+        ``/openapi/v3/<key>?hash=``: a document (immutable under its hash; an old hash is
+        redirected to the current one, as kube-apiserver does)."""
+        docs = self._openapi_docs()
+        path = raw_request.path.rstrip("/")
+        if path == "/openapi/v3":
+            return aiohttp.web.json_response({"paths": {
+                key: {"serverRelativeURL": f"/openapi/v3/{key}?hash={digest}"}
+                for key, (_, digest) in sorted(docs.items())}}, headers={"Cache-Control": "no-cache, private"})
+        key = path[len("/openapi/v3/"):]
+        if key not in docs:
+            return aiohttp.web.json_response({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 404,
+                "reason": "NotFound", "message": "the server could not find the requested resource"}, status=404)
+        body, digest = docs[key]
+        asked = raw_request.query.get("hash")
+        headers = {"Content-Type": "application/json", "ETag": f'"{digest}"', "Vary": "Accept"}
+        if asked:
+            if asked != digest:
+                raise aiohttp.web.HTTPMovedPermanently(f"{path}?hash={digest}")
+            expires = datetime.datetime.now(tz=datetime.UTC) + datetime.timedelta(days=365)
+            headers.update({"Cache-Control": "public, immutable",
+                            "Expires": expires.strftime("%a, %d %b %Y %H:%M:%S GMT")})
+        if raw_request.headers.get("If-None-Match") == f'"{digest}"':
+            return aiohttp.web.Response(status=304, headers=headers)
+        return aiohttp.web.Response(body=body, headers=headers)
 
     async def _namespaces(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         names = sorted({"default", *(ns for _, ns, _ in self._objects if ns)})
@@ -372,6 +475,8 @@ class Emulator(kmock.KubernetesEmulator):
         if request.resource is None or not request.resource.plural:  # not an API object (discovery)
             return await super()._handle(request)
         method = str(request.method.value).upper() if request.method is not None else ""
+        _WARNINGS.set([])
+        _DRY_RUN_REQUEST.set(method in ("POST", "PUT", "PATCH", "DELETE") and bool(request.params.get("dryRun")))
         if method == "GET" and request.params.get("watch") in _TRUE:
             return await self._watch(request)
         if request.resource == _PODS and request.name and request.subresource == "log" and method == "GET":
@@ -387,7 +492,7 @@ class Emulator(kmock.KubernetesEmulator):
         if request.method == kmock.method.PUT and request.name and request.subresource in (None, "status"):
             async with self._lock:
                 body = await self._put(request)
-            return aiohttp.web.json_response(body, status=200)
+            return _respond(body, 200)
         if request.action in _ACTIONS and request.subresource in (None, "status"):
             async with self._lock:
                 if request.action == kmock.action.CREATE:
@@ -396,7 +501,7 @@ class Emulator(kmock.KubernetesEmulator):
                     body, status = await self._patch(request), 200
                 else:
                     body, status = await self._delete(request), 200
-            return aiohttp.web.json_response(body, status=status)
+            return _respond(body, status)
         if request.action == kmock.action.FETCH and request.subresource in (None, "status"):
             key = (request.resource, request.namespace, request.name)
             if key not in self._objects or self._objects[key].deleted:
@@ -606,8 +711,10 @@ class Emulator(kmock.KubernetesEmulator):
             data = obj.setdefault("data", {})
             for k, v in obj.pop("stringData").items():
                 data[k] = base64.b64encode(str(v).encode()).decode()
+        directive = _field_validation(request, "CreateOptions")
         validator = self.validators.get(request.resource)
         if validator is not None:
+            obj = _decoded(request, validator, obj, directive)
             obj = self._validated(validator, obj, None)
             meta = obj["metadata"]
         if namespace is not None:
@@ -618,6 +725,8 @@ class Emulator(kmock.KubernetesEmulator):
                     creationTimestamp=_now(), generation=1)
         obj.setdefault("kind", self._kind(request.resource))
         obj.setdefault("apiVersion", "/".join(p for p in (request.resource.group, request.resource.version) if p))
+        if _DRY_RUN_REQUEST.get():
+            return obj
         self._store(key, obj)
         self._emit(request.resource, "ADDED", obj, None)
         if request.resource == _CRDS:
@@ -630,6 +739,7 @@ class Emulator(kmock.KubernetesEmulator):
 
     async def _patch(self, request: kmock.Request) -> dict[str, Any]:
         key = (request.resource, request.namespace, request.name)
+        directive = _field_validation(request, "PatchOptions")
         old = self._existing(key)
         if request.resource in self.validators:
             content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip()
@@ -638,6 +748,8 @@ class Emulator(kmock.KubernetesEmulator):
                              f"accepted media types include: {', '.join(_CUSTOM_PATCHES)}, "
                              "application/apply-patch+yaml")
         new = self._apply_patch(old, request)
+        if request.resource in self.validators:
+            new = _decoded(request, self.validators[request.resource], new, directive, patch=True)
         if request.subresource == "status":
             new = {**old, "status": new.get("status")} if "status" in new else {
                 k: v for k, v in old.items() if k != "status"}
@@ -661,6 +773,9 @@ class Emulator(kmock.KubernetesEmulator):
         if name is not None and name != request.name:
             raise _error(400, "BadRequest", f"the name of the object ({name}) does not match the name on the URL "
                          f"({request.name})")
+        directive = _field_validation(request, "UpdateOptions")
+        if request.resource in self.validators:
+            body = _decoded(request, self.validators[request.resource], body, directive)
         old = self._existing(key)
         if request.subresource == "status":
             new = {k: v for k, v in old.items() if k != "status"}
@@ -720,6 +835,8 @@ class Emulator(kmock.KubernetesEmulator):
             new = self._validated(validator, new, old)
         if new == old:
             return old  # a no-op patch changes nothing, not even the resourceVersion
+        if _DRY_RUN_REQUEST.get():
+            return new
         new["metadata"]["resourceVersion"] = self._next_rv()
         if _removable(new):
             await self._remove(key, new, old)
@@ -743,6 +860,8 @@ class Emulator(kmock.KubernetesEmulator):
         if key[0] == _PODS:
             asked = options.get("gracePeriodSeconds", request.params.get("gracePeriodSeconds"))
             grace = _pod_grace(old, None if asked is None else int(asked))
+        if _DRY_RUN_REQUEST.get() or options.get("dryRun"):  # kubectl says so in the DeleteOptions
+            return old
         return await self._mark_deleted(key, old, grace)
 
     async def _mark_deleted(self, key: Any, old: dict[str, Any], grace: int | None) -> dict[str, Any]:
@@ -964,6 +1083,71 @@ class Emulator(kmock.KubernetesEmulator):
                 "buildDate": "", "goVersion": "", "compiler": "gc", "platform": "linux/amd64"}
 
 
+# ---- field validation ----------------------------------------------------------------------------
+def _field_validation(request: kmock.Request, options: str) -> str:
+    """The request's ``fieldValidation`` (Warn when it names none, as kube-apiserver since 1.27)."""
+    value = request.params.get("fieldValidation") or "Warn"
+    if value not in _FIELD_VALIDATIONS:
+        supported = ", ".join(f'"{v}"' for v in ("", *sorted(_FIELD_VALIDATIONS)))
+        raise _error(422, "Invalid", f'{options}.meta.k8s.io "" is invalid: fieldValidation: Unsupported value: '
+                     f'"{value}": supported values: {supported}',
+                     [f'fieldValidation: Unsupported value: "{value}": supported values: {supported}'])
+    return value
+
+
+def _duplicate_fields(body: bytes) -> list[str]:
+    """The keys given twice in one JSON object of a request body, in order (sigs.k8s.io/json's
+    strict decoding names the key alone: ``duplicate field "replicas"``)."""
+    found: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for k, _ in items:
+            if k in seen and k not in found:
+                found.append(k)
+            seen.add(k)
+        return dict(items)
+    try:
+        json.loads(body or b"null", object_pairs_hook=pairs)
+    except ValueError:
+        return []
+    return found
+
+
+def _decoded(request: kmock.Request, validator: CRDValidator, obj: dict[str, Any], directive: str,
+             patch: bool = False) -> dict[str, Any]:
+    """A custom resource as the API server decodes it: the fields its schema does not declare
+    are pruned; with ``Strict`` they (and duplicate fields) are a 400, with ``Warn`` each is a
+    ``Warning`` header (kubectl prints ``Warning: unknown field "spec.foo"``), ``Ignore`` says
+    nothing."""
+    pruned, unknown = validator.prune(obj)
+    if directive == "Ignore":
+        return pruned
+    problems = [f'duplicate field "{k}"' for k in _duplicate_fields(request.body)
+                if not patch or isinstance(request.data, dict)]
+    problems += [f'unknown field "{p}"' for p in unknown]
+    if problems and directive == "Strict":
+        message = "strict decoding error: " + ", ".join(problems)
+        if not patch:  # the create and update handlers' transformDecodeError
+            kind = obj.get("kind") or validator.kind
+            version = str(obj.get("apiVersion") or "").rpartition("/")[2] or validator.version
+            message = f'{kind} in version "{version}" cannot be handled as a {validator.kind}: {message}'
+        raise _error(400, "BadRequest", message)
+    warnings = _WARNINGS.get()
+    if warnings is not None:
+        warnings.extend(problems)
+    return pruned
+
+
+def _respond(body: Any, status: int) -> aiohttp.web.StreamResponse:
+    """A JSON response with the request's warnings as ``Warning: 299 - "..."`` headers."""
+    response = aiohttp.web.json_response(body, status=status)
+    for text in _WARNINGS.get() or ():
+        quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+        response.headers.add("Warning", f'299 - "{quoted}"')
+    return response
+
+
 # Lists that a strategic merge patch merges item by item, by this key (Kubernetes' patchMergeKey
 # of those fields); any other list is replaced, as in a merge patch.
 _MERGE_KEYS = {"conditions": "type", "containers": "name", "initContainers": "name", "ephemeralContainers": "name",
@@ -1083,6 +1267,246 @@ def _node_status(node: dict[str, Any]) -> str:
     ready = next((c.get("status") for c in conditions if c.get("type") == "Ready"), None)
     text = {"True": "Ready", "False": "NotReady"}.get(ready or "", "Unknown")
     return text + (",SchedulingDisabled" if (node.get("spec") or {}).get("unschedulable") else "")
+
+
+# ---- OpenAPI v3 -----------------------------------------------------------------------------
+# What kubectl reads from /openapi/v3 (cli-runtime's QueryParamVerifierV3, kubectl apply's
+# patcher): per group-version, the PATCH operation of each kind, found by its
+# x-kubernetes-group-version-kind, with a fieldValidation query parameter (then kubectl leaves
+# field validation to the server: ?fieldValidation=Strict) and a request body whose media types
+# say whether a strategic merge patch is accepted (built-in kinds) or not (custom resources: kubectl
+# sends a JSON merge patch). Custom resources' schemas are the CRDs' openAPIV3Schema, named as the
+# API server names them (io.liveshard.v1alpha1.ElasticTrainingJob). Built-in kinds get paths but no
+# schemas: kubectl then computes strategic merge patches from its compiled-in types.
+_META = "io.k8s.apimachinery.pkg.apis.meta.v1"
+_PATCH_TYPES_CUSTOM = ("application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml")
+_PATCH_TYPES_BUILTIN = ("application/json-patch+json", "application/merge-patch+json",
+                        "application/strategic-merge-patch+json", "application/apply-patch+yaml")
+_RESPONSE_TYPES = ("application/json", "application/yaml")
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _query(name: str, description: str, kind: str = "string") -> dict[str, Any]:
+    return {"name": name, "in": "query", "description": description, "schema": {"type": kind, "uniqueItems": True}}
+
+
+_Q_DRY_RUN = _query("dryRun", "When present, indicates that modifications should not be persisted. Valid values: All.")
+_Q_FIELD_MANAGER = _query("fieldManager", "a name associated with the actor or entity that is making these changes.")
+_Q_FIELD_VALIDATION = _query(
+    "fieldValidation", "instructs the server on how to handle objects in the request (POST/PUT/PATCH) containing "
+    "unknown or duplicate fields. Valid values are: Ignore, Warn (the default), Strict.")
+_Q_FORCE = _query("force", "Force is going to \"force\" Apply requests.", "boolean")
+_Q_GRACE = _query("gracePeriodSeconds", "The duration in seconds before the object should be deleted.", "integer")
+_LIST_PARAMS = [_query("labelSelector", "A selector to restrict the list of returned objects by their labels."),
+                _query("fieldSelector", "A selector to restrict the list of returned objects by their fields."),
+                _query("resourceVersion", "the resource version to list or watch from."),
+                _query("timeoutSeconds", "Timeout for the list/watch call.", "integer"),
+                _query("watch", "Watch for changes to the described resources.", "boolean"),
+                _query("allowWatchBookmarks", "requests watch events with type BOOKMARK.", "boolean"),
+                _query("sendInitialEvents", "the watch starts with the current objects.", "boolean")]
+_PATH_PARAMS = {
+    "name": {"name": "name", "in": "path", "description": "name of the object", "required": True,
+             "schema": {"type": "string", "uniqueItems": True}},
+    "namespace": {"name": "namespace", "in": "path", "description": "object name and auth scope",
+                  "required": True, "schema": {"type": "string", "uniqueItems": True}},
+}
+_Q_PRETTY = _query("pretty", "If 'true', then the output is pretty printed.")
+
+_META_SCHEMAS: dict[str, Any] = {
+    f"{_META}.ObjectMeta": {"type": "object", "description": "ObjectMeta is metadata that all persisted resources "
+                            "must have.", "properties": {
+        **{k: {"type": "string"} for k in ("name", "generateName", "namespace", "selfLink", "uid", "resourceVersion")},
+        "generation": {"type": "integer", "format": "int64"},
+        "creationTimestamp": {"type": "string", "format": "date-time"},
+        "deletionTimestamp": {"type": "string", "format": "date-time"},
+        "deletionGracePeriodSeconds": {"type": "integer", "format": "int64"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string", "default": ""}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string", "default": ""}},
+        "finalizers": {"type": "array", "items": {"type": "string", "default": ""},
+                       "x-kubernetes-list-type": "set", "x-kubernetes-patch-strategy": "merge"},
+        "ownerReferences": {"type": "array", "items": {"type": "object", "x-kubernetes-map-type": "atomic"},
+                            "x-kubernetes-list-map-keys": ["uid"], "x-kubernetes-list-type": "map",
+                            "x-kubernetes-patch-merge-key": "uid", "x-kubernetes-patch-strategy": "merge"},
+        "managedFields": {"type": "array", "items": {"type": "object"}}}},
+    f"{_META}.ListMeta": {"type": "object", "properties": {
+        "continue": {"type": "string"}, "remainingItemCount": {"type": "integer", "format": "int64"},
+        "resourceVersion": {"type": "string"}, "selfLink": {"type": "string"}}},
+    f"{_META}.Status": {"type": "object", "description": "Status is a return value for calls that don't return "
+                        "other objects.", "properties": {
+        "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "code": {"type": "integer", "format": "int32"},
+        "message": {"type": "string"}, "reason": {"type": "string"}, "status": {"type": "string"},
+        "details": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "metadata": {"allOf": [_ref(f"{_META}.ListMeta")], "default": {}}},
+        "x-kubernetes-group-version-kind": [{"group": "", "kind": "Status", "version": "v1"}]},
+    f"{_META}.DeleteOptions": {"type": "object", "description": "DeleteOptions may be provided when deleting an "
+                               "API object.", "properties": {
+        "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+        "dryRun": {"type": "array", "items": {"type": "string", "default": ""}},
+        "gracePeriodSeconds": {"type": "integer", "format": "int64"},
+        "preconditions": {"type": "object", "properties": {"resourceVersion": {"type": "string"},
+                                                           "uid": {"type": "string"}}},
+        "propagationPolicy": {"type": "string"}}},
+    f"{_META}.Patch": {"type": "object", "description": "Patch is provided to give a concrete name and type to the "
+                       "Kubernetes PATCH request body."},
+}
+_SCALE_SCHEMA = {"type": "object", "description": "Scale represents a scaling request for a resource.", "properties": {
+    "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+    "metadata": {"allOf": [_ref(f"{_META}.ObjectMeta")], "default": {}},
+    "spec": {"type": "object", "properties": {"replicas": {"type": "integer", "format": "int32"}}, "default": {}},
+    "status": {"type": "object", "properties": {"replicas": {"type": "integer", "format": "int32", "default": 0},
+                                                "selector": {"type": "string"}}, "default": {}}},
+    "x-kubernetes-group-version-kind": [{"group": "autoscaling", "kind": "Scale", "version": "v1"}]}
+
+
+def _openapi_key(group: str, version: str) -> str:
+    """The group-version's key in /openapi/v3's paths (``api/v1``, ``apis/liveshard.io/v1alpha1``)."""
+    return f"api/{version}" if not group else f"apis/{group}/{version}"
+
+
+def _schema_name(group: str, version: str, kind: str, custom: bool) -> str:
+    """How the API server names a kind's schema: custom resources by their reversed group
+    (``io.liveshard.v1alpha1.ElasticTrainingJob``), built-in kinds by their Go package."""
+    if custom:
+        return ".".join([*reversed(group.split(".")), version, kind])
+    if group == "apiextensions.k8s.io":
+        return f"io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.{version}.{kind}"
+    if group == "apiregistration.k8s.io":
+        return f"io.k8s.kube-aggregator.pkg.apis.apiregistration.{version}.{kind}"
+    return f"io.k8s.api.{group.split('.')[0] if group else 'core'}.{version}.{kind}"
+
+
+def _operation_id(verb: str, group: str, version: str, kind: str, namespaced: bool, suffix: str = "") -> str:
+    gv = "".join(p[:1].upper() + p[1:] for p in re.split(r"[.\-]", group) if p) or "Core"
+    return f"{verb}{gv}{version[:1].upper()}{version[1:]}{'Namespaced' if namespaced else ''}{kind}{suffix}"
+
+
+def _content(schema: dict[str, Any], types: Iterable[str] = _RESPONSE_TYPES) -> dict[str, Any]:
+    return {t: {"schema": schema} for t in types}
+
+
+def _resource_paths(group: str, version: str, plural: str, kind: str, namespaced: bool, verbs: set[str],
+                    subresources: set[str], custom: bool) -> dict[str, Any]:
+    """The paths of one resource, with their operations, as the API server publishes them."""
+    prefix = "/" + _openapi_key(group, version)
+    gvk = {"group": group, "version": version, "kind": kind}
+    obj, listed = _ref(_schema_name(group, version, kind, custom)), _ref(_schema_name(group, version, kind + "List",
+                                                                                      custom))
+    patch_types = _PATCH_TYPES_CUSTOM if custom else _PATCH_TYPES_BUILTIN
+
+    def op(action: str, verb: str, summary: str, schema: dict[str, Any], codes: Iterable[str], params: list[Any],
+           body: dict[str, Any] | None = None, kind_gvk: dict[str, str] = gvk, suffix: str = "",
+           in_namespace: bool = namespaced) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "tags": [_openapi_key(group, version).replace("/", "_")], "description": summary,
+            "operationId": _operation_id(verb, group, version, kind_gvk["kind"] if suffix else kind,
+                                         in_namespace, suffix),
+            "parameters": params,
+            "responses": {code: {"description": {"200": "OK", "201": "Created", "202": "Accepted"}[code],
+                                 "content": _content(schema)} for code in codes},
+            "x-kubernetes-action": action, "x-kubernetes-group-version-kind": dict(kind_gvk)}
+        if body is not None:
+            out["requestBody"] = body
+        return out
+
+    def whole(schema: dict[str, Any]) -> dict[str, Any]:
+        return {"content": {"*/*": {"schema": schema}}, "required": True}
+
+    patch_body = {"content": {t: {"schema": _ref(f"{_META}.Patch")} for t in patch_types}, "required": True}
+    write = [_Q_DRY_RUN, _Q_FIELD_MANAGER, _Q_FIELD_VALIDATION]
+    scope_params = [_PATH_PARAMS["namespace"]] if namespaced else []
+    collection = f"{prefix}/namespaces/{{namespace}}/{plural}" if namespaced else f"{prefix}/{plural}"
+    item = f"{collection}/{{name}}"
+    paths: dict[str, Any] = {}
+    coll: dict[str, Any] = {"parameters": [*scope_params, _Q_PRETTY]}
+    if "list" in verbs:
+        coll["get"] = op("list", "list", f"list or watch objects of kind {kind}", listed, ["200"], _LIST_PARAMS)
+        if namespaced:  # and across namespaces
+            paths[f"{prefix}/{plural}"] = {"parameters": [_Q_PRETTY], "get": op(
+                "list", "list", f"list or watch objects of kind {kind}", listed, ["200"], _LIST_PARAMS,
+                suffix="ForAllNamespaces", in_namespace=False)}
+    if "create" in verbs:
+        coll["post"] = op("post", "create", f"create a {kind}", obj, ["200", "201", "202"], write, whole(obj))
+    if len(coll) > 1:
+        paths[collection] = coll
+    named: dict[str, Any] = {"parameters": [_PATH_PARAMS["name"], *scope_params, _Q_PRETTY]}
+    if "get" in verbs:
+        named["get"] = op("get", "read", f"read the specified {kind}", obj, ["200"], [])
+    if "update" in verbs:
+        named["put"] = op("put", "replace", f"replace the specified {kind}", obj, ["200", "201"], write, whole(obj))
+    if "patch" in verbs:
+        named["patch"] = op("patch", "patch", f"partially update the specified {kind}", obj, ["200", "201"],
+                            [*write, _Q_FORCE], patch_body)
+    if "delete" in verbs:
+        named["delete"] = op("delete", "delete", f"delete a {kind}", _ref(f"{_META}.Status"), ["200", "202"],
+                             [_Q_GRACE], whole(_ref(f"{_META}.DeleteOptions")))
+    if len(named) > 1:
+        paths[item] = named
+    sub_params = [_PATH_PARAMS["name"], *scope_params, _Q_PRETTY]
+    if "status" in subresources:
+        paths[f"{item}/status"] = {
+            "parameters": sub_params,
+            "get": op("get", "read", f"read status of the specified {kind}", obj, ["200"], [], suffix="Status"),
+            "put": op("put", "replace", f"replace status of the specified {kind}", obj, ["200", "201"], write,
+                      whole(obj), suffix="Status"),
+            "patch": op("patch", "patch", f"partially update status of the specified {kind}", obj, ["200", "201"],
+                        [*write, _Q_FORCE], patch_body, suffix="Status")}
+    if "scale" in subresources:
+        scale, scale_gvk = _ref("io.k8s.api.autoscaling.v1.Scale"), {"group": "autoscaling", "version": "v1",
+                                                                     "kind": "Scale"}
+        paths[f"{item}/scale"] = {
+            "parameters": sub_params,
+            "get": op("get", "read", f"read scale of the specified {kind}", scale, ["200"], [], kind_gvk=scale_gvk,
+                      suffix="Scale"),
+            "put": op("put", "replace", f"replace scale of the specified {kind}", scale, ["200", "201"], write,
+                      whole(scale), kind_gvk=scale_gvk, suffix="Scale"),
+            "patch": op("patch", "patch", f"partially update scale of the specified {kind}", scale, ["200", "201"],
+                        [*write, _Q_FORCE], patch_body, kind_gvk=scale_gvk, suffix="Scale")}
+    if not group and plural == "pods":
+        paths[f"{item}/log"] = {"parameters": sub_params, "get": {
+            "tags": ["core_v1"], "description": "read log of the specified Pod", "operationId": "readCoreV1NamespacedPodLog",
+            "parameters": [_query(p, f"the log's {p}") for p in ("container", "follow", "previous", "tailLines",
+                                                                   "limitBytes")],
+            "responses": {"200": {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+            "x-kubernetes-action": "get", "x-kubernetes-group-version-kind": gvk}}
+        binding = {"group": "", "version": "v1", "kind": "Binding"}
+        paths[f"{item}/binding"] = {"parameters": sub_params, "post": op(
+            "post", "create", "create binding of a Pod", _ref("io.k8s.api.core.v1.Binding"), ["200", "201", "202"],
+            write, whole(_ref("io.k8s.api.core.v1.Binding")), kind_gvk=binding, suffix="Binding")}
+    return paths
+
+
+def _crd_schemas(crd: dict[str, Any], version: dict[str, Any]) -> dict[str, Any]:
+    """The components/schemas of one served version of a CRD: the kind (its openAPIV3Schema, with
+    ``metadata`` as ObjectMeta) and its list."""
+    spec = crd["spec"]
+    group, kind, name = spec["group"], spec["names"]["kind"], version["name"]
+    schema = copy.deepcopy(((version.get("schema") or {}).get("openAPIV3Schema")) or {
+        "type": "object", "x-kubernetes-preserve-unknown-fields": True})
+    props = schema.setdefault("properties", {})
+    props["apiVersion"] = {"type": "string", "description": "APIVersion defines the versioned schema of this "
+                           "representation of an object."}
+    props["kind"] = {"type": "string", "description": "Kind is a string value representing the REST resource this "
+                     "object represents."}
+    props["metadata"] = {"allOf": [_ref(f"{_META}.ObjectMeta")], "description": "Standard object's metadata."}
+    schema["type"] = "object"
+    schema["x-kubernetes-group-version-kind"] = [{"group": group, "kind": kind, "version": name}]
+    listed = {"type": "object", "required": ["items"], "description": f"{kind}List is a list of {kind}",
+              "properties": {"apiVersion": props["apiVersion"], "kind": props["kind"],
+                             "items": {"type": "array", "items": _ref(_schema_name(group, name, kind, True))},
+                             "metadata": {"allOf": [_ref(f"{_META}.ListMeta")], "description": "Standard list "
+                                          "metadata."}},
+              "x-kubernetes-group-version-kind": [{"group": group, "kind": f"{kind}List", "version": name}]}
+    return {_schema_name(group, name, kind, True): schema, _schema_name(group, name, f"{kind}List", True): listed}
+
+
+def _builtin_schema(group: str, version: str, kind: str) -> dict[str, Any]:
+    # a stand-in without x-kubernetes-group-version-kind: kubectl finds no schema for the kind and
+    # uses its own (compiled-in) types for strategic merge patches
+    return {"type": "object", "description": f"{kind} ({_openapi_key(group, version)}).",
+            "x-kubernetes-preserve-unknown-fields": True}
 
 
 class KubeEmulator:
