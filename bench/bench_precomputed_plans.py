@@ -151,7 +151,7 @@ def prepare_costs(spec, old, new, stride: int, with_global: bool) -> dict:
         device_plan_mod.planner.cache_clear()  # each worker plans alone
         t0, p0 = time.perf_counter(), time.thread_time()
         mine = device_plan_for(spec, old, new, w)
-        digest = mine.checksum
+        digest = mine.digest
         sched = schedule(mine, DEFAULT_BUDGET)
         rows.append({"device": d, "wall_s": time.perf_counter() - t0, "cpu_s": time.thread_time() - p0,
                      "copies": len(mine.copies), "rounds": sched.rounds, "digest": digest[:16]})
@@ -159,7 +159,7 @@ def prepare_costs(spec, old, new, stride: int, with_global: bool) -> dict:
            "max_cpu_s": max(r["cpu_s"] for r in rows), "median_cpu_s": statistics.median(r["cpu_s"] for r in rows),
            "max_wall_s": max(r["wall_s"] for r in rows)}
     if with_global:
-        transition_mod._plan_cached.cache_clear()
+        transition_mod.cached_plan.cache_clear()
         t0, p0 = time.perf_counter(), time.thread_time()
         whole = plan_for(spec, old, new)
         _ = whole.checksum
@@ -173,7 +173,7 @@ def measure(case: str, stride: int, with_global: bool) -> dict:
     spec = PRESETS[MODEL]
     res: dict = {"config": CASES[case][0]}
     # without the cache
-    transition_mod._plan_cached.cache_clear()
+    transition_mod.cached_plan.cache_clear()
     c = running(case, precompute=False)
     res["idle_tick_s"] = idle_tick(c)
     wall, cpu, fresh = lose_first_node(c)
@@ -192,7 +192,7 @@ def measure(case: str, stride: int, with_global: bool) -> dict:
                  else ""))
 
     # with the cache: wait for the background to plan node 0's loss (its first question pair)
-    transition_mod._plan_cached.cache_clear()
+    transition_mod.cached_plan.cache_clear()
     c = running(case, precompute=True)
     t0 = time.perf_counter()
     while len(c.plans) < 3:  # node 0's world plan and check are in, node 1's world is under way

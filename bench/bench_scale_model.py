@@ -308,7 +308,7 @@ def run_transition(model: str, n: int, t: dict, budget: int, per_rank: int) -> d
                 f"{t['cli']} --json").replace("  ", " "),
     }
     del whole, sched
-    transition_mod._plan_cached.cache_clear()
+    transition_mod.cached_plan.cache_clear()
     rows = []
     for d in sample:
         device_plan.planner.cache_clear()

@@ -22,7 +22,7 @@ from liveshard.runtime.transfer.executor import TransferError, allocate_destinat
 from liveshard.runtime.transfer.storage import LocalShards
 from liveshard.runtime.vps.devices import DeviceMap, parse_devices
 from liveshard.runtime.vps.schedule import DEFAULT_BUDGET, schedule
-from liveshard.runtime.vps.transition import GLOBAL_OBJECTS, PER_RANK_OBJECTS, plan_transition
+from liveshard.runtime.vps.transition import GLOBAL_OBJECTS, PER_RANK_OBJECTS, TransitionPlan, plan_transition
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,9 @@ def run_rank(rank: int, world: int, job: LocalJob) -> dict:
     plan = job.plan()
     sched = schedule(plan, job.budget)
     sums: list = [None] * world
-    dist.all_gather_object(sums, plan.checksum)
+    # a whole plan's checksum hashes every copy; a device's own plan has its inputs digest
+    agreed = plan.checksum if isinstance(plan, TransitionPlan) else plan.digest
+    dist.all_gather_object(sums, agreed)
     if len(set(sums)) != 1:
         raise RuntimeError(f"ranks computed different plans: {sorted(set(sums))}")
     old_layout, new_layout = plan.old_layout, plan.new_layout
@@ -105,7 +107,7 @@ def run_rank(rank: int, world: int, job: LocalJob) -> dict:
             dest_used = dest_used and all(result.shards.get(s, n) is t for s, n, t in destinations.items())
     out = {"rank": rank, "seconds": times, "prepare_seconds": prepare_times,
            "stats": asdict(result.stats) if result else None,
-           "checksum": plan.checksum, "new_rank": plan.device_to_rank.get(rank), "error": error,
+           "checksum": agreed, "new_rank": plan.device_to_rank.get(rank), "error": error,
            "destination_bytes": dest_bytes, "destinations_used": dest_used,
            "new_bytes": result.shards.nbytes() if result else 0,
            "mismatches": [], "old_mismatches": [], "object_errors": []}

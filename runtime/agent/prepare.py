@@ -214,7 +214,7 @@ class Preparer:
         transition = device_plan_for(self.spec, old, plan, self.id)
         members = transition_members(old, plan)
         self.at_phase("prepare", plan.generation)
-        self._agree(plan.generation, members, transition.checksum)
+        self._agree(plan.generation, members, transition.digest)
         group_rank = members.index(self.id)
         # Connections are made on a store client of their own, in a thread, while this one
         # heartbeats and watches the decision: a connection waiting for a peer that died blocks

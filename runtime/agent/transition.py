@@ -62,7 +62,7 @@ def plan_for(spec: ModelSpec, old: WorldPlan, new: WorldPlan,
 def device_plan_for(spec: ModelSpec, old: WorldPlan, new: WorldPlan, worker: str,
                     gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> DevicePlan:
     """``worker``'s part of the transition to ``new`` (``vps.device_plan.plan_device``); its
-    ``checksum`` is the inputs digest, equal on every member exactly when their plans are parts
+    ``digest`` is the inputs digest, equal on every member exactly when their plans are parts
     of one plan.
 
     Raises ``vps.transition.NoSurvivingCopy`` when state this worker needs has no live holder."""

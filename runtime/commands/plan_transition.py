@@ -201,7 +201,7 @@ def device_report(plan, sched, plan_seconds: float, schedule_seconds: float, map
         "plan_seconds": plan_seconds,
         "schedule_seconds": schedule_seconds,
         "mapping_seconds": mapping_seconds,
-        "inputs_digest": plan.checksum,
+        "inputs_digest": plan.digest,
         "rank_to_device": list(plan.rank_to_device),
         "local_copies": len(local),
         "local_copy_bytes": sum(c.nbytes for c in local),

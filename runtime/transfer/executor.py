@@ -45,8 +45,8 @@ from liveshard.runtime.dtypes import torch_dtype
 from liveshard.runtime.transfer import objects, packing, rounds, transport
 from liveshard.runtime.transfer.rounds import A2A, P2P, ByPeer, Direct, Kept, Message, NewTensor, Round
 from liveshard.runtime.transfer.storage import LocalShards
+from liveshard.runtime.vps.plan_view import TransitionPlanView
 from liveshard.runtime.vps.schedule import Chunk, Schedule
-from liveshard.runtime.vps.transition import TransitionPlan
 
 MODES = (P2P, A2A)
 DEFAULT_MODE = P2P
@@ -80,7 +80,7 @@ class TransferResult:
     stats: TransferStats
 
 
-def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: LocalShards,
+def execute(plan: TransitionPlanView, sched: Schedule, device_id: int, old: LocalShards,
             old_objects: dict[str, Any] | None = None, *, mode: str = DEFAULT_MODE, verify: bool = False,
             group: dist.ProcessGroup | None = None, ranks: list[int] | None = None,
             release_old: bool = False, tensor_device: torch.device | str | None = None,
@@ -108,7 +108,7 @@ def execute(plan: TransitionPlan, sched: Schedule, device_id: int, old: LocalSha
     return TransferResult(run.result_shards(), new_objects, run.stats)
 
 
-def allocate_destinations(plan: TransitionPlan, device_id: int, device: torch.device | str = "cpu") -> LocalShards:
+def allocate_destinations(plan: TransitionPlanView, device_id: int, device: torch.device | str = "cpu") -> LocalShards:
     """Every new tensor of a device that is not an old tensor kept in place, allocated and
     written once. Done while the job still trains (the new tensors then live beside the old
     state a little earlier), it takes the first-touch cost of fresh memory (page faults on CPU,
@@ -133,7 +133,7 @@ def allocate_destinations(plan: TransitionPlan, device_id: int, device: torch.de
 class _Transfer:
     """One device's transfer under way: its shards, its stats and the memory accounting."""
 
-    plan: TransitionPlan
+    plan: TransitionPlanView
     sched: Schedule
     device_id: int
     member: bool  # a device of the plan (old, joining, standby or leaving), not a spare process
@@ -155,7 +155,7 @@ class _Transfer:
     round_clock: float = 0.0  # when the previous round completed
 
     @classmethod
-    def begin(cls, plan: TransitionPlan, sched: Schedule, device_id: int, old: LocalShards, *, verify: bool,
+    def begin(cls, plan: TransitionPlanView, sched: Schedule, device_id: int, old: LocalShards, *, verify: bool,
               group: Any, ranks: list[int] | None, release_old: bool,
               tensor_device: torch.device | str | None, destinations: LocalShards | None) -> _Transfer:
         """Step 1: the new tensors. An old tensor kept whole and in place is reused; the others
@@ -200,7 +200,7 @@ class _Transfer:
         return LocalShards(self.new.tensors) if self.new_rank is not None else LocalShards()
 
 
-def _kept_in_shards(plan: TransitionPlan, device_id: int, new_rank: int | None, old: LocalShards) -> Kept:
+def _kept_in_shards(plan: TransitionPlanView, device_id: int, new_rank: int | None, old: LocalShards) -> Kept:
     """The old tensors kept in place as new ones, among those ``old`` holds."""
     if new_rank is None:
         return {}
@@ -208,7 +208,7 @@ def _kept_in_shards(plan: TransitionPlan, device_id: int, new_rank: int | None, 
     return {k: src for k, src in kept.items() if old.has(k[0], src)}
 
 
-def _new_shards(plan: TransitionPlan, new_rank: int | None, kept: Kept, old: LocalShards,
+def _new_shards(plan: TransitionPlanView, new_rank: int | None, kept: Kept, old: LocalShards,
                destinations: LocalShards | None, dev: torch.device, stats: TransferStats) -> _NewShards:
     """The device's new tensors: kept old tensors, ``destinations``, the rest allocated on first write."""
     new = _NewShards(dev)
@@ -503,7 +503,7 @@ def _exchange_a2a(send_bufs, recv_bufs, rank_of, group, group_size: int, dev) ->
 # 4. small objects
 
 
-def _move_objects(plan: TransitionPlan, device_id: int, old_objects: dict[str, Any], rank_of,
+def _move_objects(plan: TransitionPlanView, device_id: int, old_objects: dict[str, Any], rank_of,
                   group, dev) -> dict[str, Any]:
     """Small objects (``objects.encode``): a round of sizes, then a round of payloads (P2P)."""
     out: dict[str, Any] = {}

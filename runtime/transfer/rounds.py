@@ -14,10 +14,11 @@ from collections import deque
 from typing import Any, NamedTuple
 
 from liveshard.runtime.transfer.packing import buffer_size, split_direct
+from liveshard.runtime.vps.plan_view import TransitionPlanView
 from liveshard.runtime.vps.region import Shape, volume
 from liveshard.runtime.vps.schedule import Chunk, Schedule
 from liveshard.runtime.vps.shards import local_tensor_shapes
-from liveshard.runtime.vps.transition import Copy, TransitionPlan
+from liveshard.runtime.vps.transition import Copy
 
 P2P = "p2p"  # a round is one batch of point-to-point messages; rounds are posted ahead
 A2A = "a2a"  # a round is one all_to_all_single
@@ -55,27 +56,27 @@ class Direct(NamedTuple):
 Message = Packed | Direct
 
 
-def own_part(plan: TransitionPlan) -> bool:
+def own_part(plan: TransitionPlanView) -> bool:
     """Whether ``plan`` is one device's part of a transition (``vps.device_plan.DevicePlan``):
     its copies and rounds are that device's only."""
-    return getattr(plan, "device", -1) >= 0
+    return plan.device is not None
 
 
-def new_rank_of(plan: TransitionPlan, device_id: int) -> int | None:
+def new_rank_of(plan: TransitionPlanView, device_id: int) -> int | None:
     """The new rank device ``device_id`` runs, or None (leaving, standby, not in the transition)."""
     if device_id >= plan.devices.num_devices:
         return None
     return plan.device_to_rank.get(device_id)
 
 
-def new_tensors(plan: TransitionPlan, new_rank: int) -> list[NewTensor]:
+def new_tensors(plan: TransitionPlanView, new_rank: int) -> list[NewTensor]:
     """Every local tensor new rank ``new_rank`` holds, in layout order."""
     return [NewTensor(state, name, tuple(shape), plan.new_layout.dtype(state))
             for state, per in local_tensor_shapes(plan.new_layout, new_rank).items()
             for name, shape in per.items()]
 
 
-def kept_in_place(plan: TransitionPlan, device_id: int, new_rank: int) -> Kept:
+def kept_in_place(plan: TransitionPlanView, device_id: int, new_rank: int) -> Kept:
     """New tensors that are an old tensor of the same device kept whole and in place (every
     state of the group): no copy, no allocation. From the layouts' shapes only."""
     if device_id >= plan.devices.old_world:
@@ -101,7 +102,7 @@ def kept_in_place(plan: TransitionPlan, device_id: int, new_rank: int) -> Kept:
     return out
 
 
-def local_copies(plan: TransitionPlan, device_id: int, kept: Kept) -> list[int]:
+def local_copies(plan: TransitionPlanView, device_id: int, kept: Kept) -> list[int]:
     """Indices of the copies device ``device_id`` runs locally (source and destination itself),
     in plan order, leaving out those into a tensor kept in place (they are already there)."""
     kept_names = {name for (_, name) in kept}
@@ -116,7 +117,7 @@ def local_copies(plan: TransitionPlan, device_id: int, kept: Kept) -> list[int]:
     return out
 
 
-def whole_copy(plan: TransitionPlan, ci: int) -> Chunk:
+def whole_copy(plan: TransitionPlanView, ci: int) -> Chunk:
     """Copy ``ci`` as one chunk (how a local copy is cut: not at all)."""
     c = plan.copies[ci]
     return Chunk(ci, (0,) * len(c.shape), c.shape, c.nbytes, 0, -1)
@@ -129,7 +130,7 @@ def local_copies_overlap_rounds(mode: str, rounds: int) -> bool:
     return mode == P2P and rounds > 0
 
 
-def device_rounds(plan: TransitionPlan, sched: Schedule, device_id: int) -> list[Round]:
+def device_rounds(plan: TransitionPlanView, sched: Schedule, device_id: int) -> list[Round]:
     """Per round: (chunks device ``device_id`` sends, by peer; chunks it receives, by peer).
     A process beyond the plan's devices takes part in every round with nothing to move."""
     if device_id < plan.devices.num_devices:
@@ -137,14 +138,14 @@ def device_rounds(plan: TransitionPlan, sched: Schedule, device_id: int) -> list
     return [({}, {})] * sched.rounds
 
 
-def piece_refs(plan: TransitionPlan, ch: Chunk, src_side: bool) -> list[tuple[str, tuple, Shape]]:
+def piece_refs(plan: TransitionPlanView, ch: Chunk, src_side: bool) -> list[tuple[str, tuple, Shape]]:
     """(state, view, rel) of each state's piece of chunk ``ch``, at its source or destination."""
     c = plan.copies[ch.copy]
     view, rel = (c.src_view, c.src_rel) if src_side else (c.dst_view, c.dst_rel)
     return [(state, view, rel) for state in plan.groups[c.group].states]
 
 
-def message_layout(plan: TransitionPlan, by_peer: ByPeer, direct_min_bytes: int,
+def message_layout(plan: TransitionPlanView, by_peer: ByPeer, direct_min_bytes: int,
                    src_side: bool) -> list[Message]:
     """The P2P messages of one side of a round, in posting order: peers in ascending order; per
     peer one packed buffer of the small chunks, then one message per (large chunk, state).
@@ -173,7 +174,7 @@ def received_by_peer(per_round: list[Round]) -> ByPeer:
     return received
 
 
-def release_schedule(plan: TransitionPlan, sched: Schedule, device_id: int,
+def release_schedule(plan: TransitionPlanView, sched: Schedule, device_id: int,
                      kept: Kept) -> dict[int, list[tuple[str, str]]]:
     """Round -> the old tensors (state, name) device ``device_id`` last reads in it (-1: the local
     copies). Lists every state of the group; the executor frees those its old shards hold. An

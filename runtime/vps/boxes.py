@@ -38,6 +38,8 @@ class Box:
     # (class id, ranks, view): ranks of one class hold the box at the same local position
     groups: list[tuple[int, tuple[int, ...], View]] = field(default_factory=list)
     _views: dict[int, View] | None = None
+    # its holders that hold old state under the device map being planned (``transition``)
+    sources: tuple[int, ...] | None = None
 
     @property
     def local_shape(self) -> Shape:

@@ -17,13 +17,15 @@ What one device needs, and why it is enough:
   *keeps* in place (the overlap of its old boxes with its new rank's); no other device's demand
   is listed;
 * its rounds: its pairs' copies and, for each peer, the peer's load bound
-  (``TransitionPlan.device_bound``: bytes received plus forced load plus, per pool, share plus
+  (``device_bound``, as the whole plan's: bytes received plus forced load plus, per pool, share plus
   two elements), from the same owed and kept figures.
 
 ``inputs_digest`` is what devices compare before data moves: sha256 over every input of the plan
 (model, both configs, device map, rank order, state groups) and the planner's version. Equal
-digests mean equal plans, because the plan is a pure function of them; the global plan's
-``checksum`` needs every copy and so the whole plan. Pure: no torch.
+digests mean equal plans, because the plan is a pure function of them (a ``DevicePlan``'s and the
+whole plan's ``digest``); the whole plan's ``checksum`` needs every copy and so the whole plan.
+``DevicePlan`` and ``transition.TransitionPlan`` both implement ``plan_view.TransitionPlanView``.
+Pure: no torch.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import time
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from operator import itemgetter
+from typing import TYPE_CHECKING
 
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
@@ -46,12 +49,16 @@ from liveshard.runtime.vps.sources import Demand, pool_of, split, targets
 from liveshard.runtime.vps.transition import (
     Copy,
     NoSurvivingCopy,
-    TransitionPlan,
+    ObjectMove,
+    StateGroup,
     elem_bytes,
     object_moves,
     part_copies,
     state_groups,
 )
+
+if TYPE_CHECKING:
+    from liveshard.runtime.vps.schedule import Schedule
 
 # Names the rules a plan is computed with (source choice, rounds). Devices compare it inside the
 # inputs digest: a device running other rules must not take part.
@@ -94,7 +101,7 @@ class Planner:
         self._forced: dict[int, int] = {}
         self._shares: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, ...], list[int], int]] = {}
         self._bound: dict[int, int] = {}
-        self._greedy: dict = {}  # budget -> the whole plan's greedy schedule (tiny budgets)
+        self.greedy_cache: dict = {}  # budget -> the whole plan's greedy schedule (tiny budgets)
 
     def pool(self, holders: tuple[int, ...]) -> tuple[int, ...]:
         p = self._pools.get(holders)
@@ -431,21 +438,21 @@ class Planner:
         copies = self.copies(device)
         objects = object_moves(self.old_cfg, self.new_cfg, self.rank_to_device, self.devices, device)
         plan = DevicePlan(self.spec, self.old_cfg, self.new_cfg, self.devices, self.groups, self.rank_to_device,
-                          copies, objects, device=device, planner=self)
+                          copies, objects, device, self)
         return plan
 
 
 def _boxes_meet(sig, a: int, b: int, nsig, na: int, nb: int, npre: int) -> int:
     """Elements shared by elements ``[a, b)`` of one parameter and ``[na, nb)`` of another
     (``sig``: (pieces as (global offset, local row), local shape)), box by box."""
-    from liveshard.runtime.vps.layout import LocalParam, Piece, _flat_regions
+    from liveshard.runtime.vps.layout import LocalParam, Piece, flat_regions
     from liveshard.runtime.vps.region import PARAM
 
     def boxes(sig, lo, hi):
         pieces, local = sig
         gshape = (1,) * npre + local  # only the global offsets matter here
         p = LocalParam("", "", gshape, local, tuple(Piece(o, r) for o, r in pieces), False, False)
-        return [(reg.global_offset, (1,) * npre + reg.local_shape) for reg in _flat_regions(-1, PARAM, p, lo, hi, False)]
+        return [(reg.global_offset, (1,) * npre + reg.local_shape) for reg in flat_regions(-1, PARAM, p, lo, hi, False)]
 
     total = 0
     other = boxes(nsig, na, nb)
@@ -458,41 +465,60 @@ def _boxes_meet(sig, a: int, b: int, nsig, na: int, nb: int, npre: int) -> int:
 
 
 @dataclass
-class DevicePlan(TransitionPlan):
-    """One device's part of a transition, usable wherever a ``TransitionPlan`` is for that device
-    (``transfer.executor``, ``vps.schedule``): ``copies`` are its own; other devices' are absent."""
+class DevicePlan:
+    """One device's part of a transition (``plan_view.TransitionPlanView``, as the whole plan is
+    one): ``copies`` are those ``device`` sends, receives or runs locally; other devices' are
+    absent. ``digest`` is the inputs digest; it has no ``checksum`` (that hashes every copy of
+    the whole plan)."""
 
-    device: int = -1
-    planner: Planner | None = None
-
-    @cached_property
-    def old_layout(self) -> Layout:
-        return self.planner.old if self.planner is not None else Layout(self.spec, self.old_cfg)
-
-    @cached_property
-    def new_layout(self) -> Layout:
-        return self.planner.new if self.planner is not None else Layout(self.spec, self.new_cfg)
-
-    def device_bound(self, device: int) -> int:
-        assert self.planner is not None
-        return self.planner.bound(device)
+    spec: ModelSpec
+    old_cfg: ParallelConfig
+    new_cfg: ParallelConfig
+    devices: DeviceMap
+    groups: tuple[StateGroup, ...]
+    rank_to_device: tuple[int, ...]
+    copies: list[Copy]  # this device's local copies, sends and receives
+    objects: list[ObjectMove]  # the small objects this device sends or receives
+    device: int
+    planner: Planner
+    plan_seconds: float = 0.0
 
     @property
-    def checksum(self) -> str:  # type: ignore[override]
-        """The inputs digest: equal on every device exactly when the plans are one plan."""
+    def old_layout(self) -> Layout:
+        return self.planner.old
+
+    @property
+    def new_layout(self) -> Layout:
+        return self.planner.new
+
+    @property
+    def device_to_rank(self) -> dict[int, int]:
+        return self.planner.device_to_rank
+
+    @property
+    def standbys(self) -> tuple[int, ...]:
+        used = set(self.rank_to_device)
+        return tuple(d for d in self.devices.available if d not in used)
+
+    def device_bound(self, device: int) -> int:
+        return self.planner.bound(device)
+
+    @cached_property
+    def digest(self) -> str:
+        """The inputs digest: equal on every device exactly when the plans are parts of one plan."""
         return inputs_digest(self.spec, self.old_cfg, self.new_cfg, self.devices, self.rank_to_device)
 
-    def greedy_schedule(self, budget: int):
+    def greedy_schedule(self, budget: int) -> Schedule:
         """Under a budget too small for pairwise rounds the rounds are the whole plan's greedy
-        ones: plan it all and keep this device's chunks."""
-        from liveshard.runtime.vps.schedule import Chunk, Schedule, _greedy
+        ones: plan it all and keep this device's chunks. (The one place a running job may build
+        the whole plan: only budgets below ``schedule.pairwise``'s, 4 x devices x an element.)"""
+        from liveshard.runtime.vps.schedule import Chunk, Schedule, greedy_rounds
         from liveshard.runtime.vps.transition import plan_transition
 
-        assert self.planner is not None
         whole = plan_transition(self.spec, self.old_cfg, self.new_cfg, self.devices, self.rank_to_device)
-        sched = self.planner._greedy.get(budget)
+        sched = self.planner.greedy_cache.get(budget)
         if sched is None:
-            sched = self.planner._greedy[budget] = _greedy(whole, budget)
+            sched = self.planner.greedy_cache[budget] = greedy_rounds(whole, budget)
         index = {c: i for i, c in enumerate(self.copies)}
         chunks = [Chunk(index[whole.copies[ch.copy]], *ch[1:]) for ch in sched.chunks
                   if self.device in (whole.copies[ch.copy].src, whole.copies[ch.copy].dst)]
@@ -517,10 +543,10 @@ def plan_device(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfi
 def planner(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig, devices: DeviceMap,
             rank_to_device: tuple[int, ...]) -> Planner:
     """A ``Planner`` for these inputs (cached: several devices of one process share its work)."""
-    from liveshard.runtime.vps.transition import _check_rank_to_device
+    from liveshard.runtime.vps.transition import check_rank_to_device
 
     devices.check_fits(new_cfg.world_size)
-    _check_rank_to_device(tuple(rank_to_device), new_cfg.world_size, devices)
+    check_rank_to_device(tuple(rank_to_device), new_cfg.world_size, devices)
     return Planner(spec, old_cfg, new_cfg, devices, tuple(rank_to_device))
 
 
@@ -534,14 +560,14 @@ def lost_state(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig
     piece held only by dead devices is held by one of them: so only the dead devices' holder
     sets (``Side.rank_holder_sets``) need looking at. Raises what planning raises for inputs
     that cannot be planned at all (``ConfigError``, ``InvalidDeviceOrder``)."""
-    from liveshard.runtime.vps.transition import _check_rank_to_device
+    from liveshard.runtime.vps.transition import check_rank_to_device
 
     if devices.old_world != old_cfg.world_size:
         raise ConfigError("old config", f"the old config has {old_cfg.world_size} ranks but the device map "
                                         f"{devices.old_world} old devices", "old rank i runs on device i")
     old, new = Layout(spec, old_cfg), Layout(spec, new_cfg)
     devices.check_fits(new_cfg.world_size)
-    _check_rank_to_device(tuple(rank_to_device), new_cfg.world_size, devices)
+    check_rank_to_device(tuple(rank_to_device), new_cfg.world_size, devices)
     dead = devices.dead
     if not dead:
         return None

@@ -25,6 +25,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import Any
 
 from liveshard.runtime.dtypes import itemsize
 from liveshard.runtime.parallel import ParallelConfig
@@ -113,6 +114,7 @@ class Layout:
         self._stage_offsets = cfg.stage_offsets(spec.num_layers)
         self._params_cache: dict[tuple[int, int, int, int], tuple[LocalParam, ...]] = {}
         self._buffer_cache: dict[tuple, GradBuffer] = {}
+        self.locate_index: Any = None  # its ``locate.LayoutIndex``, built on first use (``locate.index_of``)
 
     @property
     def world_size(self) -> int:
@@ -327,7 +329,7 @@ class Layout:
                     continue
                 primary = not p.tied_copy and (not p.replicated_in_tp or
                                                (c.etp if p.expert else c.tp) == 0)
-                yield from _flat_regions(rank, state, p, start - bp.start, stop - bp.start, primary)
+                yield from flat_regions(rank, state, p, start - bp.start, stop - bp.start, primary)
 
     def regions(self, rank: int, states: tuple[str, ...] | None = None) -> Iterator[Region]:
         for state in self.states if states is None else states:
@@ -400,7 +402,7 @@ def build_grad_buffer(params: list[LocalParam], dp_size: int, bucket_size: int |
     return GradBuffer(tuple(out), tuple(buckets), dp_size)
 
 
-def _flat_regions(rank: int, state: str, p: LocalParam, start: int, stop: int,
+def flat_regions(rank: int, state: str, p: LocalParam, start: int, stop: int,
                   primary: bool) -> Iterator[Region]:
     """Boxes of the flat range ``[start, stop)`` of a local parameter, split at its pieces."""
     rows = p.piece_rows

@@ -29,7 +29,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 
 from liveshard.runtime.vps.boxes import DOPT_GEOMETRY, Box, View
-from liveshard.runtime.vps.layout import GradBuffer, Layout, LocalParam, _flat_regions
+from liveshard.runtime.vps.layout import GradBuffer, Layout, LocalParam, flat_regions
 from liveshard.runtime.vps.region import PARAM, Shape, intersect
 
 LAYER_PREFIX = "decoder.layers."
@@ -161,10 +161,9 @@ class LayoutIndex:
 
 
 def index_of(layout: Layout) -> LayoutIndex:
-    idx = getattr(layout, "_locate_index", None)
+    idx = layout.locate_index
     if idx is None:
-        idx = LayoutIndex(layout)
-        layout._locate_index = idx  # type: ignore[attr-defined]
+        idx = layout.locate_index = LayoutIndex(layout)
     return idx
 
 
@@ -214,7 +213,7 @@ class Side:
             pre1 = (1,) * (len(p.global_shape) - len(p.local_shape))
             hit = self._regions[k] = [(reg.global_offset, pre1 + reg.local_shape,
                                        (reg.local_name, reg.local_offset, reg.local_shape))
-                                      for reg in _flat_regions(-1, PARAM, p, a, b, False)]
+                                      for reg in flat_regions(-1, PARAM, p, a, b, False)]
         return hit
 
     def _boxes_of(self, stage: int, p: LocalParam, idx: int, ep: int, shard: int | None,

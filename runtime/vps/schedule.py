@@ -31,10 +31,13 @@ Pure: no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.vps.region import Shape, flat_range_to_boxes, volume
+
+if TYPE_CHECKING:
+    from liveshard.runtime.vps.plan_view import TransitionPlanView
 
 ALIGN = 16  # bytes; every slice in a staging buffer starts at a multiple of this
 DEFAULT_BUDGET = 1 << 30  # 1 GiB of staging per device
@@ -95,7 +98,7 @@ def pairwise(num_devices: int, groups, budget: int) -> bool:
     return budget >= 4 * max(num_devices - 1, 1) * element_staging(groups)
 
 
-def schedule(plan, budget: int = DEFAULT_BUDGET) -> Schedule:
+def schedule(plan: TransitionPlanView, budget: int = DEFAULT_BUDGET) -> Schedule:
     """Rounds for ``plan``'s network copies, staging at most ``budget`` bytes per device per round."""
     groups = plan.groups
     smallest = element_staging(groups)
@@ -105,10 +108,7 @@ def schedule(plan, budget: int = DEFAULT_BUDGET) -> Schedule:
                           f"give at least {smallest} bytes")
     if pairwise(plan.devices.num_devices, groups, budget):
         return _pairwise(plan, budget)
-    greedy = getattr(plan, "greedy_schedule", None)
-    if greedy is not None:  # one device's part of a plan: its slice of the whole plan's rounds
-        return greedy(budget)
-    return _greedy(plan, budget)
+    return plan.greedy_schedule(budget)  # the whole plan's greedy rounds (one device's part: its slice)
 
 
 def canonical(c) -> tuple:
@@ -116,7 +116,7 @@ def canonical(c) -> tuple:
     return (c.group, c.key, c.offset)
 
 
-def _pairwise(plan, budget: int) -> Schedule:
+def _pairwise(plan: TransitionPlanView, budget: int) -> Schedule:
     groups = plan.groups
     e = element_staging(groups)
     max_chunk = max(e, budget // CHUNKS_PER_BUDGET)
@@ -181,7 +181,7 @@ def _pairwise(plan, budget: int) -> Schedule:
     for (dev, _), u in usage.items():
         if u > peak[dev]:
             peak[dev] = u
-    own = getattr(plan, "device", None)
+    own = plan.device
     if own is not None:  # one device's plan: its peers' figures here would be partial
         peak = [u if dev == own else 0 for dev, u in enumerate(peak)]
         last_read = {k: v for k, v in last_read.items() if k[0] == own}
@@ -197,7 +197,7 @@ def _fitting(remaining: int, limit: int, itemsizes: tuple[int, ...], itemsum: in
     return k
 
 
-def _greedy(plan, budget: int) -> Schedule:
+def greedy_rounds(plan: TransitionPlanView, budget: int) -> Schedule:
     groups = plan.groups
     smallest = element_staging(groups)
     max_chunk = max(smallest, budget // CHUNKS_PER_BUDGET)

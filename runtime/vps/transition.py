@@ -14,7 +14,11 @@ tensor to a destination device's new local tensor). Source choice:
    (``sources``).
 
 The rule reads nothing beyond a piece's boxes and their holders, so one device's part of the
-plan can be computed on its own, with the same result (``device_plan``).
+plan can be computed on its own, with the same result (``device_plan``): that is what a running
+job plans. The whole plan is the tests' and the CLI's oracle; both implement
+``plan_view.TransitionPlanView``. The rank order a world planner picks comes from the layouts'
+overlap by holder class (``overlap_figures``, computed from stage templates by ``overlap``),
+not from a plan.
 
 The plan is a pure function of its inputs: every rank computes the same plan with no
 communication, and ``checksum`` (sha256 over the canonical plan) lets ranks confirm it before
@@ -37,10 +41,11 @@ from typing import NamedTuple
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec
-from liveshard.runtime.vps.boxes import BoxIndex, Geometry, View, build_geometry, geometry_of
+from liveshard.runtime.vps.boxes import BoxIndex, Geometry, View, build_geometry, geometry_of, param_classes
 from liveshard.runtime.vps.devices import DeviceMap
 from liveshard.runtime.vps.layout import Layout
 from liveshard.runtime.vps.mapping import assign_devices
+from liveshard.runtime.vps.overlap import class_overlap
 from liveshard.runtime.vps.region import Shape, flat_range_to_boxes, volume
 from liveshard.runtime.vps.sources import Demand, pool_of, split, targets
 
@@ -104,6 +109,9 @@ PER_RANK_OBJECTS = ("rng",)
 
 @dataclass
 class TransitionPlan:
+    """The whole plan: every device's copies (``plan_view.TransitionPlanView``). The runtime plans
+    per device (``device_plan``); the whole plan is the tests' and the CLI's oracle."""
+
     spec: ModelSpec
     old_cfg: ParallelConfig
     new_cfg: ParallelConfig
@@ -175,6 +183,25 @@ class TransitionPlan:
     def device_bound(self, device: int) -> int:
         return self.device_bounds[device]
 
+    @property
+    def device(self) -> None:
+        """The whole plan is no one device's part (``plan_view.TransitionPlanView``)."""
+        return None
+
+    @cached_property
+    def digest(self) -> str:
+        """sha256 over the plan's inputs (``device_plan.inputs_digest``): what every device's own
+        plan of the same transition reports too. Not ``checksum``, which hashes every copy."""
+        from liveshard.runtime.vps.device_plan import inputs_digest
+
+        return inputs_digest(self.spec, self.old_cfg, self.new_cfg, self.devices, self.rank_to_device)
+
+    def greedy_schedule(self, budget: int):
+        """The greedy rounds of every copy (``schedule.greedy_rounds``)."""
+        from liveshard.runtime.vps.schedule import greedy_rounds
+
+        return greedy_rounds(self, budget)
+
     @cached_property
     def checksum(self) -> str:
         """sha256 over the canonical plan: inputs, rank -> device map, every copy and object move.
@@ -222,8 +249,8 @@ def plan_transition(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelC
         devices = DeviceMap(old_cfg.world_size)
     if rank_to_device is not None:
         rank_to_device = tuple(rank_to_device)
-        _check_rank_to_device(rank_to_device, new_cfg.world_size, devices)
-    plan = _plan_cached if cached else _plan_cached.__wrapped__
+        check_rank_to_device(rank_to_device, new_cfg.world_size, devices)
+    plan = cached_plan if cached else cached_plan.__wrapped__
     return plan(spec, old_cfg, new_cfg, devices, rank_to_device)
 
 
@@ -231,7 +258,7 @@ class InvalidDeviceOrder(ValueError):
     """A rank order that names a device twice, one that is gone, or the wrong number of them."""
 
 
-def _check_rank_to_device(order: tuple[int, ...], world: int, devices: DeviceMap) -> None:
+def check_rank_to_device(order: tuple[int, ...], world: int, devices: DeviceMap) -> None:
     if len(order) != world:
         raise InvalidDeviceOrder(f"{len(order)} devices given for a world of {world} ranks")
     if len(set(order)) != len(order):
@@ -243,7 +270,7 @@ def _check_rank_to_device(order: tuple[int, ...], world: int, devices: DeviceMap
 
 
 @lru_cache(maxsize=16)
-def _plan_cached(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig,
+def cached_plan(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig,
                  devices: DeviceMap, given_order: tuple[int, ...] | None) -> TransitionPlan:
     from liveshard.runtime.vps.bound import lower_bound
 
@@ -261,9 +288,9 @@ def _plan_cached(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConf
 def rank_order(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig,
                devices: DeviceMap) -> tuple[int, ...]:
     """The device each new rank runs on when no world plan fixed it: what ``plan_transition``
-    picks (``mapping``). It weighs every rank's overlap with every device, so it needs both
-    whole layouts; a running job gets its order from the world planner instead."""
-    return _intersections(spec, old_cfg, new_cfg, devices, None)[2]
+    picks (``mapping``), from the layouts' overlap figures (``overlap_figures``) with no plan
+    built; a running job gets its order from the world planner instead."""
+    return overlap_figures(spec, old_cfg, new_cfg, devices).best_order
 
 
 @dataclass(frozen=True)
@@ -296,7 +323,22 @@ class OverlapFigures:
 
 def overlap_figures(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig,
                     devices: DeviceMap) -> OverlapFigures:
-    """The overlap of the two layouts by holder class and the rank order it gives, without a plan."""
+    """The overlap of the two layouts by holder class and the rank order it gives, without a plan.
+
+    From flat ranges where the layouts split every parameter alike (``overlap.class_overlap``),
+    else by intersecting every box of the two layouts (``box_overlap_figures``): the same figures."""
+    old, new, groups = _checked_layouts(spec, old_cfg, new_cfg, devices)
+    overlap = class_overlap(old, new, groups)
+    if overlap is None:
+        return box_overlap_figures(spec, old_cfg, new_cfg, devices)
+    new_classes, old_classes = param_classes(new), param_classes(old)
+    order = assign_devices(new_cfg.world_size, devices, overlap, new_classes, old_classes)
+    return OverlapFigures(devices, dict(overlap), new_classes, old_classes, order)
+
+
+def box_overlap_figures(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig,
+                        devices: DeviceMap) -> OverlapFigures:
+    """``overlap_figures`` by intersecting every box of the two layouts (what the plan does)."""
     groups, og, ng = _geometries(spec, old_cfg, new_cfg, devices)
     _, overlap = _intersect(groups, og, ng)
     new_classes, old_classes = _classes(ng), _classes(og)
@@ -304,14 +346,20 @@ def overlap_figures(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelC
     return OverlapFigures(devices, dict(overlap), new_classes, old_classes, order)
 
 
-def _geometries(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig, devices: DeviceMap):
-    """(state groups, old geometries, new geometries) of a transition, its inputs checked."""
+def _checked_layouts(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig, devices: DeviceMap,
+                     ) -> tuple[Layout, Layout, tuple[StateGroup, ...]]:
+    """(old layout, new layout, state groups) of a transition, its inputs checked."""
     if devices.old_world != old_cfg.world_size:
         raise ConfigError("old config", f"the old config has {old_cfg.world_size} ranks but the device map "
                                     f"{devices.old_world} old devices", "old rank i runs on device i")
     old, new = Layout(spec, old_cfg), Layout(spec, new_cfg)
     devices.check_fits(new_cfg.world_size)
-    groups = state_groups(old, new)
+    return old, new, state_groups(old, new)
+
+
+def _geometries(spec: ModelSpec, old_cfg: ParallelConfig, new_cfg: ParallelConfig, devices: DeviceMap):
+    """(state groups, old geometries, new geometries) of a transition, its inputs checked."""
+    old, new, groups = _checked_layouts(spec, old_cfg, new_cfg, devices)
     og: dict[str, Geometry] = {k: build_geometry(old, k) for k in {g.old_geometry: None for g in groups}}
     ng: dict[str, Geometry] = {k: build_geometry(new, k) for k in {g.new_geometry: None for g in groups}}
     return groups, og, ng
@@ -382,10 +430,9 @@ def _intersect_geometries(old: Geometry, new: Geometry) -> list[tuple]:
 
 
 def _sources(ob, devices: DeviceMap) -> tuple[int, ...]:
-    src = getattr(ob, "_sources", None)
+    src = ob.sources
     if src is None:
-        src = tuple(sorted(d for d in ob.views() if devices.holds_old_state(d)))
-        ob._sources = src
+        src = ob.sources = tuple(sorted(d for d in ob.views() if devices.holds_old_state(d)))
     return src
 
 

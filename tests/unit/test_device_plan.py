@@ -169,7 +169,7 @@ def test_inputs_digest_changes_with_every_input_and_nothing_else():
     order = rank_order(spec, old, new, devices)
     base = inputs_digest(spec, old, new, devices, order)
     assert inputs_digest(spec, P(str(old)), P(str(new)), DeviceMap(8, 4, parse_devices("6,7"), 1), tuple(order)) == base
-    assert plan_device(spec, old, new, devices, order, 0).checksum == base
+    assert plan_device(spec, old, new, devices, order, 0).digest == base
     other = {
         "old config": inputs_digest(spec, P("tp=1,pp=2,dp=4,ep=4,dist_opt"), new, devices, order),
         "new config": inputs_digest(spec, old, P("tp=2,pp=1,dp=3,ep=2,etp=1,dist_opt"), devices, order),
@@ -246,3 +246,26 @@ def test_per_device_planning_imports_no_torch():
             "print(sorted(m for m in ('torch', 'kopf') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_both_plans_implement_one_view_and_a_device_plan_is_not_a_whole_plan():
+    from liveshard.runtime.vps.device_plan import DevicePlan
+    from liveshard.runtime.vps.plan_view import TransitionPlanView
+    from liveshard.runtime.vps.transition import TransitionPlan
+
+    spec, old, new = SPECS["tiny-moe"], P("tp=1,pp=2,dp=4,ep=2,dist_opt"), P("tp=2,pp=1,dp=3,ep=2,etp=1")
+    devices = DeviceMap(8, 4, parse_devices("6,7"), 1)
+    whole = plan_transition(spec, old, new, devices)
+    mine = plan_device(spec, old, new, devices, whole.rank_to_device, 2)
+    assert isinstance(whole, TransitionPlanView) and isinstance(mine, TransitionPlanView)
+    assert not isinstance(mine, TransitionPlan) and not issubclass(DevicePlan, TransitionPlan)
+    members = [m for m in dir(TransitionPlanView) if not m.startswith("_")]
+    members += list(TransitionPlanView.__annotations__)
+    for m in members:
+        assert hasattr(whole, m) and hasattr(mine, m), m
+    # each name means one thing: the digest is the inputs digest on both, the checksum the whole plan's own
+    assert mine.digest == whole.digest == inputs_digest(spec, old, new, devices, whole.rank_to_device)
+    assert whole.checksum != whole.digest and not hasattr(mine, "checksum")
+    assert whole.device is None and mine.device == 2
+    assert all(mine.device_bound(d) == whole.device_bound(d) for d in range(devices.num_devices))
+    assert mine.device_to_rank == whole.device_to_rank and mine.standbys == whole.standbys

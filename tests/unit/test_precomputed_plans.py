@@ -198,10 +198,10 @@ def test_planning_a_world_keeps_no_whole_transition_plan(monkeypatch):
     monkeypatch.setattr(transition_mod, "plan_transition", lambda *a, **k: calls.append("plan") or real_plan(*a, **k))
     monkeypatch.setattr(transition_mod, "overlap_figures",
                         lambda *a, **k: calls.append("figures") or real_figures(*a, **k))
-    transition_mod._plan_cached.cache_clear()
+    transition_mod.cached_plan.cache_clear()
     members = ("w0", "w1", "w2", "w3")
     gpus = [GPU(m, NODES[m], 80 << 30) for m in members if m != "w3"]
     plan = plan_world(PRESETS["tiny-llama"], gpus, FEWEST.constraints, current=ParallelConfig.parse("tp=2,pp=1,dp=2"),
                       current_members=members, lost=("w3",))
     assert plan.config.tp == 1 and calls == ["figures"]  # the layout changed: it compared orders, planned none
-    assert transition_mod._plan_cached.cache_info().currsize == 0
+    assert transition_mod.cached_plan.cache_info().currsize == 0

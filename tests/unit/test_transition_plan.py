@@ -180,7 +180,7 @@ def test_plan_is_cached_and_checksum_is_stable_across_processes():
     dm = DeviceMap(8, 4, parse_devices("6,7"), 2)
     p1 = plan_transition(spec, a, b, dm)
     assert plan_transition(spec, a, b, dm) is p1  # cache hit
-    transition_mod._plan_cached.cache_clear()
+    transition_mod.cached_plan.cache_clear()
     p2 = plan_transition(spec, a, b, dm)
     assert p2 is not p1 and p2.checksum == p1.checksum and p2.copies == p1.copies
     code = ("from liveshard.runtime.vps.transition import plan_transition;"
