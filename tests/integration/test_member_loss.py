@@ -48,7 +48,7 @@ def _worker_events(report: dict) -> dict[str, list[dict]]:
     ("tp=1,pp=1,dp=3", 0),  # recovered live from the survivors' replicas
     # the last stage's state has no other copy: recovered from the newest safety checkpoint;
     # the first stage waits on the second, whose own receive from the victim failed
-    ("tp=1,pp=3,dp=1,layers=2+1+1", 1),
+    pytest.param("tp=1,pp=3,dp=1,layers=2+1+1", 1, marks=pytest.mark.long),
 ])
 def test_survivors_of_a_member_killed_mid_step_are_released_and_train_on(tmp_path, parallel, checkpoint_every):
     report = _run(tmp_path, parallel, checkpoint_every)

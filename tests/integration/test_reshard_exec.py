@@ -73,6 +73,7 @@ def test_new_tensors_allocated_ahead_are_filled_in_place(pool, case):
 
 @settings(max_examples=15, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@pytest.mark.long
 @given(data=st.data())
 def test_random_transitions_are_bit_exact_within_budget(pool, data):
     case = transition_case(data.draw, max_procs=POOL_SIZE)
@@ -107,6 +108,7 @@ def _cli(*args: str):
                           timeout=300)
 
 
+@pytest.mark.long
 def test_cli_reshard_local_verifies_and_reports_json():
     import json
 

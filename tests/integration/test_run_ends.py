@@ -91,6 +91,7 @@ def test_a_final_checkpoint_on_a_full_disk_goes_to_the_fallback_directory(tmp_pa
     assert result["status"]["checkpoints"]["latest"]["path"] == path
 
 
+@pytest.mark.long
 @needs_namespaces
 def test_a_final_checkpoint_waits_for_space_and_is_saved_where_it_belongs(tmp_path):
     """The disk is full before the save (the free-space check finds it); once a save has failed
@@ -104,6 +105,7 @@ def test_a_final_checkpoint_waits_for_space_and_is_saved_where_it_belongs(tmp_pa
     assert "in 5 s" in failed["error"]  # says when the next attempt comes
 
 
+@pytest.mark.long
 @needs_namespaces
 def test_a_final_checkpoint_with_nowhere_to_go_fails_the_job_with_one_line(tmp_path):
     result = _on_full_tmpfs(tmp_path, "2m", "--patience", "3")
@@ -125,7 +127,7 @@ def test_a_final_checkpoint_with_nowhere_to_go_fails_the_job_with_one_line(tmp_p
     ("tp=1,pp=1,dp=3", 0),  # the survivors hold replicas of everything: recovered live
     # the victim's stage has no other copy: restored from the newest complete checkpoint (step 1;
     # step 2's was still being written), steps 2 and 3 trained again, then the final save
-    ("tp=1,pp=3,dp=1,layers=2+1+1", 1),
+    pytest.param("tp=1,pp=3,dp=1,layers=2+1+1", 1, marks=pytest.mark.long),
 ])
 def test_a_worker_killed_during_the_final_save_is_recovered_and_the_checkpoint_saved_again(
         tmp_path, parallel, checkpoint_every):
@@ -148,6 +150,7 @@ def test_a_worker_killed_during_the_final_save_is_recovered_and_the_checkpoint_s
         assert any(e["kind"] == "restore" for w in ("w0", "w1") for e in result["results"][w]["events"])
 
 
+@pytest.mark.long
 def test_a_worker_killed_while_the_first_world_starts_leaves_a_first_world_of_the_survivors(tmp_path):
     run = RunSpec.mock(MODEL, workers=3, parallel="tp=1,pp=1,dp=3", steps=STEPS, global_batch=GLOBAL_BATCH,
                        events=[], workdir=str(tmp_path / "run"), heartbeat_timeout=2.0, collective_timeout=10.0)

@@ -86,6 +86,7 @@ def test_live_equals_checkpoint_bit_for_bit(live_and_checkpoint):
     assert live["checksums"] and live["checksums"] == ckpt["checksums"]
 
 
+@pytest.mark.long
 def test_coordinator_restart_and_kill_without_notice_are_survived(tmp_path):
     """The coordinator is killed and restarted (training must not notice; the new one adopts the
     running world), then a worker is SIGKILLed: survivors detect it, the standby takes its place
@@ -113,6 +114,7 @@ def test_stop_and_resume_through_a_checkpoint_changes_nothing(tmp_path):
     assert stopped["checksums"] and stopped["checksums"] == plain["checksums"]
 
 
+@pytest.mark.long
 def test_loss_with_no_surviving_copy_rolls_back_to_the_last_checkpoint(tmp_path):
     """tp=2 on two workers: a kill -9 takes the only copy of half of every weight. The survivors
     restore the last safety checkpoint (step 2) under the config that fits them and recompute
@@ -140,6 +142,7 @@ def test_kill_in_checkpoint_mode_restarts_from_the_periodic_checkpoint(tmp_path)
     assert killed["checksums"] and killed["checksums"] == left["checksums"]
 
 
+@pytest.mark.long
 def test_fp16_overflow_steps_and_the_loss_scale_survive_a_reconfiguration(tmp_path):
     """fp16 with a loss scale far too large: the first steps overflow and are skipped (no update,
     the scale backs off), then training goes on; a member leaving in the middle changes none of
@@ -160,6 +163,7 @@ def test_fp16_overflow_steps_and_the_loss_scale_survive_a_reconfiguration(tmp_pa
     assert moved["steps"][4]["loss_scale"] < kw["initial_loss_scale"]
 
 
+@pytest.mark.long
 def test_a_job_file_on_real_text_reads_the_samples_of_an_uninterrupted_run_and_finishes(tmp_path):
     """``run-local --job``: the manifest kubectl takes, on a real corpus and BPE tokenizer, through
     a leave, a join and a TP/PP change; every step reads exactly the samples the uninterrupted

@@ -37,6 +37,7 @@ def _exact(report: dict, steps: int) -> None:
                                                        for k in range(1, steps + 1)]
 
 
+@pytest.mark.long
 def test_a_slowed_device_is_found_and_planned_around_and_a_healthy_one_never(tmp_path):
     """Healthy for 14 steps (no straggler, no switch: a false one needs 8 slow steps in a row
     on this shared machine), then device 1 at a fifth of its speed: found within a few steps,

@@ -148,6 +148,7 @@ def unweighted_job(rank: int, world: int, cfg_text: str) -> dict[str, Any]:
         trainer_module.Trainer.__init__ = original
 
 
+@pytest.mark.long
 def test_run_local_switches_to_an_uneven_split_and_back_live(tmp_path):
     """The split flows through the whole runtime: a plan that changes only ``dp_split`` is a live
     reconfiguration that moves no tensor, and the data cursor stays exact across it."""
