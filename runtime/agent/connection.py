@@ -79,9 +79,26 @@ def new_incarnation() -> str:
 
 
 def member_info(incarnation: str, **extra: Any) -> dict:
-    """What a worker announces about itself; the coordinator's planner reads ``node``."""
-    return {"host": socket.gethostname(), "node": os.environ.get(Env.NODE_NAME) or socket.gethostname(),
+    """What a worker announces about itself; the coordinator's planner reads ``node`` and
+    ``gpu_memory_bytes`` (its device's, where it has one: nodes of one job may differ)."""
+    info = {"host": socket.gethostname(), "node": os.environ.get(Env.NODE_NAME) or socket.gethostname(),
             "pid": os.getpid(), "incarnation": incarnation, "time": time.time(), **extra}
+    memory = device_memory_bytes()
+    if memory is not None:
+        info["gpu_memory_bytes"] = memory
+    return info
+
+
+def device_memory_bytes() -> int | None:
+    """The total memory of this process's CUDA device; None without one."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    except Exception:  # no driver, a device gone: the job's gpuMemory stands in
+        return None
+    return None
 
 
 def register(clients: StoreClients, worker_id: str, incarnation: str, timeout: float = 300.0) -> None:

@@ -67,6 +67,7 @@ class CoordinatorCore(Planning):
         self.finished: dict | None = None
         self.adopted_checkpoint: dict | None = None  # announced by workers after a restart
         self.nodes: dict[str, str] = {}  # each live worker's node, as it registered
+        self.memory: dict[str, int] = {}  # each live worker's device memory, where it announced one
         self._broken_since: dict[str, float] = {}
         self._broken_recoveries = 0
         self._reissue: list[PlanRequest] = []  # plans a restarted coordinator owes the workers
@@ -147,6 +148,8 @@ class CoordinatorCore(Planning):
             for m, reg in obs.registrations.items():
                 if m not in self.dead:
                     self.nodes.setdefault(m, reg.node)
+                    if reg.gpu_memory_bytes is not None:
+                        self.memory.setdefault(m, reg.gpu_memory_bytes)
                 if self.current is not None and (
                         (reg.plan is not None and reg.plan.generation == self.current.generation)
                         or (reg.open is not None and reg.open.generation == self.current.generation)):
@@ -263,11 +266,13 @@ class CoordinatorCore(Planning):
         out: list[Action] = []
         for d in verdict.dead:
             self.nodes.pop(d.member, None)
+            self.memory.pop(d.member, None)
             self._broken_since.pop(d.member, None)
             log.warning("member %s is dead: %s", d.member, d.why)
             out.append(MarkDead(d.member, d.incarnation))
         for m in verdict.readmitted:
             self.nodes.pop(m, None)  # a new process: perhaps on another node
+            self.memory.pop(m, None)
             log.warning("%s is back as a new member", m)
         # A dead member's heartbeats may still be read (readmission), never judged: judge() only
         # looks at the watched members that are alive.

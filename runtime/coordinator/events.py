@@ -24,6 +24,7 @@ class Registration:
     checkpoint: dict | None = None  # the newest checkpoint it saved
     open: OpenGeneration | None = None  # a generation inside its commit window
     pending_plan: WorldPlan | None = None  # a plan it prepared whose outcome it never learned
+    gpu_memory_bytes: int | None = None  # its device's memory (None: the job's gpuMemory stands)
 
     @classmethod
     def parse(cls, worker: str, info: object) -> Registration | None:
@@ -40,9 +41,16 @@ class Registration:
             return cls(node=str(info.get("node") or info.get("host") or worker),
                        incarnation=info.get("incarnation") or None, plan=plan(info.get("plan")),
                        latest_seen=int(info.get("latest_seen", -1)), checkpoint=info.get("checkpoint") or None,
-                       open=vote, pending_plan=plan(info.get("pending_plan")))
+                       open=vote, pending_plan=plan(info.get("pending_plan")),
+                       gpu_memory_bytes=_positive_int(info.get("gpu_memory_bytes")))
         except (KeyError, TypeError, ValueError):
             return None
+
+
+def _positive_int(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
 
 
 @dataclass(frozen=True)

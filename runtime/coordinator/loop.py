@@ -288,6 +288,7 @@ class Coordinator:
         everyone = set(a.current.members) | set(a.current.standbys)
         waiting = tuple(m for m in self.store.members() if m not in everyone and m not in a.dead)
         nodes = {m: self._node_of(m) for m in (*a.current.members, *a.current.standbys, *waiting)}
+        memory = dict(self.core.memory)
         inputs = self.source.planning() or self.core.planning
         core = self.core
 
@@ -299,7 +300,7 @@ class Coordinator:
             return core.current is not a.current or core.pending is not None or seen != a.dead
 
         def work() -> None:
-            self.precomputed = core.chooser.precompute(a.current, a.dead, inputs, nodes, waiting, moved_on)
+            self.precomputed = core.chooser.precompute(a.current, a.dead, inputs, nodes, waiting, moved_on, memory)
 
         threading.Thread(target=work, name="precompute-plans", daemon=True).start()
 
@@ -310,6 +311,8 @@ class Coordinator:
             node = reg.node if reg is not None else worker
             if reg is not None:
                 self.core.nodes[worker] = node  # fixed for the process; forgotten when it dies
+                if reg.gpu_memory_bytes is not None:
+                    self.core.memory.setdefault(worker, reg.gpu_memory_bytes)
         return node
 
     # ---- status ------------------------------------------------------------------------------

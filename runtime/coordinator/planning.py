@@ -99,7 +99,7 @@ class Planning:
             return self._reject(request, "none of the workers it names is alive and registered")
         try:
             world = self.chooser.choose(request, members, current=self.current, dead=self.dead,
-                                        inputs=self._inputs(), node_of=self._node_of)
+                                        inputs=self._inputs(), node_of=self._node_of, memory_of=self.memory.get)
         except (ConfigError, NoFeasiblePlan) as e:
             return self._reject(request, str(e))
         plan = self.chooser.plan(request, world, members, self.current, self.dead, self.next_generation, self._wall)

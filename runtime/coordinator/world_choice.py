@@ -34,13 +34,14 @@ class WorldChooser:
 
     def choose(self, request: PlanRequest, members: tuple[str, ...], *, current: WorldPlan | None,
                dead: set[str] | frozenset[str], inputs: PlanningInputs, node_of: Callable[[str], str],
-               count: bool = True) -> ParallelPlan:
+               memory_of: Callable[[str], int | None] = lambda m: None, count: bool = True) -> ParallelPlan:
         """The planner's world for ``members``: a request's explicit config keeps the rank order
         it gives (the operator's planner chose it); otherwise the planner chooses both, from the
-        inputs the operator has: the job's constraints, its GPU memory and measured speeds.
+        inputs the operator has: the job's constraints, its GPU memory and measured speeds; a
+        member that announced its device's memory (``memory_of``) is planned with that.
         Raises ``ConfigError`` or ``NoFeasiblePlan``."""
         c = inputs.constraints
-        gpus = tuple(GPU(id=m, node=node_of(m), memory_bytes=inputs.gpu_memory_bytes,
+        gpus = tuple(GPU(id=m, node=node_of(m), memory_bytes=memory_of(m) or inputs.gpu_memory_bytes,
                          speed=float(inputs.speeds.get(pod_of(m), 1.0))) for m in whole_pods(members, c.granularity))
         config = ParallelConfig.parse(request.config) if request.config is not None else None
         placed = config is not None and request.ordered  # the given order, as it is
@@ -91,7 +92,8 @@ class WorldChooser:
 
     # ---- plans ahead of events ---------------------------------------------------------------
     def precompute(self, current: WorldPlan, dead: frozenset[str], inputs: PlanningInputs,
-                   nodes: Mapping[str, str], waiting: tuple[str, ...], moved_on: Callable[[], bool]) -> dict:
+                   nodes: Mapping[str, str], waiting: tuple[str, ...], moved_on: Callable[[], bool],
+                   memory: Mapping[str, int] | None = None) -> dict:
         """The world plans, and their no-live-copy checks, for each node of ``current`` lost
         without notice (each worker, when they all share one node) and for each node of waiting
         workers joining (and all of them, when they are on several), asked exactly as a recovery
@@ -113,7 +115,7 @@ class WorldChooser:
                 gone = dead | set(lost)
                 survivors = tuple(m for m in everyone if m not in gone)
                 self._ask(current, PlanRequest(members=survivors, cause=Cause.LOST_WITHOUT_NOTICE), gone, inputs,
-                          nodes)
+                          nodes, memory)
                 asked += 1
             arriving: dict[str, list[str]] = {}
             for m in waiting:
@@ -122,7 +124,7 @@ class WorldChooser:
             for new in joins:  # each waiting node joining, and all of them together
                 if moved_on():
                     break
-                self._ask(current, PlanRequest(members=(*everyone, *new)), dead, inputs, nodes)
+                self._ask(current, PlanRequest(members=(*everyone, *new)), dead, inputs, nodes, memory)
                 asked += 1
         except Exception:  # a precomputation never takes the coordinator down: the event plans itself
             log.exception("precomputing plans for generation %d", current.generation)
@@ -131,11 +133,11 @@ class WorldChooser:
         return {"generation": current.generation, "events": asked, "seconds": seconds}
 
     def _ask(self, current: WorldPlan, request: PlanRequest, dead: frozenset[str], inputs: PlanningInputs,
-             nodes: Mapping[str, str]) -> None:
+             nodes: Mapping[str, str], memory: Mapping[str, int] | None = None) -> None:
         members = tuple(m for m in request.members if m not in dead)
         try:
             world = self.choose(request, members, current=current, dead=dead, inputs=inputs,
-                                node_of=nodes.__getitem__, count=False)
+                                node_of=nodes.__getitem__, memory_of=(memory or {}).get, count=False)
         except (ConfigError, NoFeasiblePlan):
             return  # kept as the answer
         plan = self.plan(request, world, members, current, dead, current.generation + 1, 0.0)

@@ -598,3 +598,24 @@ def test_a_change_whose_members_still_train_towards_it_is_slow_not_stuck_within_
     assert outcome.startswith("aborted: no result from") and 180.0 + 120.0 < t <= 180.0 + 120.0 + 60
     t, outcome = run(advance_until=0.0)  # never a step: the plain timeout
     assert outcome.startswith("aborted: no result from") and 120.0 < t <= 150.0
+
+
+def test_each_member_is_planned_with_the_device_memory_it_announced():
+    """A worker announces its device's memory when it registers (nodes of one job may differ):
+    the coordinator plans with it, not with the job's ``gpuMemory``. Here the job says 80 GiB,
+    but the workers' devices hold 1 KiB: no layout of the model fits them."""
+    throughput = PlanningInputs(Constraints(global_batch=4, micro_batch=1))  # the planner checks memory
+    for announced, planned in ((None, True), (2**10, False)):
+        source = Requests()
+        c = _coordinator(source, throughput)
+        _beat(c, "w0", "w1")
+        if announced is not None:
+            for w in ("w0", "w1"):
+                c.store.set_json(Keys.member(w), {"host": "h", "node": f"node-{w}", "time": time.time(),
+                                                  "gpu_memory_bytes": announced})
+        source.queue.append(PlanRequest(members=("w0", "w1"), reason="start"))
+        c.tick()
+        assert (c.pending is not None) == planned, c.history
+        if not planned:
+            assert c.history[-1]["outcome"].startswith("rejected") and "GiB" in c.history[-1]["outcome"]
+            assert c.core.memory == {"w0": 2**10, "w1": 2**10}
