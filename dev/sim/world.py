@@ -65,6 +65,7 @@ class _World:
     config: str
     gpus: tuple[_Gpu, ...]
     standby: tuple[_Gpu, ...] = ()
+    standby_reason: str = ""
 
 
 def shards(config: str) -> int:
@@ -75,7 +76,7 @@ class SimChooser(WorldChooser):
     def __init__(self) -> None:
         super().__init__(spec=None, plans=PlanCache())  # type: ignore[arg-type]
 
-    def choose(self, request, members, *, current, dead, inputs, node_of, count=True):
+    def choose(self, request, members, *, current, dead, inputs, node_of, memory_of=None, count=True):
         config = request.config or (current.config if current and current.config else "dp")
         if request.config is None and shards(config) > len(members):
             config = "dp"  # the planner picks a layout that fits
