@@ -15,7 +15,7 @@ from pathlib import Path
 
 from liveshard.dev.localrun.driver import LocalRun, plan_local_world
 from liveshard.runtime.contract.keys import Keys
-from liveshard.runtime.errors import ConfigError, RunFailed
+from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 
 
@@ -74,8 +74,8 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
             # the newest complete checkpoint: a periodic one, or the one an earlier segment
             # saved at its event (newer when the last periodic save came before that event)
             load_dir = _latest(ckpt_root / "periodic")
-            if load_dir is None:
-                raise RunFailed("no periodic checkpoint to restart from (fix: a smaller --checkpoint-every)")
+            if load_dir is None:  # killed before the first save: a restart-based system starts over
+                job.say(f"step {ev.step}: no checkpoint yet; the next processes start from the beginning")
             workers -= len(ev.ranks)
         else:
             for p in job.procs.workers.values():
