@@ -8,8 +8,10 @@ start fast and the operator image needs no torch.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from liveshard.runtime.errors import ConfigError, RunFailed
@@ -35,6 +37,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prepare-data": ("liveshard.runtime.commands.prepare_data", "tokenize text into Megatron's indexed format (.bin/.idx)"),
 }
 
+# How ``liveshard --help`` (and docs/cli-reference.md) groups the commands; every command is in
+# exactly one group.
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("run a job", ("run-local", "demo", "local-cluster")),
+    ("daemons (what a job's pods run)", ("operator", "coordinator", "worker")),
+    ("plan", ("plan", "plan-transition", "layout")),
+    ("data and checkpoints", ("prepare-data", "convert")),
+    ("dev tools", ("reshard-local",)),
+)
+
 
 # The extra that brings each optional top-level module (pyproject.toml).
 _EXTRA_OF = {"torch": "runtime", "megatron": "runtime", "numpy": "runtime", "psutil": "runtime",
@@ -51,17 +63,75 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {_one_line(message)} (fix: see {self.prog} --help)\n")
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, without the old spellings of renamed flags (``alias``)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        hidden = getattr(action, "aliases", ())
+        if hidden:
+            action = copy.copy(action)
+            action.option_strings = [o for o in action.option_strings if o not in hidden]
+        return super()._format_action_invocation(action)
+
+
+def alias(parser: argparse.ArgumentParser, flag: str, *old: str) -> None:
+    """Keep the old spellings ``old`` of ``flag`` working, hidden from ``--help`` and the CLI
+    reference (one name per meaning across commands; docs/cli-reference.md lists the renames).
+    Errors argparse reports name both spellings (``--procs/--workers``)."""
+    action = parser._option_string_actions[flag]
+    for name in old:
+        if name in parser._option_string_actions:
+            raise ValueError(f"{name} is already a flag of {parser.prog}")
+        parser._option_string_actions[name] = action
+        action.option_strings.append(name)
+    action.aliases = (*getattr(action, "aliases", ()), *old)  # type: ignore[attr-defined]
+
+
+def byte_size(flag: str) -> Callable[[str], int]:
+    """An argparse ``type`` for sizes in bytes, read as every size is (``units.parse_bytes``):
+    ``67108864``, ``64MiB``, ``1GiB``, ``80Gi``, ``96GB``."""
+    def parse(text: str) -> int:
+        from liveshard.runtime.units import parse_bytes
+
+        try:
+            return parse_bytes(text, flag)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(f"{e.problem} ({e.fix})" if e.fix else e.problem) from None
+
+    parse.__name__ = "size"
+    return parse
+
+
+def _commands_help() -> str:
+    width = max(map(len, COMMANDS)) + 2
+    blocks = []
+    for title, names in GROUPS:
+        lines = [f"{title}:"] + [f"  {name:<{width}}{COMMANDS[name][1]}" for name in names]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n\nliveshard COMMAND --help: the command's flags (docs/cli-reference.md: all of them)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="liveshard",
         description="Elastic Megatron training that switches parallelism live.",
+        epilog=_commands_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=module)
-        importlib.import_module(module).configure(p)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                help="one of the commands below")
+    for name in COMMANDS:
+        _add_command(sub, name)
     return parser
+
+
+def _add_command(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    """Command ``name``'s parser (listed in the top-level help by ``_commands_help``, by group)."""
+    module, help_text = COMMANDS[name]
+    p = sub.add_parser(name, description=help_text, formatter_class=HelpFormatter)
+    p.set_defaults(_module=module)
+    importlib.import_module(module).configure(p)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except ConfigError as e:
-        print(f"liveshard {args.command}: error: {_one_line(str(e))}", file=sys.stderr)
+        named = _with_new_names(parser, args.command, e)
+        print(f"liveshard {args.command}: error: {_one_line(str(named))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except RunFailed as e:
         print(f"liveshard {args.command}: failed: {_one_line(str(e))}", file=sys.stderr)
@@ -89,6 +160,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+def _with_new_names(parser: argparse.ArgumentParser, command: str, e: ConfigError) -> ConfigError:
+    """``e`` naming a renamed flag by both spellings, as argparse's own errors do
+    (``--procs/--workers``): the commands' checks still name the old one."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    action = sub.choices[command]._option_string_actions.get(e.field)
+    if action is None or e.field not in getattr(action, "aliases", ()):
+        return e
+    return ConfigError(f"{action.option_strings[0]}/{e.field}", e.problem, e.fix)
+
+
 def _one_line(text: str) -> str:
     """A message as the one line it must be (a value quoted in it may hold line breaks)."""
     return " ".join(text.split())
@@ -101,10 +182,7 @@ def _lazy_parser(argv: list[str]) -> argparse.ArgumentParser:
         return build_parser()
     parser = OneLineParser(prog="liveshard")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    module, help_text = COMMANDS[name]
-    p = sub.add_parser(name, help=help_text, description=help_text)
-    p.set_defaults(_module=module)
-    importlib.import_module(module).configure(p)
+    _add_command(sub, name)
     return parser
 
 

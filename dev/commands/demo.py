@@ -7,7 +7,11 @@ import tempfile
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default=None, help="directory for report.json, report.png, logs (default: a new temp dir)")
+    from liveshard.runtime.cli import alias
+
+    p.add_argument("--workdir", dest="out", default=None, metavar="DIR",
+                   help="directory for report.json, report.png, logs (default: a new temp dir)")
+    alias(p, "--workdir", "--out")  # --out: a file elsewhere
 
 
 def run(args: argparse.Namespace) -> int:

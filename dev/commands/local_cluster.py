@@ -26,9 +26,9 @@ DEFAULT_DIR = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp") / "liveshard-loc
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=("up", "down"))
+    p.add_argument("action", choices=("up", "down"), help="start the cluster, or stop the one started from --dir")
     p.add_argument("--nodes", type=int, default=4, help="fake GPU nodes (1 GPU = 1 CPU worker process each)")
-    p.add_argument("--gpus-per-node", type=int, default=1)
+    p.add_argument("--gpus-per-node", type=int, default=1, help="fake GPUs per node (default 1)")
     p.add_argument("--dir", default=str(DEFAULT_DIR), help=f"kubeconfig, pid file and logs (default {DEFAULT_DIR})")
 
 

@@ -11,10 +11,13 @@ from liveshard.runtime.errors import ConfigError
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from liveshard.runtime.cli import alias
+
     add_transition_args(p)
     p.add_argument("--procs", type=int, required=True, help="processes to spawn: old world + joiners")
-    p.add_argument("--mode", choices=("p2p", "a2a"), default="p2p",
+    p.add_argument("--collective", dest="mode", choices=("p2p", "a2a"), default="p2p",
                    help="one batched P2P group per round (default) or one all-to-all per round")
+    alias(p, "--collective", "--mode")  # --mode: run-local's live|checkpoint
     p.add_argument("--verify", action="store_true",
                    help="checksum every piece at both ends, and check every new shard bit for bit "
                         "against the reference; exit 0 only if all match")

@@ -21,16 +21,21 @@ from liveshard.runtime.commands import training_args
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from liveshard.runtime.cli import alias
+
     training_args.add_arguments(p)
-    p.add_argument("--steps", type=int, dest="train_iters", default=None,
-                   help="optimizer steps in total (the job's trainIters)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="workers (one process each) at the start (default: the job's workers.max x gpusPerWorker)")
+    alias(p, "--train-iters", "--steps")
+    p.add_argument("--procs", dest="workers", type=int, default=None, metavar="N",
+                   help="training processes (one per emulated GPU) at the start (default: the job's workers.max x "
+                        "gpusPerWorker)")
+    alias(p, "--procs", "--workers")
     p.add_argument("--parallel", default=None,
-                   help="the starting config, e.g. tp=2,pp=1,dp=2 (default: the planner's choice for --workers)")
+                   help="the starting config, e.g. tp=2,pp=1,dp=2 (default: the planner's choice for --procs)")
     p.add_argument("--events", default="", help='e.g. "5:leave=1 10:join=1 15:kill=0 20:parallel=tp=2,pp=1,dp=1"; slow devices: "5:slow=1@0.5 30:slow=1@1"; faults: '
                    '"3:kill=1@commit 4:join=1" (kill at a phase of the next change), "6:sigstop=1 8:sigcont=all"')
-    p.add_argument("--mode", choices=("live", "checkpoint"), default="live")
+    p.add_argument("--mode", choices=("live", "checkpoint"), default="live",
+                   help="how the job goes through each world change: live resharding, or save, restart and "
+                        "load a checkpoint (default live)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="periodic checkpoint interval (steps)")
     p.add_argument("--verify", action="store_true", help="checksum every transferred region")
     p.add_argument("--preallocate", choices=("auto", "all", "joiners"), default="auto",
@@ -38,8 +43,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--build-world-ahead", choices=("auto", "on", "off"), default="auto",
                    help="new members connect the next world's communicators while training goes on (liveshard worker)")
     p.add_argument("--workdir", default=None, help="logs, checkpoints and per-worker results")
-    p.add_argument("--out", default="run.json")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--result", dest="out", default="run.json", metavar="FILE",
+                   help="write the run's report here (JSON; default run.json)")
+    alias(p, "--result", "--out")
+    p.add_argument("--quiet", action="store_true", help="no progress log on stderr")
     p.add_argument("--check", action="store_true",
                    help="check the job, its data, the start config and every event, then exit (0: valid, 2: not); "
                         "starts no process")

@@ -39,7 +39,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "(Megatron-LM checkpoints)")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="export: copy this directory's tokenizer files next to the weights")
-    p.add_argument("--max-shard-size", default="5GiB", metavar="BYTES",
+    p.add_argument("--max-shard-size", default="5GiB", metavar="SIZE",
                    help="export: the largest safetensors file (default 5GiB)")
     p.add_argument("--print-model", action="store_true",
                    help="print the spec.model section for the hf:DIR given to --from, and exit")

@@ -14,15 +14,18 @@ from liveshard.runtime.planner.world import FEWEST_CHANGES, OBJECTIVES
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=os.environ.get(Env.BIND, "0.0.0.0"), help="address the store listens on")
-    p.add_argument("--port", type=int, default=int(os.environ.get(Env.PORT, "29400")))
+    p.add_argument("--port", type=int, default=int(os.environ.get(Env.PORT, "29400")),
+                   help="port the store listens on (default $LIVESHARD_PORT, else 29400)")
     p.add_argument("--job-name", default=os.environ.get(Env.JOB, "job"),
                    help="the job's name (default $LIVESHARD_JOB)")
     p.add_argument("--model", default=None,
                    help="preset or YAML file (default: $LIVESHARD_MODEL, the ModelSpec JSON the operator sets)")
     p.add_argument("--global-batch", type=int, default=None,
                    help="sequences per step, for the store source (default 8; the kubernetes source reads the job)")
-    p.add_argument("--micro-batch", type=int, default=None)
-    p.add_argument("--heartbeat-timeout", type=float, default=Defaults.HEARTBEAT_TIMEOUT)
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="sequences per micro-batch (default: the job's microBatch, else 1)")
+    p.add_argument("--heartbeat-timeout", type=float, default=Defaults.HEARTBEAT_TIMEOUT,
+                   help=f"seconds of silence before a member is declared dead (default {Defaults.HEARTBEAT_TIMEOUT:g})")
     p.add_argument("--objective", choices=OBJECTIVES, default=FEWEST_CHANGES,
                    help="what the planner optimises when the coordinator plans alone with the store source "
                         "(the kubernetes source plans as the operator does, from the job's spec)")
@@ -31,7 +34,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    default="kubernetes" if os.environ.get(Env.ROLE) == "coordinator" else "store",
                    help="where plans come from: the local driver (store) or the job's status")
     p.add_argument("--namespace", default=os.environ.get(Env.NAMESPACE)
-                   or os.environ.get("POD_NAMESPACE", "default"))
+                   or os.environ.get("POD_NAMESPACE", "default"),
+                   help="the job's namespace (default $LIVESHARD_NAMESPACE, else $POD_NAMESPACE, else default)")
     p.add_argument("--metrics-port", type=int,
                    default=int(os.environ.get(Env.METRICS_PORT) or (9400 if os.environ.get(Env.ROLE)
                                                                             == "coordinator" else 0)),

@@ -44,7 +44,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="preset name or YAML file of ModelSpec fields (required without --job)")
     p.add_argument("--gpus", type=int, help="number of GPUs (required without --job; with it: workers.max x gpusPerWorker)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs sharing NVLink (default 8)")
-    p.add_argument("--gpu-memory", help=f"memory per GPU, e.g. 80GiB, 141GB (default: the job's gpuMemory, "
+    p.add_argument("--gpu-memory", metavar="SIZE", help=f"memory per GPU, e.g. 80GiB, 141GB (default: the job's gpuMemory, "
                                         f"else {DEFAULT_GPU_MEMORY})")
     p.add_argument("--speeds", help="YAML/JSON mapping GPU index, GPU id (node-K/I) or node name to relative speed")
     p.add_argument("--tp", help="allowed tensor-parallel degrees, e.g. 1,2,4,8 (default: the job's, else any valid)")

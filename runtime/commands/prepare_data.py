@@ -38,7 +38,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-prefix", metavar="PREFIX",
                    help="writes PREFIX.bin and PREFIX.idx (directories are created)")
     p.add_argument("--json-key", default="text", help="the key holding each document's text (default: text)")
-    p.add_argument("--workers", type=int, default=1, help="tokenizer processes, one core each (default: 1)")
+    from liveshard.runtime.cli import alias
+
+    p.add_argument("--jobs", dest="workers", type=int, default=1, metavar="N",
+                   help="tokenizer processes, one core each (default: 1)")
+    alias(p, "--jobs", "--workers")  # --workers/--procs: training processes elsewhere
     p.add_argument("--append-eod", action="store_true",
                    help="end every document with the tokenizer's end-of-document id (usual for GPT pretraining)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -44,12 +44,13 @@ def add_arguments(p: argparse.ArgumentParser, *, defaults_from_env: bool = True)
     g.add_argument("--tokenizer", default=None, help="directory with tokenizer.json, or a SentencePiece .model")
     g.add_argument("--mock-data", action="store_true", help="train on synthetic tokens (tests and demos)")
     g.add_argument("--train-iters", type=int, default=None, help="optimizer steps of the whole run")
-    g.add_argument("--global-batch", type=int, default=None)
-    g.add_argument("--micro-batch", type=int, default=None)
-    g.add_argument("--seq-length", type=int, default=None)
-    g.add_argument("--lr", type=float, default=None)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None)
+    g.add_argument("--global-batch", type=int, default=None, help="sequences per optimizer step (globalBatch)")
+    g.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch (microBatch)")
+    g.add_argument("--seq-length", type=int, default=None, help="tokens per sequence (seqLength)")
+    g.add_argument("--lr", type=float, default=None, help="peak learning rate (optimizer.lr)")
+    g.add_argument("--seed", type=int, default=None, help="random seed (seed)")
+    g.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
+                   help="training dtype (precision; default: the job's, else the model's dtype)")
 
 
 def read_job_file(path: str) -> JobFile:

@@ -16,26 +16,32 @@ from liveshard.runtime.vps.transition import InvalidDeviceOrder, NoSurvivingCopy
 
 
 def add_transition_args(p: argparse.ArgumentParser) -> None:
+    from liveshard.runtime.cli import alias
+
     p.add_argument("--model", required=True, help="preset name or YAML file of ModelSpec fields")
-    p.add_argument("--from", dest="old", required=True, help="old parallel config, e.g. tp=8,pp=4,dp=8,dist_opt")
-    p.add_argument("--to", dest="new", required=True, help="new parallel config")
+    p.add_argument("--from-parallel", dest="old", required=True, metavar="CFG",
+                   help="old parallel config, e.g. tp=8,pp=4,dp=8,dist_opt")
+    p.add_argument("--to-parallel", dest="new", required=True, metavar="CFG", help="new parallel config")
+    alias(p, "--from-parallel", "--from")  # --from/--to: convert's source and target
+    alias(p, "--to-parallel", "--to")
     p.add_argument("--leave", default="", help="old devices leaving (still readable), e.g. 1,3,5,7 or 248-255")
     p.add_argument("--dead", default="", help="old devices lost without notice (cannot serve as sources)")
     p.add_argument("--join", type=int, default=0, help="devices joining, numbered after the old ones, on new nodes")
     p.add_argument("--gpus-per-node", type=int, default=8, help="devices per node (default 8)")
-    p.add_argument("--budget", default=str(DEFAULT_BUDGET),
-                   help="staging bytes per device per round, e.g. 1GiB (default 1 GiB)")
+    # read by resolve() with the same parse_bytes as the worker's --budget (a bad one: a ConfigError)
+    p.add_argument("--budget", default=str(DEFAULT_BUDGET), metavar="SIZE",
+                   help="staging bytes per device per round: bytes or a size, e.g. 64MiB, 1GiB (default 1GiB)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def resolve(args: argparse.Namespace) -> tuple[ModelSpec, ParallelConfig, ParallelConfig, DeviceMap, int]:
     spec = load_model(args.model)
-    old = _parse_cfg(args.old, "--from")
-    new = _parse_cfg(args.new, "--to")
+    old = _parse_cfg(args.old, "--from-parallel")
+    new = _parse_cfg(args.new, "--to-parallel")
     old.validate(spec)
     new.validate(spec)
     if old.world_size < 1:
-        raise ConfigError("--from", "empty world")
+        raise ConfigError("--from-parallel", "empty world")
     with as_flags():
         devices = DeviceMap(old.world_size, args.gpus_per_node, parse_devices(args.leave, "--leave"), args.join,
                             parse_devices(args.dead, "--dead"))
@@ -45,7 +51,8 @@ def resolve(args: argparse.Namespace) -> tuple[ModelSpec, ParallelConfig, Parall
 
 
 # What the pure planner calls a field, as these commands' flags.
-_FLAGS = {"old_world": "--from", "old config": "--from", "new config": "--to", "leaving": "--leave",
+_FLAGS = {"old_world": "--from-parallel", "old config": "--from-parallel", "new config": "--to-parallel",
+          "leaving": "--leave",
           "dead": "--dead", "joining": "--join", "gpus_per_node": "--gpus-per-node", "budget": "--budget",
           "device": "--device"}
 

@@ -22,20 +22,26 @@ from liveshard.runtime.contract.env import Defaults, Env
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from liveshard.runtime.cli import alias, byte_size
+
     p.add_argument("--id", default=None,
                    help="worker id (default: $LIVESHARD_POD_NAME, $POD_NAME or hostname, plus /$LOCAL_RANK); "
                         "with several local workers each gets /LOCAL_RANK appended")
-    p.add_argument("--local-workers", type=int, default=None,
+    p.add_argument("--procs", dest="local_workers", type=int, default=None, metavar="N",
                    help="training processes in this pod, one per GPU (default: $LIVESHARD_GPUS_PER_WORKER, else 1); "
                         "ignored when $LOCAL_RANK is set")
+    alias(p, "--procs", "--local-workers")
     p.add_argument("--coordinator", default=os.environ.get(Env.COORDINATOR, "127.0.0.1:29400"),
                    help="host:port of the job's coordinator store")
     p.add_argument("--job-name", default=os.environ.get(Env.JOB, "job"),
                    help="the job's name (its store is authenticated for it; default $LIVESHARD_JOB)")
     training_args.add_arguments(p)
-    p.add_argument("--max-steps", type=int, default=None,
+    p.add_argument("--stop-at-step", dest="max_steps", type=int, default=None, metavar="STEP",
                    help="stop at this step without the final checkpoint (default: train to trainIters and save it)")
-    p.add_argument("--budget", type=int, default=Defaults.STAGING_BUDGET, help="staging bytes per rank during a transfer")
+    alias(p, "--stop-at-step", "--max-steps")
+    p.add_argument("--budget", type=byte_size("--budget"), default=Defaults.STAGING_BUDGET, metavar="SIZE",
+                   help="staging bytes per rank during a transfer: bytes or a size, e.g. 64MiB, 1GiB "
+                        f"(default {Defaults.STAGING_BUDGET >> 20}MiB)")
     p.add_argument("--verify", action="store_true", help="checksum every transferred region")
     p.add_argument("--preallocate", choices=("auto", "all", "joiners"), default="auto",
                    help="who allocates its new tensors while training goes on: joiners, all members, "
@@ -47,7 +53,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transformer-impl", choices=("auto", "local", "transformer_engine"), default=None,
                    help="megatron layer modules: TransformerEngine's (GPU) or the local ones; default: the "
                         "model's transformer_impl (auto: TransformerEngine where installed on a GPU)")
-    p.add_argument("--collective-timeout", type=float, default=Defaults.COLLECTIVE_TIMEOUT)
+    p.add_argument("--collective-timeout", type=float, default=Defaults.COLLECTIVE_TIMEOUT,
+                   help=f"seconds before a collective with a dead peer fails (default {Defaults.COLLECTIVE_TIMEOUT:g})")
     p.add_argument("--pulse", action=argparse.BooleanOptionalAction, default=True,
                    help="heartbeats from a small process of their own, which work holding this process's GIL "
                         "(a data build, a compile) cannot starve (default); --no-pulse: from the control thread")
@@ -60,7 +67,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "process killed later leaves the steps it trained; with several local workers, each "
                         "writes FILE with .LOCAL_RANK before the extension")
     p.add_argument("--load", default=None, help="megatron checkpoint to start from")
-    p.add_argument("--save-dir", default=None)
+    p.add_argument("--save-dir", default=None, help="where --save-at-step saves (a megatron checkpoint)")
     p.add_argument("--save-at-step", type=int, default=None, help="save to --save-dir at this step, then exit")
     p.add_argument("--checkpoint-dir", default=os.environ.get(Env.CHECKPOINT_DIR) or None,
                    help="safety checkpoints and the checkpoint a stop saves go here (shared by all workers)")
