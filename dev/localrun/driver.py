@@ -70,9 +70,7 @@ class RunSpec:
     checkpoint_every: int = 0
     heartbeat_timeout: float = 10.0
     collective_timeout: float = 20.0
-    # the coordinator's transition timeout (None: the production default; set, the coordinator
-    # runs through ``timed_coordinator.py``, the command has no such flag)
-    transition_timeout: float | None = None
+    transition_timeout: float | None = None  # liveshard coordinator --transition-timeout (None: its default)
     workdir: str | None = None
     log: Any = None  # a file for progress lines (None: quiet)
     adaptive: AdaptivePolicy | None = None  # the coordinator's straggler policy (None: measure only)
@@ -293,9 +291,9 @@ class LocalRun:
 
     def start_coordinator(self, port: int) -> None:
         r = self.run
-        base = [*_cli(), "coordinator"] if r.transition_timeout is None else [
-            sys.executable, "-m", "liveshard.dev.localrun.timed_coordinator", "--transition-timeout",
-            str(r.transition_timeout)]
+        base = [*_cli(), "coordinator"]
+        if r.transition_timeout is not None:
+            base += ["--transition-timeout", str(r.transition_timeout)]
         cmd = [*base, "--host", "127.0.0.1", "--port", str(port),
                "--heartbeat-timeout", str(r.heartbeat_timeout), "--objective", FEWEST_CHANGES,
                "--checkpoint-dir", str(self.dir / "checkpoints" / "periodic")]

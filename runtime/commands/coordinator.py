@@ -9,6 +9,7 @@ import sys
 
 from liveshard.runtime.contract.env import Defaults, Env
 from liveshard.runtime.contract.jobspec import AdaptivePolicy
+from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.planner.world import FEWEST_CHANGES, OBJECTIVES
 
 
@@ -26,6 +27,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="sequences per micro-batch (default: the job's microBatch, else 1)")
     p.add_argument("--heartbeat-timeout", type=float, default=Defaults.HEARTBEAT_TIMEOUT,
                    help=f"seconds of silence before a member is declared dead (default {Defaults.HEARTBEAT_TIMEOUT:g})")
+    p.add_argument("--transition-timeout", type=float, default=Defaults.TRANSITION_TIMEOUT,
+                   help="seconds a change may wait for a member that does not answer (or a request for a "
+                        "worker that never registers) before it is aborted; members still training towards "
+                        f"the switch extend it up to 4 times (default {Defaults.TRANSITION_TIMEOUT:g})")
     p.add_argument("--objective", choices=OBJECTIVES, default=FEWEST_CHANGES,
                    help="what the planner optimises when the coordinator plans alone with the store source "
                         "(the kubernetes source plans as the operator does, from the job's spec)")
@@ -67,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     from liveshard.runtime.planner import Constraints
     from liveshard.runtime.spec import model_from_ref_or_env
 
+    if args.transition_timeout <= 0:
+        raise ConfigError("--transition-timeout", f"must be > 0, got {args.transition_timeout:g}", "give seconds")
     spec = model_from_ref_or_env(args.model)
     # The job's training spec (the operator and the local driver set it): progress and ETA, and
     # the batch the store source plans with.
@@ -109,6 +116,6 @@ def run(args: argparse.Namespace) -> int:
                 "metrics: cannot serve on port %d (%s); the job's Prometheus metrics are off", args.metrics_port, e)
             metrics = None
     coordinator = Coordinator(store, spec, source, planning, heartbeat_timeout=args.heartbeat_timeout,
-                              training=training, metrics=metrics, checkpoint_dir=args.checkpoint_dir)
+                              transition_timeout=args.transition_timeout, training=training, metrics=metrics, checkpoint_dir=args.checkpoint_dir)
     coordinator.run()
     return 0
