@@ -153,11 +153,18 @@ class Coordinator:
 
     def _drain(self, timeout: float = 60.0) -> None:
         """After a stop, keep the store up until the workers have seen it and exited: they read
-        the stop key from it (a restarted coordinator would have a store without it)."""
+        the stop key from it (a restarted coordinator would have a store without it). Every
+        registered worker counts, not only the world's members and standbys: a replacement or a
+        joiner still waiting for its first plan must read the stop too."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             current = self.current
-            live = [m for m in ((*current.members, *current.standbys) if current else ()) if m not in self.dead]
+            named = (*current.members, *current.standbys) if current else ()
+            try:
+                registered = tuple(self.store.members())
+            except Exception:  # the store is this process's own: only a bug gets here
+                registered = ()
+            live = [m for m in dict.fromkeys((*named, *registered)) if m not in self.dead]
             beats = [Heartbeat.parse(self.store.get_json(Keys.heartbeat(m))) for m in live]
             if all(b is None or b.ended or time.time() - b.time > self.heartbeat_timeout for b in beats):
                 return

@@ -73,6 +73,7 @@ def test_the_coordinator_killed_inside_the_commit_window_then_at_transfer_loses_
     assert all(x is not None and 0 < x < 10 for x in losses) and losses[-1] < losses[0]
 
 
+@pytest.mark.long
 def test_the_coordinator_killed_while_the_members_prepare_loses_no_change(tmp_path):
     """Prepare: the members' preparation fails with the store, they report the plan they were
     preparing, and the new coordinator asks for it again. The old world trains on meanwhile (a

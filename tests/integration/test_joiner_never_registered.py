@@ -37,6 +37,7 @@ BOUND = max(Liveness(HEARTBEAT_TIMEOUT).never_seen_grace, TRANSITION_TIMEOUT)
 MARGIN = 15.0  # coordinator ticks and a loaded machine
 
 
+@pytest.mark.long
 def test_a_join_naming_a_worker_that_never_registers_never_stalls_the_world(tmp_path):
     run = RunSpec.mock("tiny-llama", workers=1, parallel="tp=1,pp=1,dp=1", steps=STEPS, global_batch=GLOBAL_BATCH,
                        events=parse_events(f"{JOIN_STEP}:join=1 {HOLD_STEP}:slow=0@1"), workdir=str(tmp_path),

@@ -132,6 +132,7 @@ def test_loss_with_no_surviving_copy_rolls_back_to_the_last_checkpoint(tmp_path)
     assert [s["loss"] for s in rolled["steps"]][2:] == [s["loss"] for s in switched["steps"]][2:]
 
 
+@pytest.mark.long
 def test_kill_in_checkpoint_mode_restarts_from_the_periodic_checkpoint(tmp_path):
     """The restart-based path's answer to a kill -9: stop everything, restart the survivors from
     the last periodic checkpoint. It must end where a planned leave at that checkpoint ends."""

@@ -619,3 +619,23 @@ def test_each_member_is_planned_with_the_device_memory_it_announced():
         if not planned:
             assert c.history[-1]["outcome"].startswith("rejected") and "GiB" in c.history[-1]["outcome"]
             assert c.core.memory == {"w0": 2**10, "w1": 2**10}
+
+
+def test_after_a_stop_the_store_stays_up_for_every_registered_worker_not_only_the_worlds():
+    """A worker registered but in no plan yet (a replacement pod, a joiner) must read the stop key
+    too: the coordinator keeps its store up until that worker's heartbeat says it ended (or falls
+    silent), else the worker would reconnect to a restarted coordinator's store without it."""
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+    for w in ("w0", "w1"):
+        c.store.set_json(Keys.heartbeat(w), {"time": time.time(), "state": "exited"})
+    c.store.register_member("w9", {"host": "h", "node": "node-w9", "time": time.time(), "incarnation": "i9"})
+    c.store.set_json(Keys.heartbeat("w9"), {"time": time.time(), "state": "waiting"})
+    t0 = time.monotonic()
+    c._drain(timeout=0.6)
+    assert time.monotonic() - t0 >= 0.5  # waited for w9
+    c.store.set_json(Keys.heartbeat("w9"), {"time": time.time(), "state": "exited"})
+    t0 = time.monotonic()
+    c._drain(timeout=5.0)
+    assert time.monotonic() - t0 < 1.0  # every worker ended: at once

@@ -18,6 +18,7 @@ def test_cpu_dry_run_packs_and_unpacks_a_real_plan_bit_for_bit(tmp_path):
     assert parts["pack"]["figures"]["mismatched_regions"] == 0 and parts["pack"]["figures"]["bytes"] > 0
 
 
+@pytest.mark.long
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")
 def test_without_a_gpu_the_device_parts_are_skipped_and_require_gpu_fails(tmp_path, capsys):
     out = tmp_path / "check.json"

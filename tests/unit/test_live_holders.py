@@ -68,6 +68,7 @@ def test_the_holder_check_answers_as_the_whole_plan(model, old, new, dead, lost)
         assert "held only by dead devices" in ours or "every old device" in ours
 
 
+@pytest.mark.long
 def test_every_single_and_pair_of_dead_devices_on_small_worlds():
     """Every config of up to 4 ranks of tiny-moe and tiny-llama, to a 1-rank or 2-rank world,
     with every one and every two of its devices dead (the others leaving or staying)."""
