@@ -67,6 +67,7 @@ class Demo:
         self.store: Any = None
         self._seen_history = 0
         self.final_status: dict | None = None
+        self.deleted_after_stop: list[str] = []  # worker pods that did not exit on the stop key
         self.final_coordinator: dict = {}
         self._last_line = ""
 
@@ -238,14 +239,28 @@ class Demo:
         self.final_status = self.status()  # the stop ends the job's pods: judge the plans before it
         self.cluster.stop_operator()
         self.store.set(Keys.STOP, "1")
+        running = self._wait_workers_gone(timeout / 2)
+        if running:
+            # A pod still starting when the stop came (a replacement) registers after the
+            # coordinator drained and exited: its restarted coordinator's store has no stop key.
+            # It is ended as kubectl delete ends a pod (SIGTERM, then the grace period).
+            self.say(f"  {', '.join(running)} still running after the stop: deleting the pod(s)")
+            self.deleted_after_stop = running
+            for name in running:
+                self.core.delete_namespaced_pod(name, self.ns)
+            running = self._wait_workers_gone(timeout / 2)
+        if running:
+            raise DemoFailed(f"workers still running {timeout:.0f} s after the stop: {running}")
+
+    def _wait_workers_gone(self, timeout: float) -> list[str]:
+        """Wait until no worker pod runs (those of lost nodes aside); the ones still running."""
         end = time.monotonic() + timeout
-        while time.monotonic() < end:
+        while True:
             running = [n for n, p in self.pods().items() if "worker" in n
                        and p["status"].get("phase") == "Running" and p["spec"].get("nodeName") not in self.cluster.agent.lost]
-            if not running:
-                return
+            if not running or time.monotonic() > end:
+                return running
             time.sleep(0.5)
-        raise DemoFailed(f"workers still running {timeout:.0f} s after the stop: {running}")
 
     # ---- checks and report -------------------------------------------------------------------
     def results(self) -> dict[str, dict]:
@@ -339,6 +354,7 @@ class Demo:
             "end": (f"stopped by the demo after step {ordered[-1]['step']}: the operator first, then every "
                     "worker (the store's stop key); trainIters was not reached" if self.final_status is not None
                     and ordered else None),
+            "deleted_after_stop": self.deleted_after_stop,
         }
         (self.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         if ordered:
