@@ -96,7 +96,7 @@ class CoordinatorCore(Planning):
     @property
     def wants_registrations(self) -> bool:
         """Whether the loop should read the registrations this tick (besides with a request)."""
-        return self.adopting or self._deferred is not None or self._restart is not None \
+        return self.adopting or self._deferred is not None or self._restart is not None or bool(self._reissue) \
             or (self.pending is not None and self.pending.reopened) or self.liveness.awaiting_holders()
 
     def deferred_members(self) -> tuple[str, ...]:
@@ -376,6 +376,16 @@ class CoordinatorCore(Planning):
                 self.stragglers.committed(plan)
             for m in plan.members:
                 self._broken_since.pop(m, None)
+            # The plan's own dead (gone without notice when it was made) stay dead under any
+            # coordinator: one restarted since then never saw the verdict, and the process may
+            # be alive after all (frozen): it must drop the world the job went past and come back
+            # as a new process.
+            for m in plan.dead:
+                death = self.liveness.declare(m, f"named dead by generation {plan.generation}")
+                if death is not None:
+                    self.nodes.pop(m, None)
+                    self.memory.pop(m, None)
+                    out.append(MarkDead(m, death.incarnation))
         self.pending = None
         log.info("generation %d %s", plan.generation, outcome)
         out += self._unanswered(gen, outcome)

@@ -80,6 +80,12 @@ class Planning:
         if request.config == "":
             return self._start_stop(request)
         regs = obs.registrations if obs is not None else None
+        if self._deferred is not None and self._deferred[0] is not request:
+            # another change first (a recovery): the waiting request is asked again after it,
+            # not dropped (its workers may still register)
+            waiting, self._deferred = self._deferred[0], None
+            self._reissue.insert(0, waiting)
+            log.warning("request %r waits for %r", waiting.reason, request.reason)
         # A plan never names a worker that has not registered: a joiner killed before it
         # registered would stall the running world. The request waits for them (they may be
         # starting) up to the liveness judge's grace for the never seen, then goes without them.

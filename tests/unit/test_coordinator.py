@@ -639,3 +639,22 @@ def test_after_a_stop_the_store_stays_up_for_every_registered_worker_not_only_th
     t0 = time.monotonic()
     c._drain(timeout=5.0)
     assert time.monotonic() - t0 < 1.0  # every worker ended: at once
+
+
+def test_a_join_waiting_for_its_worker_is_asked_again_after_a_recovery_not_dropped():
+    """A member dies while a join waits for a worker to register: the recovery goes first, and
+    the join is asked again after it (its worker registers meanwhile and is planned in)."""
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _running(c, source, ("w0", "w1", "w2", "w3"), "tp=1,pp=1,dp=4")
+    source.queue.append(PlanRequest(members=("w0", "w1", "w2", "w3", "w9"), reason="w9 joins"))
+    c.tick()
+    assert c.core.deferred_members() == ("w0", "w1", "w2", "w3", "w9")
+    _lose(c, "w3", ("w0", "w1", "w2"))  # the recovery plans the survivors
+    assert c.pending is not None and "w3" not in c.pending.plan.members
+    assert not c.core.deferred_members() and c.core._reissue and c.core._reissue[0].reason == "w9 joins"
+    _commit(c)
+    _beat(c, "w0", "w1", "w2", "w9")  # w9 registered meanwhile
+    c.tick()
+    assert c.pending is not None and "w9" in (*c.pending.plan.members, *c.pending.plan.standbys)
+    assert "w3" not in c.pending.plan.members

@@ -25,6 +25,10 @@ REGRESSIONS = {
     # a member frozen after reading "committed", before switching, re-registers late with a
     # restarted coordinator: it is the holder of the adopted world, not another process
     991110: "w3 declared dead while heartbeating validly",
+    # a member declared dead and frozen; the coordinator restarted before the plan without it
+    # committed: the new one resolves that plan, and must carry its verdict (the process comes
+    # back as new instead of staying broken in the world the job went past)
+    26157: "w1.0 is broken outside generation 1",
 }
 
 
