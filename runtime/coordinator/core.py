@@ -141,6 +141,10 @@ class CoordinatorCore(Planning):
             # fallback and wait for space spent: ``agent.final_save``). Judged before liveness:
             # the workers exit right after saying so, and their exits are no deaths to recover.
             return self._fail("FinalCheckpointFailed", str(obs.finished["error"]))
+        if self.finished is not None:
+            # trainIters reached and the final checkpoint saved: the job is done. The workers exit
+            # now; their silence (or a forger hiding their last beats) is no loss to recover.
+            return []
         out: list[Action] = []
         if self.adopting and obs.registrations:
             out += self._adopt(obs.registrations, obs.now)

@@ -236,6 +236,13 @@ def test_progress_metrics_and_the_finish_come_from_the_heartbeats():
     source.queue.append(PlanRequest(members=("p1",), config="tp=1,pp=1,dp=1"))
     c.tick()
     assert c.pending is None and source.queue  # a finished job plans nothing more
+    # the workers exit; a forger overwrites their last beats: silence after the end is no death
+    later = time.monotonic() + 60
+    c.clock = lambda: later
+    for w in ("p1", "p2"):
+        c.store.store.set(Keys.heartbeat(w), "forged")
+    c.tick()
+    assert c.pending is None and not c.dead and not c.status().get("dead")
 
 
 def test_a_first_world_continues_the_newest_complete_checkpoint_on_the_jobs_volume(tmp_path):
