@@ -115,6 +115,7 @@ def test_convert_with_a_lying_safetensors_header(tmp_path):
 
 
 # ---- runs: 0 when finished, 1 when not ------------------------------------------------------------
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_finished_run_exits_0(tmp_path):
     r = liveshard("run-local", "--job", str(_job(tmp_path)), "--workers", "2", "--quiet",

@@ -29,6 +29,7 @@ STEPS = 10
 HEARTBEAT_TIMEOUT = 2.0
 
 
+@pytest.mark.long
 def test_a_join_aborted_by_a_frozen_joiner_is_retried_and_commits(tmp_path):
     run = RunSpec.mock("tiny-llama", workers=1, parallel="tp=1,pp=1,dp=1", steps=STEPS, global_batch=GLOBAL_BATCH,
                        events=parse_events("2:join=1 8:slow=0@1"), workdir=str(tmp_path),

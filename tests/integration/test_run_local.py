@@ -101,6 +101,7 @@ def test_coordinator_restart_and_kill_without_notice_are_survived(tmp_path):
     assert {s["world_size"] for s in report["steps"] if s["step"] > 5} == {2}  # the standby replaced it
 
 
+@pytest.mark.long
 def test_stop_and_resume_through_a_checkpoint_changes_nothing(tmp_path):
     """A stop (what the operator plans when too few workers remain) saves a checkpoint and leaves
     every worker waiting; resuming loads it. The run ends bit-identical to an uninterrupted one."""
