@@ -304,7 +304,7 @@ def run_transition(model: str, n: int, t: dict, budget: int, per_rank: int) -> d
         "busiest_network_send_bytes": bv[2], "busiest_network_recv_bytes": bv[3],
         "transfer_flat_s": flat_s(bv), "rounds": sched.rounds, "budget_bytes": budget,
         **model_t, "checksum": checksum,
-        "cli": (f"liveshard plan-transition --model {model} --from {old} --to {new} "
+        "cli": (f"liveshard plan-transition --model {model} --from-parallel {old} --to-parallel {new} "
                 f"{t['cli']} --json").replace("  ", " "),
     }
     del whole, sched
@@ -338,7 +338,7 @@ def run_transition(model: str, n: int, t: dict, budget: int, per_rank: int) -> d
 def run_extra(budget: str) -> list[dict]:
     out = []
     for name, model, old, new, leave, join, device in EXTRA:
-        base = ["liveshard", "plan-transition", "--model", model, "--from", old, "--to", new, "--budget", budget,
+        base = ["liveshard", "plan-transition", "--model", model, "--from-parallel", old, "--to-parallel", new, "--budget", budget,
                 "--json"]
         if leave:
             base += ["--leave", leave]

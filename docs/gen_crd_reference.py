@@ -42,6 +42,9 @@ def constraints(node: dict[str, Any]) -> list[str]:
     items = node.get("items") or {}
     if "enum" in items:
         out.append("each one of " + ", ".join(f"`{v}`" for v in items["enum"]))
+    if node.get("exclusiveMinimum") is True and "minimum" in node:  # OpenAPI v3.0: a flag on minimum
+        out.append(f"> {node['minimum']}")
+        node = {k: v for k, v in node.items() if k != "minimum"}
     for key, text in (("minimum", "≥ {}"), ("maximum", "≤ {}"), ("minLength", "length ≥ {}"),
                       ("maxLength", "length ≤ {}"), ("minItems", "≥ {} items"), ("maxItems", "≤ {} items")):
         if key in node:
@@ -103,7 +106,32 @@ def render(crd: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(head + section("spec", props["spec"], "spec")
-                     + section("status (written by the operator and the coordinator)", props["status"], "status"))
+                     + section("status (written by the operator and the coordinator)", props["status"], "status")
+                     + migration(props["spec"]))
+
+
+def migration(spec: dict[str, Any]) -> list[str]:
+    """The renamed fields: each old spelling the schema still accepts (its description starts
+    with "deprecated: write NEW") beside the name to write now."""
+    renamed = []
+    for section_name, node in spec["properties"].items():
+        for name, field in (node.get("properties") or {}).items():
+            text = field.get("description", "")
+            if text.startswith("deprecated: write "):
+                new = text[len("deprecated: write "):].split()[0]
+                renamed.append((f"spec.{section_name}.{name}", f"spec.{section_name}.{new}"))
+    if not renamed:
+        return []
+    return ["## Renamed fields", "",
+            "The CRD names every field in camelCase and every duration in seconds. The old spellings below "
+            "are still read until liveshard 0.3: `kubectl apply` prints a warning for each (from the "
+            "admission webhook), the operator records a `DeprecatedField` event, and `liveshard run-local "
+            "--job` prints it. A field given in both spellings is refused. `spec.model` takes "
+            "megatron-core's TransformerConfig field names in camelCase: `liveshard convert --from hf:DIR "
+            "--print-model` writes a model's fields that way.", "",
+            "| old spelling | write instead |", "|---|---|",
+            *(f"| `{old}` | `{new}` |" for old, new in renamed),
+            "", "`spec.checkpoint.intervalMinutes: N` becomes `intervalSeconds: 60 × N`.", ""]
 
 
 def main(argv: list[str] | None = None) -> int:

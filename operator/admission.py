@@ -20,7 +20,7 @@ from typing import Any
 
 from liveshard.operator.options import Options
 from liveshard.operator.policy import JobPolicy, refusal
-from liveshard.runtime.contract.jobspec import validate_spec
+from liveshard.runtime.contract.jobspec import deprecated_fields, validate_spec
 
 logger = logging.getLogger("liveshard.operator.admission")
 
@@ -47,15 +47,18 @@ def review(body: Any, policy: JobPolicy) -> dict[str, Any]:
     request = body.get("request") if isinstance(body, dict) else None
     if not isinstance(request, dict):
         raise ValueError("the body is not an AdmissionReview with a request")
-    problem = None
+    problem, warnings = None, []
     operation = request.get("operation")
     new, old = request.get("object") or {}, request.get("oldObject") or {}
     if not request.get("subResource") and (
             operation == "CREATE" or (operation == "UPDATE" and new.get("spec") != old.get("spec"))):
         problem = job_problem(new.get("spec"), policy)
+        warnings = deprecated_fields(new.get("spec"))  # kubectl prints each as "Warning: ..."
     response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": problem is None}
     if problem is not None:
         response["status"] = {"code": 422, "reason": "Invalid", "message": problem}
+    if warnings:
+        response["warnings"] = warnings
     return {"apiVersion": body.get("apiVersion") or REVIEW_API_VERSION, "kind": "AdmissionReview",
             "response": response}
 

@@ -109,7 +109,6 @@ def _meta(job: dict[str, Any], name: str, role: str | None = None,
 def _env(job: dict[str, Any], spec: JobSpec, role: str) -> list[dict[str, Any]]:
     name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
     raw = spec.raw
-    ckpt = raw.get("checkpoint") or {}
     port = (raw.get("coordinator") or {}).get("port", DEFAULT_COORDINATOR_PORT)
     env = [
         {"name": Env.JOB, "value": name},
@@ -122,9 +121,9 @@ def _env(job: dict[str, Any], spec: JobSpec, role: str) -> list[dict[str, Any]]:
         {"name": Env.MODEL, "value": json.dumps(spec.model.to_dict(), sort_keys=True)},
         # spec.training, every default spelled out: the workers' one source of what to train
         {"name": TRAINING_ENV, "value": spec.training.to_json()},
-        {"name": Env.CHECKPOINT_DIR, "value": ckpt.get("path", "/checkpoints")},
-        {"name": Env.CHECKPOINT_INTERVAL_MINUTES, "value": str(ckpt.get("intervalMinutes", 30))},
-        {"name": Env.CHECKPOINT_KEEP, "value": str(ckpt.get("keep", 3))},
+        {"name": Env.CHECKPOINT_DIR, "value": spec.checkpoint.path},
+        {"name": Env.CHECKPOINT_INTERVAL_SECONDS, "value": str(spec.checkpoint.interval_seconds)},
+        {"name": Env.CHECKPOINT_KEEP, "value": str(spec.checkpoint.keep)},
         # the job's store authenticates every value with this (runtime/control/store.py)
         {"name": SECRET_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name(name), "key": SECRET_KEY}}},
         # ... bound to this job object, so values of an earlier job of the same name do not verify
@@ -138,7 +137,7 @@ def _checkpoint_volume(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[s
     if not ckpt.get("volume"):
         return [], []
     return ([{"name": "checkpoint", **ckpt["volume"]}],
-            [{"name": "checkpoint", "mountPath": ckpt.get("path", "/checkpoints")}])
+            [{"name": "checkpoint", "mountPath": spec.checkpoint.path}])
 
 
 # PodSecurity "restricted": the image's non-root user (images/*/Dockerfile), no privilege, no

@@ -28,7 +28,7 @@ from liveshard.operator.signals import Signal
 from liveshard.runtime.cli import EXIT_BAD_INPUT
 from liveshard.runtime.contract.causes import LOSSES, Cause
 from liveshard.runtime.contract.crd import LABEL_ROLE, ROLE_COORDINATOR, ROLE_WORKER
-from liveshard.runtime.contract.jobspec import JobSpec, read_spec
+from liveshard.runtime.contract.jobspec import JobSpec, deprecated_fields, read_spec
 from liveshard.runtime.contract.status import (
     AdaptiveReport,
     CheckpointReport,
@@ -131,7 +131,8 @@ class _Reconciler(Planning):
     def cond(self, ctype: str, status: bool, reason: str, message: str) -> None:
         old = condition(self.conditions, ctype)
         was = bool(old and old.get("status") == "True")
-        self.conditions = set_condition(self.conditions, ctype, status, reason, message, self.now)
+        self.conditions = set_condition(self.conditions, ctype, status, reason, message, self.now,
+                                        observed_generation=self.meta.get("generation"))
         if status and not was and ctype in ("Suspended", "Degraded", "CheckpointFailing", "CheckpointUnavailable"):
             self.event("Warning", reason, message)
 
@@ -421,6 +422,9 @@ class _Reconciler(Planning):
                 self.event("Warning", reason, str(problem))
             return False
         self.d.spec = self.spec = spec
+        if self.status.get("observedGeneration") != self.meta.get("generation"):  # a spec not seen before
+            for line in deprecated_fields(self.job.get("spec")):
+                self.event("Warning", "DeprecatedField", line)
         self.plan = self._status_part(StatusPlan.from_status, None)
         # A plan this operator cannot read is replaced, under a newer generation than it had.
         self.last_generation = self.plan.generation if self.plan else _generation_of(self.status.get("plan"))

@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = _lazy_parser(argv)
     args = parser.parse_args(argv)
+    _warn_old_spellings(parser, args.command, argv)
     module = importlib.import_module(args._module)
     try:
         return int(module.run(args) or 0)
@@ -158,6 +159,25 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # `liveshard layout ... | head`
         return 0
+
+
+# the release after which the old spellings of renamed flags (``alias``) are no longer read
+OLD_FLAGS_READ_UNTIL = "0.3"
+
+
+def _warn_old_spellings(parser: argparse.ArgumentParser, command: str, argv: list[str]) -> None:
+    """One warning line per renamed flag given in its old spelling (``alias``)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    actions = sub.choices[command]._option_string_actions
+    for token in argv:
+        flag = token.partition("=")[0]
+        action = actions.get(flag) if flag.startswith("--") else None
+        if action is not None and flag in getattr(action, "aliases", ()):
+            print(f"liveshard {command}: warning: {flag} is the old spelling of {action.option_strings[0]} "
+                  f"(read until liveshard {OLD_FLAGS_READ_UNTIL})", file=sys.stderr)
+        elif action is not None and getattr(action, "replaced_by", None):  # another unit: not an alias
+            print(f"liveshard {command}: warning: {flag} is deprecated: give {action.replaced_by} "
+                  f"(read until liveshard {OLD_FLAGS_READ_UNTIL})", file=sys.stderr)
 
 
 def _with_new_names(parser: argparse.ArgumentParser, command: str, e: ConfigError) -> ConfigError:

@@ -236,30 +236,81 @@ class ModelSpec:
 
     # ---- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """megatron's names: the form processes exchange (``LIVESHARD_MODEL``, checkpoints)."""
         return dataclasses.asdict(self)
 
+    def to_crd(self) -> dict[str, Any]:
+        """The CRD's names (camelCase), fields that are set: a job's ``spec.model``."""
+        return {CRD_NAMES[k]: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "model") -> ModelSpec:
+    def from_dict(cls, data: dict[str, Any], source: str = "model", base: ModelSpec | None = None) -> ModelSpec:
+        """Fields under the CRD's names (``numLayers``) or megatron's (``num_layers``), not both;
+        over ``base`` (a preset) when given."""
         if not isinstance(data, dict):
             raise ConfigError(source, "must be a mapping of ModelSpec fields")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(map(str, set(data) - known))
-        if unknown:
-            raise ConfigError(f"{source}.{unknown[0]}", "unknown field",
-                              f"valid fields: {', '.join(sorted(known))}")
+        named = {**(base.to_dict() if base is not None else {}), **model_fields(data, source)}
         required = [f.name for f in fields(cls)
                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-        missing = [name for name in required if name not in data]
+        # a field is named back as the input names its fields: megatron's way, or the CRD's
+        megatron_style = bool(megatron_named(data))
+        spelled = {megatron_name(str(k)): str(k) for k in data}
+
+        def name_of(field: str) -> str:
+            return spelled.get(field, field if megatron_style else CRD_NAMES[field])
+
+        missing = [name for name in required if name not in named]
         if missing:
-            raise ConfigError(f"{source}.{missing[0]}", "is required")
+            raise ConfigError(f"{source}.{name_of(missing[0])}", "is required")
         try:
-            return cls(**data)
-        except ConfigError:
+            return cls(**named)
+        except ConfigError as e:
+            if e.field in CRD_NAMES:  # validate() names megatron's field
+                raise ConfigError(f"{source}.{name_of(e.field)}", e.problem, e.fix) from None
             raise
         except (TypeError, ValueError, OverflowError, ZeroDivisionError, AttributeError, KeyError) as e:
             # a wrong type or size that __post_init__ arithmetic tripped over
             raise ConfigError(source, f"a field has the wrong type or size ({' '.join(str(e).split())[:160]})",
                               "give each field the type the ModelSpec reference shows") from None
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+# megatron-core's field name -> the CRD's (``num_layers`` -> ``numLayers``); both are read,
+# megatron's with a deprecation warning where a user wrote them (``megatron_named``).
+CRD_NAMES: dict[str, str] = {f.name: _camel(f.name) for f in fields(ModelSpec)}
+MEGATRON_NAMES: dict[str, str] = {crd: name for name, crd in CRD_NAMES.items()}
+
+
+def megatron_name(key: str) -> str:
+    """The ModelSpec field ``key`` names (either spelling); ``key`` itself if it names none."""
+    return MEGATRON_NAMES.get(key, key)
+
+
+def megatron_named(data: Any) -> list[str]:
+    """The keys of ``data`` spelled megatron's way where the CRD's differs (``num_layers``)."""
+    if not isinstance(data, dict):
+        return []
+    return [k for k in data if isinstance(k, str) and k in CRD_NAMES and CRD_NAMES[k] != k]
+
+
+def model_fields(data: dict[str, Any], source: str = "model") -> dict[str, Any]:
+    """``data`` keyed by megatron's names; a ConfigError for an unknown field or one given twice."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = megatron_name(str(key))
+        if name not in CRD_NAMES:
+            raise ConfigError(f"{source}.{key}", "unknown field",
+                              f"valid fields: {', '.join(sorted(MEGATRON_NAMES))} (or megatron's names, "
+                              "e.g. num_layers)")
+        if name in out:
+            raise ConfigError(f"{source}.{CRD_NAMES[name]}", f"given twice, as {CRD_NAMES[name]} and {name}",
+                              f"keep {CRD_NAMES[name]}")
+        out[name] = value
+    return out
 
 
 def load_model(ref: str) -> ModelSpec:
@@ -282,8 +333,7 @@ def load_model(ref: str) -> ModelSpec:
         if not isinstance(base, str) or base not in PRESETS:
             raise ConfigError("model.preset", f"unknown preset {base!r}",
                               f"use one of: {', '.join(sorted(PRESETS))}")
-        merged = {**PRESETS[base].to_dict(), **data}
-        return ModelSpec.from_dict(merged, source=str(path))
+        return ModelSpec.from_dict(data, source=str(path), base=PRESETS[base])
     return ModelSpec.from_dict(data, source=str(path))
 
 

@@ -319,7 +319,7 @@ class LocalRun:
             base += ["--slowdown", "--stretch", repr(r.stretch)]
         cmd = [*base, "--id", wid, "--coordinator", f"127.0.0.1:{port}", "--collective-timeout", str(r.collective_timeout),
                "--result", str(self.dir / f"{safe}.json"), "--step-log", str(self.dir / f"{safe}.steps.jsonl"),
-               "--local-workers", "1", *(extra or [])]
+               "--procs", "1", *(extra or [])]
         # Safety checkpoints (every --checkpoint-every steps) and the checkpoint a stop saves.
         # Background saves complete one step after they start: a scripted run is reproducible.
         cmd += ["--checkpoint-dir", str(self.dir / "checkpoints" / "periodic"), "--checkpoint-finalize-steps", "1"]

@@ -106,7 +106,7 @@ async def reconcile_job(ctx: Context, namespace: str, name: str, pods_by_job: ko
         for index in decision.create_workers:
             if await _create(ctx, builders.worker_pod(job, decision.spec, index), refused):
                 logger.info(f"created worker pod {builders.worker_name(name, index)}")
-    _report_refused(decision, refused, now)
+    _report_refused(decision, refused, now, job["metadata"].get("generation"))
 
     if differs(job.get("status") or {}, decision.status):
         await ctx.kube.patch_job_status(namespace, name, decision.status, job["metadata"].get("resourceVersion"))
@@ -136,11 +136,11 @@ async def _create(ctx: Context, obj: dict[str, Any], refused: list[str]) -> bool
         return False
 
 
-def _report_refused(decision: Decision, refused: list[str], now: datetime) -> None:
+def _report_refused(decision: Decision, refused: list[str], now: datetime, generation: int | None) -> None:
     st = decision.status
     message = "; ".join(refused)[:1000]
     st["conditions"] = set_condition(list(st.get("conditions") or []), "ChildrenCreated", not refused,
-                                     "Refused" if refused else "Created", message, now)
+                                     "Refused" if refused else "Created", message, now, observed_generation=generation)
     if refused:
         st["message"] = f"the API server refused the job's objects: {message}"
         decision.events.append(("Warning", "CreateRefused", message))

@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from liveshard.runtime.hf.checkpoint import config_dtype, read_config
     from liveshard.runtime.hf.config import spec_from_hf_config
+    from liveshard.runtime.spec import CRD_NAMES
 
     if args.procs is not None and args.procs < 1:
         raise ConfigError("--procs", f"{args.procs} is not a positive number of processes")
@@ -71,7 +72,7 @@ def _run(args: argparse.Namespace) -> int:
         unused = {"multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
                   "v_head_dim", "moe_first_dense_layers",
                   "params_dtype"}  # a job's dtype is spec.training.precision
-        fields = {k: v for k, v in spec.to_dict().items() if v is not None and k not in unused}
+        fields = {CRD_NAMES[k]: v for k, v in spec.to_dict().items() if v is not None and k not in unused}
         print(yaml.safe_dump({"model": fields}, sort_keys=False), end="")
         return 0
     if not args.target:

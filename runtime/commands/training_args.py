@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -53,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser, *, defaults_from_env: bool = True)
                    help="training dtype (precision; default: the job's, else the model's dtype)")
 
 
+_WARNED: set[tuple[str, str]] = set()
+
+
 def read_job_file(path: str) -> JobFile:
     """The manifest at ``path``: one ElasticTrainingJob (``---`` separated documents allowed)."""
     from liveshard.runtime.inputs import load_yaml_all
@@ -64,6 +68,12 @@ def read_job_file(path: str) -> JobFile:
                           "give a file with exactly one (kind: ElasticTrainingJob)")
     job = jobs[0]
     spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
+    from liveshard.runtime.contract.jobspec import deprecated_fields
+
+    for line in deprecated_fields(spec):
+        if (path, line) not in _WARNED:  # the file is read more than once per command
+            _WARNED.add((path, line))
+            print(f"warning: {path}: {line}", file=sys.stderr)
     workers = spec.get("workers") if isinstance(spec.get("workers"), dict) else {}
     meta = job.get("metadata") if isinstance(job.get("metadata"), dict) else {}
     return JobFile(name=str(meta.get("name") or "job"), raw=job,
@@ -115,7 +125,7 @@ def resolve(args: argparse.Namespace, *, env: dict[str, str] | None = None,
         raw_spec = dict(job.raw["spec"])
         raw_spec.setdefault("image", "local")  # a local run has no image
         if args.model:  # --model overrides the manifest's
-            raw_spec["model"] = load_model(args.model).to_dict()
+            raw_spec["model"] = load_model(args.model).to_crd()
         try:
             spec = read_spec(raw_spec)
         except ConfigError as e:

@@ -74,9 +74,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between safety checkpoints (0: off)")
     p.add_argument("--checkpoint-keep", type=int, default=int(os.environ.get(Env.CHECKPOINT_KEEP) or 3),
                    help="complete checkpoints kept in --checkpoint-dir, newest first (0: all)")
-    p.add_argument("--checkpoint-interval-minutes", type=float,
-                   default=float(os.environ.get(Env.CHECKPOINT_INTERVAL_MINUTES) or 0),
-                   help="minutes between safety checkpoints (0: off)")
+    p.add_argument("--checkpoint-interval-seconds", type=float,
+                   default=float(os.environ.get(Env.CHECKPOINT_INTERVAL_SECONDS)
+                                 or 60 * float(os.environ.get(Env.CHECKPOINT_INTERVAL_MINUTES) or 0)),
+                   help="seconds between safety checkpoints (0: off)")
+    old = p.add_argument("--checkpoint-interval-minutes", type=float, default=None, help=argparse.SUPPRESS)
+    old.replaced_by = "--checkpoint-interval-seconds"  # type: ignore[attr-defined]  # cli.main warns
     p.add_argument("--checkpoint-finalize-steps", type=int, default=0,
                    help="wait for a background checkpoint this many steps after it starts (0: when done)")
     p.add_argument("--fallback-checkpoint-dir", default=os.environ.get(Env.FALLBACK_CHECKPOINT_DIR) or None,
@@ -139,7 +142,8 @@ def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None
                             collective_timeout=args.collective_timeout, pulse=args.pulse,
                             load_dir=args.load, save_dir=args.save_dir, save_at_step=args.save_at_step,
                             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                            checkpoint_interval=60.0 * args.checkpoint_interval_minutes,
+                            checkpoint_interval=(args.checkpoint_interval_seconds if args.checkpoint_interval_minutes is None
+                                                 else 60.0 * args.checkpoint_interval_minutes),
                             checkpoint_finalize_steps=args.checkpoint_finalize_steps,
                             checkpoint_keep=args.checkpoint_keep, step_log=step_log,
                             final_fallback_dir=args.fallback_checkpoint_dir,

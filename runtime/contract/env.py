@@ -20,7 +20,8 @@ class Env:
     MODEL = "LIVESHARD_MODEL"  # the model spec, JSON
     TRAINING = "LIVESHARD_TRAINING"  # the training spec, JSON (contract.training)
     CHECKPOINT_DIR = "LIVESHARD_CHECKPOINT_DIR"
-    CHECKPOINT_INTERVAL_MINUTES = "LIVESHARD_CHECKPOINT_INTERVAL_MINUTES"
+    CHECKPOINT_INTERVAL_SECONDS = "LIVESHARD_CHECKPOINT_INTERVAL_SECONDS"
+    CHECKPOINT_INTERVAL_MINUTES = "LIVESHARD_CHECKPOINT_INTERVAL_MINUTES"  # read when SECONDS is absent (older operators)
     CHECKPOINT_KEEP = "LIVESHARD_CHECKPOINT_KEEP"
     # the final checkpoint's fallback directory (a volume every worker sees) and its wait for space
     FALLBACK_CHECKPOINT_DIR = "LIVESHARD_FALLBACK_CHECKPOINT_DIR"
@@ -45,3 +46,4 @@ class Defaults:
     FINAL_SAVE_PATIENCE = 600.0  # seconds the final checkpoint's retries wait for space before the job fails
     STAGING_BUDGET = 64 << 20  # staging bytes per rank during a transfer
     GPU_MEMORY = 80 << 30  # each GPU's memory, when nothing says otherwise
+    CHECKPOINT_INTERVAL = 1800  # seconds between the fallback checkpoints (spec.checkpoint.intervalSeconds)

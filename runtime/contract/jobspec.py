@@ -13,10 +13,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from liveshard.runtime.contract.causes import NODE_KINDS
+from liveshard.runtime.contract.env import Defaults
 from liveshard.runtime.contract.training import TrainingSpec, _section, check_against_model, read_training
 from liveshard.runtime.contract.training import int_field as _int
 from liveshard.runtime.errors import ConfigError
-from liveshard.runtime.spec import ModelSpec
+from liveshard.runtime.spec import CRD_NAMES, ModelSpec, megatron_name, megatron_named
 from liveshard.runtime.units import parse_bytes
 
 DEFAULT_GPU_MEMORY = 80 * 2**30
@@ -79,6 +80,15 @@ class Network:
 
 
 @dataclass(frozen=True)
+class Checkpointing:
+    """``spec.checkpoint``: where the fallback checkpoints go, how often, how many are kept."""
+
+    path: str = "/checkpoints"
+    interval_seconds: int = Defaults.CHECKPOINT_INTERVAL  # spec.checkpoint.intervalSeconds
+    keep: int = 3  # complete checkpoints kept; 0 keeps all
+
+
+@dataclass(frozen=True)
 class JobSpec:
     model: ModelSpec  # with params_dtype set from spec.training.precision
     image: str
@@ -87,6 +97,7 @@ class JobSpec:
     elasticity: Elasticity
     training: TrainingSpec
     network: Network = field(default_factory=Network)
+    checkpoint: Checkpointing = field(default_factory=Checkpointing)
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -104,13 +115,11 @@ def read_model(model: Any) -> ModelSpec:
         raise ConfigError("spec.model", "is required", "set spec.model.preset or the model's fields")
     data = dict(model)
     preset = data.pop("preset", None)
-    if preset is not None:
-        if not isinstance(preset, str) or preset not in PRESETS:
-            raise ConfigError("spec.model.preset", f"unknown preset {preset!r}",
-                              f"use one of: {', '.join(sorted(PRESETS))}")
-        data = {**PRESETS[preset].to_dict(), **data}
+    if preset is not None and (not isinstance(preset, str) or preset not in PRESETS):
+        raise ConfigError("spec.model.preset", f"unknown preset {preset!r}",
+                          f"use one of: {', '.join(sorted(PRESETS))}")
     try:
-        return ModelSpec.from_dict(data, source="spec.model")
+        return ModelSpec.from_dict(data, source="spec.model", base=PRESETS[preset] if preset else None)
     except ConfigError as e:
         if e.field.startswith("spec.model"):
             raise
@@ -166,14 +175,15 @@ def read_spec(spec: dict[str, Any]) -> JobSpec:
     # The precision is set once, in spec.training.precision; a model that names its params_dtype
     # (an older job) is read as that precision, and contradicting both is refused.
     raw_model = spec.get("model")
-    model_dtype = raw_model.get("params_dtype") if isinstance(raw_model, dict) else None
+    model_dtype = next((v for k, v in raw_model.items() if megatron_name(str(k)) == "params_dtype"),
+                       None) if isinstance(raw_model, dict) else None
     section = spec.get("training")
     if model_dtype and isinstance(section, dict) and "precision" not in section:
         section = {**section, "precision": model_dtype}
     training = read_training(section, default_seq_length=model.max_sequence_length)
     check_against_model(training, model.max_sequence_length)
     if model_dtype and model_dtype != training.precision:
-        raise ConfigError("spec.training.precision", f"{training.precision} contradicts spec.model.params_dtype="
+        raise ConfigError("spec.training.precision", f"{training.precision} contradicts spec.model.paramsDtype="
                           f"{model_dtype}", "set the precision in one place: spec.training.precision")
     model = replace(model, params_dtype=training.precision)
     if par.ep and not model.is_moe and par.ep != (1,):
@@ -199,7 +209,49 @@ def read_spec(spec: dict[str, Any]) -> JobSpec:
         adaptive=read_adaptive(e.get("adaptive")),
     )
     return JobSpec(model=model, image=image, workers=workers, parallelism=par, elasticity=elastic, training=training,
-                   network=read_network(spec.get("network")), raw=spec)
+                   network=read_network(spec.get("network")), checkpoint=read_checkpointing(spec.get("checkpoint")),
+                   raw=spec)
+
+
+# Fields renamed to the CRD's conventions (camelCase, durations in *Seconds). The old spellings
+# are read, with a warning (``deprecated_fields``), until liveshard 0.3.
+OLD_SPELLINGS_READ_UNTIL = "0.3"
+
+
+def read_checkpointing(section: Any) -> Checkpointing:
+    """``spec.checkpoint`` (absent: the defaults); ``intervalMinutes`` is the old spelling of
+    ``intervalSeconds``."""
+    if section is None:
+        return Checkpointing()
+    if not isinstance(section, dict):
+        raise ConfigError("spec.checkpoint", f"must be a mapping, got {section!r}", "e.g. checkpoint: {intervalSeconds: 1800}")
+    path = section.get("path", Checkpointing.path)
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ConfigError("spec.checkpoint.path", f"must be an absolute path, got {path!r}", "e.g. /checkpoints")
+    if "intervalSeconds" in section and "intervalMinutes" in section:
+        raise ConfigError("spec.checkpoint.intervalMinutes", "given beside intervalSeconds",
+                          "keep intervalSeconds (intervalMinutes is its old spelling)")
+    if "intervalMinutes" in section:
+        interval = 60 * (_int(section, "intervalMinutes", "spec.checkpoint", None) or 0)
+    else:
+        interval = _int(section, "intervalSeconds", "spec.checkpoint", Defaults.CHECKPOINT_INTERVAL)
+    return Checkpointing(path=path, interval_seconds=interval,
+                         keep=_int(section, "keep", "spec.checkpoint", Checkpointing.keep, minimum=0))
+
+
+def deprecated_fields(spec: Any) -> list[str]:
+    """One warning line per field of ``spec`` written in an old spelling, naming the new one."""
+    if not isinstance(spec, dict):
+        return []
+    until = f"read until liveshard {OLD_SPELLINGS_READ_UNTIL}"
+    model = spec.get("model")
+    out = [f"spec.model.{k} is megatron's name: write {CRD_NAMES[k]} ({until})" for k in megatron_named(model)]
+    ckpt = spec.get("checkpoint")
+    if isinstance(ckpt, dict) and "intervalMinutes" in ckpt:
+        minutes = ckpt["intervalMinutes"]
+        seconds = f"{60 * minutes}" if isinstance(minutes, int) and not isinstance(minutes, bool) else "N"
+        out.append(f"spec.checkpoint.intervalMinutes is deprecated: write intervalSeconds: {seconds} ({until})")
+    return out
 
 
 EGRESS_RULE_KEYS = frozenset({"to", "ports"})  # the fields of a NetworkPolicyEgressRule

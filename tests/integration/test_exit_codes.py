@@ -118,7 +118,7 @@ def test_convert_with_a_lying_safetensors_header(tmp_path):
 @pytest.mark.long
 @pytest.mark.slow
 def test_a_finished_run_exits_0(tmp_path):
-    r = liveshard("run-local", "--job", str(_job(tmp_path)), "--workers", "2", "--quiet",
+    r = liveshard("run-local", "--job", str(_job(tmp_path)), "--procs", "2", "--quiet",
                   "--workdir", str(tmp_path / "run"), "--out", str(tmp_path / "run.json"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((tmp_path / "run.json").read_text())
@@ -129,7 +129,7 @@ def test_a_finished_run_exits_0(tmp_path):
 def test_a_dead_job_exits_1_and_says_what_to_do(tmp_path):
     """tp=2 on two workers and no checkpoint: a kill takes half of every weight with it. The run
     cannot go on; the coordinator says why and run-local passes it on, with the fix."""
-    r = liveshard("run-local", "--job", str(_job(tmp_path, trainIters=6)), "--workers", "2", "--parallel",
+    r = liveshard("run-local", "--job", str(_job(tmp_path, trainIters=6)), "--procs", "2", "--parallel",
                   "tp=2,pp=1,dp=1", "--events", "3:kill=1", "--quiet", "--workdir", str(tmp_path / "run"),
                   "--out", str(tmp_path / "run.json"), cwd=tmp_path)
     _one_line(r, 1, "run-local", "failed:", "NoSurvivingCopy", "--checkpoint-every")

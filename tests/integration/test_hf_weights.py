@@ -224,7 +224,8 @@ def test_print_model_gives_the_spec_of_the_weights(hf_models: dict) -> None:
     done = _cli("--from", f"hf:{hf_models['qwen3']}", "--print-model")
     assert done.returncode == 0, done.stderr
     model = yaml.safe_load(done.stdout)["model"]
-    spec = ModelSpec.from_dict({**model, "params_dtype": "fp32"})
+    assert "numLayers" in model and "num_layers" not in model  # the CRD's names, ready for spec.model
+    spec = ModelSpec.from_dict({**model, "paramsDtype": "fp32"})
     assert spec == _spec(hf_models["qwen3"]).__class__(**{**_spec(hf_models["qwen3"]).to_dict(), "name": spec.name})
 
 
@@ -273,7 +274,7 @@ def _run_job(tmp_path: Path, name: str, spec: dict, parallel: str, events: str =
     (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(job))
     out = tmp_path / f"{name}.json"
     cmd = [sys.executable, "-m", "liveshard.runtime.cli", "run-local", "--job", str(tmp_path / f"{name}.yaml"),
-           "--workers", "2", "--parallel", parallel, "--quiet", "--workdir", str(tmp_path / name), "--out", str(out),
+           "--procs", "2", "--parallel", parallel, "--quiet", "--workdir", str(tmp_path / name), "--result", str(out),
            "--events", events]
     if mode:
         cmd += ["--mode", mode]

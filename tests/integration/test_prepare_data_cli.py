@@ -42,7 +42,7 @@ def runs(tmp_path_factory):
     notes = root / "notes.txt"
     notes.write_text("a paragraph\nof two lines\n\nanother paragraph\n")
     good = _start("--input", str(docs), str(notes), "--tokenizer", str(tok), "--json-key", "body",
-                  "--output-prefix", str(root / "out" / "ds"), "--append-eod", "--workers", "2", "--no-progress")
+                  "--output-prefix", str(root / "out" / "ds"), "--append-eod", "--jobs", "2", "--no-progress")
     bad = _start("--input", str(docs), "--tokenizer", str(tok), "--output-prefix", str(root / "bad" / "ds"),
                  "--no-progress")
     # This process's own import of megatron-core (to read the dataset back) overlaps the runs.

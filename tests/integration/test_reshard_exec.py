@@ -112,8 +112,8 @@ def _cli(*args: str):
 def test_cli_reshard_local_verifies_and_reports_json():
     import json
 
-    out = _cli("reshard-local", "--model", "tiny-moe", "--from", "tp=1,pp=2,dp=2,ep=2,dist_opt",
-               "--to", "tp=2,pp=1,dp=2,ep=2,etp=1", "--leave", "3", "--join", "1", "--gpus-per-node", "2",
+    out = _cli("reshard-local", "--model", "tiny-moe", "--from-parallel", "tp=1,pp=2,dp=2,ep=2,dist_opt",
+               "--to-parallel", "tp=2,pp=1,dp=2,ep=2,etp=1", "--leave", "3", "--join", "1", "--gpus-per-node", "2",
                "--procs", "5", "--budget", "16KiB", "--verify", "--json")
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout)
@@ -123,6 +123,6 @@ def test_cli_reshard_local_verifies_and_reports_json():
 
 
 def test_cli_reshard_local_checks_procs():
-    out = _cli("reshard-local", "--model", "tiny-gpt", "--from", "tp=2,pp=1,dp=2", "--to", "tp=1,pp=1,dp=4",
+    out = _cli("reshard-local", "--model", "tiny-gpt", "--from-parallel", "tp=2,pp=1,dp=2", "--to-parallel", "tp=1,pp=1,dp=4",
                "--join", "1", "--procs", "4")
     assert out.returncode == 2 and "--procs 5" in out.stderr and len(out.stderr.strip().splitlines()) == 1

@@ -203,8 +203,8 @@ def test_inputs_digest_changes_with_every_input_and_nothing_else():
 
 
 def test_cli_device_prints_exactly_its_slice_of_the_whole_plan():
-    args = ("plan-transition", "--model", "tiny-moe", "--from", "tp=1,pp=2,dp=4,ep=2,dist_opt",
-            "--to", "tp=2,pp=1,dp=3,ep=2,etp=1", "--leave", "6,7", "--join", "1", "--gpus-per-node", "4",
+    args = ("plan-transition", "--model", "tiny-moe", "--from-parallel", "tp=1,pp=2,dp=4,ep=2,dist_opt",
+            "--to-parallel", "tp=2,pp=1,dp=3,ep=2,etp=1", "--leave", "6,7", "--join", "1", "--gpus-per-node", "4",
             "--budget", "64KiB")
     spec, old, new = SPECS["tiny-moe"], P("tp=1,pp=2,dp=4,ep=2,dist_opt"), P("tp=2,pp=1,dp=3,ep=2,etp=1")
     devices = DeviceMap(8, 4, parse_devices("6,7"), 1)

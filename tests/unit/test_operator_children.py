@@ -36,9 +36,10 @@ def test_a_refused_child_becomes_a_condition_an_event_and_a_message():
     assert asyncio.run(jobs._create(Ctx(Refusing(422)), POD, refused)) is False
     assert refused == ['Service 9lives: 422 Service "9lives" is invalid: metadata.name']
     d = Decision()
-    jobs._report_refused(d, refused, datetime(2026, 1, 1, tzinfo=UTC))
+    jobs._report_refused(d, refused, datetime(2026, 1, 1, tzinfo=UTC), 4)
     [cond] = [c for c in d.status["conditions"] if c["type"] == "ChildrenCreated"]
     assert cond["status"] == "False" and cond["reason"] == "Refused" and "9lives" in cond["message"]
+    assert cond["observedGeneration"] == 4
     assert "refused" in d.status["message"] and d.events[0][1] == "CreateRefused"
     assert d.requeue_after == jobs.REFUSED_RETRY_SECONDS
 

@@ -11,10 +11,11 @@ import yaml
 
 from liveshard.dev.localcluster.crd_validation import CRDValidator, InvalidObject
 from liveshard.runtime.contract.causes import NODE_KINDS
+from liveshard.runtime.contract.env import Defaults
 from liveshard.runtime.contract.jobspec import read_spec, validate_spec
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.presets import PRESETS
-from liveshard.runtime.spec import ModelSpec
+from liveshard.runtime.spec import CRD_NAMES, ModelSpec
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "elastictrainingjob.yaml"
 CRD = yaml.safe_load(CRD_PATH.read_text())
@@ -92,7 +93,15 @@ def test_schema_is_structural():
 
 def test_model_fields_follow_modelspec_and_presets():
     model = SCHEMA["properties"]["spec"]["properties"]["model"]["properties"]
-    assert set(model) - {"preset"} == {f.name for f in dataclasses.fields(ModelSpec)}
+    names = {f.name for f in dataclasses.fields(ModelSpec)}
+    # the CRD's camelCase names, and megatron's (deprecated) beside them with the same schema
+    assert set(model) - {"preset"} == {CRD_NAMES[n] for n in names} | names
+    for name in names:
+        camel = model[CRD_NAMES[name]]
+        assert {k: v for k, v in model[name].items() if k != "description"} == \
+            {k: v for k, v in camel.items() if k != "description"}, name
+        if CRD_NAMES[name] != name:
+            assert model[name]["description"].startswith(f"deprecated: write {CRD_NAMES[name]} "), name
     assert sorted(model["preset"]["enum"]) == sorted(PRESETS)
 
 
@@ -119,7 +128,8 @@ def test_a_good_manifest_passes_and_gets_defaults(validator):
     assert out["spec"]["training"]["microBatch"] == 1
     assert out["spec"]["parallelism"]["distributedOptimizer"] is True
     assert out["spec"]["elasticity"]["reconfigurationTimeoutSeconds"] == 300
-    assert out["spec"]["checkpoint"]["intervalMinutes"] == 30
+    assert "intervalSeconds" not in out["spec"]["checkpoint"]  # no schema default: intervalMinutes may stand
+    assert read_spec(out["spec"]).checkpoint.interval_seconds == Defaults.CHECKPOINT_INTERVAL
     assert out["spec"]["coordinator"]["port"] == 29400
     assert out["spec"]["command"] == ["liveshard", "worker"]
     assert read_spec(out["spec"]).workers.replicas == 16
@@ -161,7 +171,11 @@ def test_schema_rejects_with_a_readable_message(validator, changes, expected):
     ({"workers": {"min": 2, "max": 4, "replicas": 6}}, "workers.replicas must lie within workers.min..workers.max"),
     ({"workers": {"min": 2, "max": 4, "replicas": 1}}, "workers.replicas must lie within"),
     ({"training__globalBatch": 100, "training__microBatch": 3}, "globalBatch must be a multiple of microBatch"),
-    ({"model": {"hidden_size": 64}}, "model: give a preset, or num_layers"),
+    ({"model": {"hidden_size": 64}}, "model: give a preset, or numLayers"),
+    ({"model": {"hiddenSize": 64}}, "model: give a preset, or numLayers"),
+    ({"model": {"preset": "tiny-gpt", "numAttentionHeads": 4, "numQueryGroups": 3}},
+     "model.numQueryGroups must divide numAttentionHeads"),
+    ({"checkpoint": {"intervalSeconds": 60, "intervalMinutes": 1}}, "checkpoint: give intervalSeconds only"),
     ({"model": {"preset": "tiny-gpt", "num_attention_heads": 4, "num_query_groups": 3}},
      "model.num_query_groups must divide num_attention_heads"),
     ({"workers": {"min": 1, "max": 1, "gpusPerWorker": 1}, "parallelism__tp": [2, 4]},

@@ -272,17 +272,17 @@ def test_device_map_checks():
 
 
 def test_cli_names_the_flag_behind_a_planner_error():
-    out = run_cli("plan-transition", "--model", "tiny-gpt", "--from", "tp=1,pp=1,dp=2", "--to", "tp=1,pp=1,dp=2",
+    out = run_cli("plan-transition", "--model", "tiny-gpt", "--from-parallel", "tp=1,pp=1,dp=2", "--to-parallel", "tp=1,pp=1,dp=2",
                "--leave", "5")
     assert out.returncode == 2 and "--leave: device 5 is not an old device" in out.stderr, out.stderr
-    out = run_cli("plan-transition", "--model", "tiny-gpt", "--from", "tp=2,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1",
+    out = run_cli("plan-transition", "--model", "tiny-gpt", "--from-parallel", "tp=2,pp=1,dp=1", "--to-parallel", "tp=1,pp=1,dp=1",
                "--dead", "1")
     assert out.returncode == 2 and "--dead: " in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_cli_plan_transition_json_fields():
-    out = run_cli("plan-transition", "--model", "tiny-moe", "--from", "tp=1,pp=2,dp=4,ep=2,dist_opt",
-               "--to", "tp=2,pp=1,dp=3,ep=2,etp=1", "--leave", "6,7", "--join", "1", "--gpus-per-node", "4",
+    out = run_cli("plan-transition", "--model", "tiny-moe", "--from-parallel", "tp=1,pp=2,dp=4,ep=2,dist_opt",
+               "--to-parallel", "tp=2,pp=1,dp=3,ep=2,etp=1", "--leave", "6,7", "--join", "1", "--gpus-per-node", "4",
                "--budget", "64KiB", "--json")
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
@@ -292,8 +292,8 @@ def test_cli_plan_transition_json_fields():
     assert r["peak_staging_bytes"] <= 64 * 1024
     assert len(r["rank_to_device"]) == 6 and not {6, 7} & set(r["rank_to_device"])
     assert r["bottleneck_bytes"] >= r["lower_bound_bytes"] > 0
-    text = run_cli("plan-transition", "--model", "tiny-moe", "--from", "tp=1,pp=2,dp=4,ep=2,dist_opt",
-                "--to", "tp=2,pp=1,dp=3,ep=2,etp=1", "--leave", "6,7", "--join", "1", "--gpus-per-node", "4")
+    text = run_cli("plan-transition", "--model", "tiny-moe", "--from-parallel", "tp=1,pp=2,dp=4,ep=2,dist_opt",
+                "--to-parallel", "tp=2,pp=1,dp=3,ep=2,etp=1", "--leave", "6,7", "--join", "1", "--gpus-per-node", "4")
     assert text.returncode == 0 and "lower bound" in text.stdout and r["checksum"][:16] in text.stdout
 
 
@@ -305,14 +305,14 @@ def test_cli_plan_transition_json_fields():
     (("--budget", "4"), "--budget"),
 ])
 def test_cli_plan_transition_bad_input_is_one_line(args, field):
-    out = run_cli("plan-transition", "--model", "tiny-gpt", "--from", "tp=2,pp=1,dp=2", "--to", "tp=1,pp=1,dp=4", *args)
+    out = run_cli("plan-transition", "--model", "tiny-gpt", "--from-parallel", "tp=2,pp=1,dp=2", "--to-parallel", "tp=1,pp=1,dp=4", *args)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0], out.stderr
 
 
 def test_cli_new_world_too_big():
-    out = run_cli("plan-transition", "--model", "tiny-gpt", "--from", "tp=2,pp=1,dp=2", "--to", "tp=2,pp=1,dp=2",
+    out = run_cli("plan-transition", "--model", "tiny-gpt", "--from-parallel", "tp=2,pp=1,dp=2", "--to-parallel", "tp=2,pp=1,dp=2",
                "--leave", "0")
     assert out.returncode == 2 and "--to" in out.stderr and "--join" in out.stderr
 
