@@ -305,7 +305,7 @@ def run_transition(model: str, n: int, t: dict, budget: int, per_rank: int) -> d
         "transfer_flat_s": flat_s(bv), "rounds": sched.rounds, "budget_bytes": budget,
         **model_t, "checksum": checksum,
         "cli": (f"liveshard plan-transition --model {model} --from-parallel {old} --to-parallel {new} "
-                f"{t['cli']} --json").replace("  ", " "),
+                f"--budget {budget} {t['cli']} --json").replace("  ", " "),
     }
     del whole, sched
     transition_mod.cached_plan.cache_clear()
@@ -353,7 +353,7 @@ def run_extra(budget: str) -> list[dict]:
         nodes_of = [d // GPUS_PER_NODE for d in range(whole["devices"]["old_world"] + whole["devices"]["joining"])]
         out.append({
             "name": name, "model": model, "from": whole["from"], "to": whole["to"], "leave": leave, "join": join,
-            "command": " ".join(base).replace(f" --budget {budget}", ""),
+            "command": " ".join(base),
             "plan_seconds": whole["plan_seconds"], "schedule_seconds": whole["schedule_seconds"],
             "command_wall_s": whole_wall, "bytes_moved": whole["bytes_moved"],
             "inter_node_bytes": whole["inter_node_bytes"], "bottleneck_bytes": whole["bottleneck_bytes"],

@@ -6,12 +6,12 @@ import argparse
 import contextlib
 from collections.abc import Iterator
 
+from liveshard.runtime.contract.env import Defaults
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec, load_model
 from liveshard.runtime.units import parse_bytes
 from liveshard.runtime.vps.devices import DeviceMap, device_list, parse_devices
-from liveshard.runtime.vps.schedule import DEFAULT_BUDGET
 from liveshard.runtime.vps.transition import InvalidDeviceOrder, NoSurvivingCopy
 
 
@@ -28,9 +28,11 @@ def add_transition_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dead", default="", help="old devices lost without notice (cannot serve as sources)")
     p.add_argument("--join", type=int, default=0, help="devices joining, numbered after the old ones, on new nodes")
     p.add_argument("--gpus-per-node", type=int, default=8, help="devices per node (default 8)")
-    # read by resolve() with the same parse_bytes as the worker's --budget (a bad one: a ConfigError)
-    p.add_argument("--budget", default=str(DEFAULT_BUDGET), metavar="SIZE",
-                   help="staging bytes per device per round: bytes or a size, e.g. 64MiB, 1GiB (default 1GiB)")
+    # read by resolve() with the same parse_bytes as the worker's --budget (a bad one: a ConfigError),
+    # and the worker's default: the plan is the one a worker would carry out
+    p.add_argument("--budget", default=str(Defaults.STAGING_BUDGET), metavar="SIZE",
+                   help="staging bytes per device per round: bytes or a size, e.g. 64MiB, 1GiB "
+                        "(default 64MiB, the worker's --budget)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

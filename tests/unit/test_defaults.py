@@ -47,3 +47,11 @@ def test_the_adaptive_policy_defaults_are_the_crds_and_the_command_lines():
     for field, crd_name in pairs.items():
         assert cli[f"adaptive_{field}"] == getattr(policy, field) == props[crd_name]["default"], field
     assert props["enabled"]["default"] is policy.enabled is cli["adaptive"] is False
+
+
+def test_the_planning_tools_plan_with_the_workers_staging_budget():
+    from liveshard.runtime.commands.transition_args import add_transition_args
+    from liveshard.runtime.units import parse_bytes
+
+    tool, worker = _defaults(add_transition_args), _defaults(worker_cmd.configure)
+    assert parse_bytes(tool["budget"], "--budget") == worker["budget"] == Defaults.STAGING_BUDGET
