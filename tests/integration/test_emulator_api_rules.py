@@ -111,6 +111,28 @@ def test_exclusive_minimum_is_a_flag_beside_minimum(custom):
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
 
 
+def test_a_converted_hf_models_spec_model_is_accepted_and_reads_back_the_same(custom):
+    """What ``liveshard convert --print-model`` writes (the CRD's camelCase names) for a real
+    architecture's config, applied as a job's spec.model."""
+    from liveshard.runtime.contract.jobspec import read_spec
+    from liveshard.runtime.hf.config import spec_from_hf_config
+
+    ns = "hf"
+    config = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "vocab_size": 256, "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+              "hidden_act": "silu", "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+    spec = spec_from_hf_config(config, params_dtype="bf16", source="config.json")
+    model = {k: v for k, v in spec.to_crd().items() if k != "paramsDtype"}
+    body = job_body("qwen", ns)
+    body["spec"]["model"] = model
+    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+    got = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "qwen")
+    assert got["spec"]["model"] == model  # nothing pruned: every field is in the schema
+    job = read_spec({**got["spec"], "training": {**got["spec"]["training"], "precision": "bf16"}})
+    assert job.model == spec
+
+
 # ---- pods: binding, immutability, graceful deletion ---------------------------------------------
 def test_a_pod_spec_is_immutable_and_a_binding_schedules_it(core):
     ns = "bind"
