@@ -21,13 +21,18 @@ from typing import Any
 
 from liveshard.operator import builders
 from liveshard.operator.conditions import condition, set_condition
+from liveshard.operator.endings import (
+    COUNTED_FAILURES_LIMIT,
+    HISTORY_LIMIT,
+    Endings,
+    status_count,
+)
 from liveshard.operator.observed import Worker, observe_workers
 from liveshard.operator.planning import Planning
 from liveshard.operator.policy import DEFAULT_POLICY, JobPolicy, refusal
 from liveshard.operator.signals import Signal
-from liveshard.runtime.cli import EXIT_BAD_INPUT
 from liveshard.runtime.contract.causes import LOSSES, Cause
-from liveshard.runtime.contract.crd import LABEL_ROLE, ROLE_COORDINATOR, ROLE_WORKER
+from liveshard.runtime.contract.crd import LABEL_ROLE, ROLE_COORDINATOR
 from liveshard.runtime.contract.jobspec import JobSpec, deprecated_fields, read_spec
 from liveshard.runtime.contract.status import (
     AdaptiveReport,
@@ -46,24 +51,13 @@ from liveshard.runtime.contract.times import iso, parse_time
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.planner.pods import Candidate
 
-HISTORY_LIMIT = 20
 ABORT_RETRY_SECONDS = 30.0
 IDLE_REQUEUE_SECONDS = 30.0
 UNACKED_REQUEUE_SECONDS = 5.0
-COUNTED_FAILURES_LIMIT = 50  # UIDs kept in status.countedFailures
 # A failed worker pod is re-created after a back-off that doubles with each failure of the job's
 # pods (as a Kubernetes Job's pods are), so a crash loop costs little API and scheduler work.
 POD_BACKOFF_BASE_SECONDS = 10.0
 POD_BACKOFF_MAX_SECONDS = 300.0
-FAILED_REQUEUE_SECONDS = 300.0
-# After the run's end (status.finishedAt), the seconds a worker pod still running has to exit by
-# itself before it is deleted: anything running later (a pod re-created as the run ended) would
-# hold its GPU for nothing.
-FINISHED_WORKER_GRACE_SECONDS = 30.0
-# Worker pods that exit with the runtime's "bad input" code and the same one-line message, one
-# after another while the job is not training: a configuration error no re-creation will fix.
-# The job fails after this many (a job of several pods, all failing at once, at its first try).
-CONFIG_ERROR_LIMIT = 3
 
 
 def pod_backoff_seconds(pod_failures: int) -> float:
@@ -103,7 +97,7 @@ def reconcile(job: dict[str, Any], pods: list[dict[str, Any]], nodes: Mapping[st
     return _Reconciler(job, pods, nodes, node_labels or {}, now, scale_up_checked, policy).run()
 
 
-class _Reconciler(Planning):
+class _Reconciler(Planning, Endings):
     """One pass over one job, in phases: read the spec, the coordinator pod, the runtime's
     answer to the current plan, who is leaving, whether to plan anew, pods, conditions."""
 
@@ -200,178 +194,6 @@ class _Reconciler(Planning):
         if plan and not acked:
             d.requeue_after = min(d.requeue_after, UNACKED_REQUEUE_SECONDS)
         return d
-
-    # -- the end --
-    def _succeeded(self, finished: Finished) -> None:
-        """Training reached trainIters and its final checkpoint is complete: the job is done.
-        Nothing is planned or created any more (an operator restart reads the same status); the
-        coordinator pod, which restarts on exit, is deleted. Nothing else of the job may keep
-        running or pending (a worker pod re-created while the run ended would hold, or wait for,
-        a GPU): pending worker pods are deleted at once, running ones once the run has been over
-        for ``FINISHED_WORKER_GRACE_SECONDS`` (the members exit 0 by themselves right after the
-        final checkpoint). Worker pods that exited stay for their logs."""
-        st, d = self.d.status, self.d
-        where = f"; final checkpoint {finished.checkpoint}" if finished.checkpoint else ""
-        message = f"trained {finished.step} steps{where}"
-        if self.status.get("phase") != JobPhase.SUCCEEDED:
-            self.event("Normal", "Succeeded", message)
-        st["phase"] = JobPhase.SUCCEEDED
-        st["message"] = message
-        d.create_coordinator = False
-        d.requeue_after = FAILED_REQUEUE_SECONDS
-        wait = FINISHED_WORKER_GRACE_SECONDS - (self.now - finished.at).total_seconds()
-        for p in self.pods:
-            meta = p.get("metadata") or {}
-            role = (meta.get("labels") or {}).get(LABEL_ROLE)
-            phase = (p.get("status") or {}).get("phase") or "Pending"
-            if meta.get("deletionTimestamp") or role not in (ROLE_COORDINATOR, ROLE_WORKER):
-                continue
-            if role == ROLE_WORKER and phase in ("Succeeded", "Failed"):
-                continue  # exited: kept for its logs
-            if role == ROLE_WORKER and phase != "Pending" and wait > 0:
-                d.requeue_after = min(d.requeue_after, wait + 0.1)  # let it exit on its own first
-                continue
-            d.delete_pods.append(meta["name"])
-        self.cond(ConditionType.SUCCEEDED, True, "TrainItersReached", message)
-        self.cond(ConditionType.READY, False, "Succeeded", message)
-        self.cond(ConditionType.RECONFIGURING, False, "Idle", "")
-        st["conditions"] = self.conditions
-        st["history"] = self.history[-HISTORY_LIMIT:]
-
-    # -- failed pods and the job's budget for them --
-    def _failure_budget_spent(self, workers: list[Worker]) -> bool:
-        """Note the worker pods that crashed since the last pass; whether, with them, more have
-        failed than ``spec.elasticity.maxPodFailures`` allows."""
-        counted = set(self.status.get("countedFailures") or [])
-        self.pod_failures = _count(self.status.get("podFailures"))
-        self.crashed = [w for w in workers if w.dead and not w.deleting and w.signal is not None
-                        and w.signal.kind == Cause.POD_FAILED and w.signal.failure and w.uid not in counted]
-        limit = self.spec.elasticity.max_pod_failures
-        return limit is not None and self.pod_failures + len(self.crashed) > limit
-
-    def _failed(self, workers: list[Worker]) -> None:
-        """More worker pods failed than the job allows: the job has failed. Nothing is planned or
-        created; pods still running or pending are deleted (their GPUs are released), failed ones
-        are kept for their logs. Raising ``maxPodFailures`` (or removing it) resumes the job."""
-        total = self._count_crashed()
-        limit = self.spec.elasticity.max_pod_failures
-        message = (f"{total} worker pods failed, more than spec.elasticity.maxPodFailures={limit}: the job "
-                   "has failed and its running pods are deleted (raise maxPodFailures to resume it)")
-        old = condition(self.conditions, ConditionType.FAILED)
-        if not (old and old.get("status") == "True"):
-            last = "; ".join(f"{w.name}: {w.signal.reason}" for w in self.crashed if w.signal)
-            self.event("Warning", "PodFailureBudgetExceeded", message + (f"; last: {last}" if last else ""))
-        self._fail_job(workers, "PodFailureBudgetExceeded", message)
-
-    def _count_crashed(self) -> int:
-        """Count the pods that crashed since the last pass (the job's pod failures, now)."""
-        st, d = self.d.status, self.d
-        total = self.pod_failures + len(self.crashed)
-        if self.crashed:
-            counted = [*(self.status.get("countedFailures") or []), *(w.uid for w in self.crashed)]
-            d.new_failures = len(self.crashed)
-            st["failures"] = _count(self.status.get("failures")) + len(self.crashed)
-            st["countedFailures"] = counted[-COUNTED_FAILURES_LIMIT:]
-            st["podFailures"] = total
-        return total
-
-    # -- a configuration error: the same bad input from worker pod after worker pod --
-    def _config_error(self, workers: list[Worker]) -> bool:
-        """Note the worker pods that exited ``EXIT_BAD_INPUT`` since the last pass in
-        ``status.configError`` (the message, how many in a row, the job generation); whether
-        ``CONFIG_ERROR_LIMIT`` of them said the same. Another exit, or a job training (an
-        applied plan with GPUs and a worker pod running: the input works for some), clears the
-        count; a new spec generation resumes a job this failed."""
-        st = self.d.status
-        raw = self.status.get("configError")
-        old = raw if isinstance(raw, dict) else {}
-        generation = self.meta.get("generation")
-        message, count = str(old.get("message") or ""), _count(old.get("count"))
-        if old and old.get("generation") != generation:
-            message, count, self.resume_reason = "", 0, "SpecChanged"  # the spec was edited: try it
-        plan = self.plan
-        applied = _count(self.status.get("worldSize")) > 0 or (
-            plan is not None and bool(plan.members) and self.ack.generation >= plan.generation)
-        if applied and any(w.running for w in workers):
-            message, count = "", 0  # training (an applied plan has GPUs, a pod runs): the input works
-        else:
-            for w in self.crashed:
-                sig = w.signal
-                if sig is not None and sig.exit_code == EXIT_BAD_INPUT:
-                    said = sig.termination or f"exit code {EXIT_BAD_INPUT} (no message)"
-                    message, count = said, (count + 1 if said == message else 1)
-                else:
-                    message, count = "", 0
-        new = {"message": message, "count": count, "generation": generation} if count else None
-        if new != (old or None):
-            st["configError"] = new
-        self.config_error = new
-        return new is not None and count >= CONFIG_ERROR_LIMIT
-
-    def _config_failed(self, workers: list[Worker]) -> None:
-        """Worker pods keep exiting on the same bad input: the job has failed with the workers'
-        own message. Nothing is planned or created; pods still running or pending (and the
-        coordinator) are deleted, failed ones stay for their logs. A new spec resumes the job."""
-        assert self.config_error is not None
-        self._count_crashed()
-        line, count = self.config_error["message"], self.config_error["count"]
-        message = (f"{line} (worker pods exited {EXIT_BAD_INPUT}, bad input, {count} times in a row with this "
-                   "message: fix the job's spec and the job starts again)")
-        old = condition(self.conditions, ConditionType.FAILED)
-        if not (old and old.get("status") == "True" and old.get("reason") == "WorkerConfigError"):
-            self.event("Warning", "WorkerConfigError", message)
-        self._fail_job(workers, "WorkerConfigError", message)
-
-    def _fail_job(self, workers: list[Worker], reason: str, message: str) -> None:
-        """The job ends ``Failed`` for ``reason``: phase, message and conditions say why, and its
-        running pods are released."""
-        st = self.d.status
-        st["phase"] = JobPhase.FAILED
-        st["message"] = message
-        self.cond(ConditionType.FAILED, True, reason, message)
-        self.cond(ConditionType.READY, False, reason, message)
-        self.cond(ConditionType.RECONFIGURING, False, "Idle", "")
-        self._release(workers)
-        st["conditions"] = self.conditions
-        st["history"] = self.history[-HISTORY_LIMIT:]
-        self.d.requeue_after = FAILED_REQUEUE_SECONDS
-
-    def _release(self, workers: list[Worker]) -> None:
-        """Delete the coordinator and every worker pod still running or pending; create nothing."""
-        d = self.d
-        d.create_coordinator = False
-        for w in workers:
-            if not w.deleting and not w.dead:
-                d.delete_pods.append(w.name)
-        for p in self.pods:
-            meta = p.get("metadata") or {}
-            if (meta.get("labels") or {}).get(LABEL_ROLE) == ROLE_COORDINATOR and not meta.get("deletionTimestamp"):
-                d.delete_pods.append(meta["name"])
-        d.status["replicas"] = sum(1 for w in workers if not w.deleting and w.name not in d.delete_pods)
-
-    def _runtime_failed(self, failure: RuntimeFailure, workers: list[Worker]) -> None:
-        """The runtime reported that the run cannot go on (e.g. state lost with no surviving
-        copy and no checkpoint): the job has failed. Its workers were told to stop; their pods
-        and the coordinator's are deleted (the GPUs are released), and nothing is created."""
-        st, d = self.d.status, self.d
-        message = f"{failure.message} (the runtime cannot continue the run)"
-        old = condition(self.conditions, ConditionType.FAILED)
-        if not (old and old.get("status") == "True"):
-            self.event("Warning", failure.reason, message)
-        st["phase"] = JobPhase.FAILED
-        st["message"] = message
-        self.cond(ConditionType.FAILED, True, failure.reason, message)
-        self.cond(ConditionType.READY, False, failure.reason, message)
-        self.cond(ConditionType.RECONFIGURING, False, "Idle", "")
-        d.create_coordinator = False
-        d.delete_pods.extend(w.name for w in workers if not w.deleting)
-        for p in self.pods:
-            meta = p.get("metadata") or {}
-            if (meta.get("labels") or {}).get(LABEL_ROLE) == ROLE_COORDINATOR and not meta.get("deletionTimestamp"):
-                d.delete_pods.append(meta["name"])
-        st["conditions"] = self.conditions
-        st["history"] = self.history[-HISTORY_LIMIT:]
-        d.requeue_after = FAILED_REQUEUE_SECONDS
 
     def _checkpoint_conditions(self) -> None:
         """``CheckpointUnavailable`` and ``CheckpointFailing`` from the runtime's checkpoint
@@ -497,7 +319,7 @@ class _Reconciler(Planning):
                                f"{pod_failures}{allowed}; re-created in {wait:.0f}s")
             self.event("Normal", "WorkerRemoved", f"deleting {w.name}: {why.reason}")
         if d.new_failures:
-            st["failures"] = _count(self.status.get("failures")) + d.new_failures
+            st["failures"] = status_count(self.status.get("failures")) + d.new_failures
             st["countedFailures"] = counted[-COUNTED_FAILURES_LIMIT:]
         if pod_failures != self.pod_failures:
             st["podFailures"] = pod_failures
@@ -606,14 +428,6 @@ class _Reconciler(Planning):
         failed = condition(self.conditions, ConditionType.FAILED)
         if failed is not None and failed.get("status") != "False":  # resumed: maxPodFailures raised, spec edited
             self.cond(ConditionType.FAILED, False, self.resume_reason, "")
-
-
-def _count(value: Any) -> int:
-    """A counter from the status; a malformed one reads as 0 (never raised)."""
-    try:
-        return max(0, int(value or 0))
-    except (TypeError, ValueError):
-        return 0
 
 
 __all__ = ["Decision", "reconcile"]

@@ -24,7 +24,7 @@ import pytest
 from test_operator_emulator import Operator, wait_for
 
 from liveshard.dev.localcluster.node_agent import NodeAgent
-from liveshard.operator.reconcile import FINISHED_WORKER_GRACE_SECONDS
+from liveshard.operator.endings import FINISHED_WORKER_GRACE_SECONDS
 from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 from liveshard.runtime.contract.status import Finished
 

@@ -436,7 +436,7 @@ def test_nothing_of_a_succeeded_job_keeps_running_or_pending():
     status said Succeeded) would hold a GPU, or wait for one, forever: a pending one is deleted
     with the coordinator at once, a running one once the members have had their time to exit by
     themselves; those that exited stay for their logs; none is created, now or later."""
-    from liveshard.operator.reconcile import FINISHED_WORKER_GRACE_SECONDS
+    from liveshard.operator.endings import FINISHED_WORKER_GRACE_SECONDS
     from liveshard.runtime.contract.status import Finished
 
     job, pods = running_job()
