@@ -14,13 +14,12 @@ first valid value stands (``generations``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import replace
 
 from liveshard.runtime.contract.env import Defaults
 from liveshard.runtime.contract.keys import COMMITTED
 from liveshard.runtime.control.protocol import GenerationOutcome, MemberResult, WorkerPhase, WorldPlan
-from liveshard.runtime.coordinator.adoption import adopt
+from liveshard.runtime.coordinator.adoption import Adopting
 from liveshard.runtime.coordinator.events import (
     Action,
     CheckpointView,
@@ -28,13 +27,11 @@ from liveshard.runtime.coordinator.events import (
     MarkDead,
     Observation,
     Precompute,
-    Publish,
-    Registration,
     Report,
     WriteOutcome,
 )
 from liveshard.runtime.coordinator.generations import TIMED_OUT, Generation, involved, judge, resolve_open
-from liveshard.runtime.coordinator.membership import LOST_PROCESS, Liveness
+from liveshard.runtime.coordinator.membership import Liveness
 from liveshard.runtime.coordinator.planning import Planning
 from liveshard.runtime.coordinator.requests import PlanningInputs, PlanRequest
 from liveshard.runtime.coordinator.status import progress_of
@@ -45,7 +42,7 @@ log = logging.getLogger("liveshard.coordinator")
 MAX_BROKEN_RECOVERIES = 5  # broken-world recoveries in a row without a commit before the run fails
 
 
-class CoordinatorCore(Planning):
+class CoordinatorCore(Planning, Adopting):
     def __init__(self, chooser: WorldChooser, planning: PlanningInputs, *, heartbeat_timeout: float = Defaults.HEARTBEAT_TIMEOUT,
                  transition_timeout: float = Defaults.TRANSITION_TIMEOUT, checkpoints: CheckpointView | None = None,
                  stragglers=None, precompute: bool = True, adoption_grace: float | None = None) -> None:
@@ -201,64 +198,6 @@ class CoordinatorCore(Planning):
         if value == COMMITTED and any(m not in gen.results for m in self.involved_alive()):
             return []  # the members' reports (phase timings) follow at once: the next ticks wait for them
         return self._finish(gen, value or "aborted: the decision is not authentic", now)
-
-    # ---- adoption after a restart ------------------------------------------------------------
-    def _adopt(self, regs: Mapping[str, Registration], now: float) -> list[Action]:
-        """Take over what the workers run after a restart (``adoption.adopt``): the running world
-        is re-published so later plans name it as their ``previous``; open generations get their
-        decision; lost members are declared dead; an owed change is asked for again."""
-        if self._adopting_since is None:
-            self._adopting_since = now
-        took = adopt(regs, waited=now - self._adopting_since, grace=self.adoption_grace)
-        self._awaiting_adoption = took is not None and took.wait
-        if took is None or took.wait:
-            if took is not None:
-                self.next_generation = max(self.next_generation, took.next_generation)
-            return []
-        self._adopting_since = None
-        self.next_generation = max(self.next_generation, took.next_generation)
-        if took.checkpoint is not None and (self.adopted_checkpoint is None or took.checkpoint.get("step", -1)
-                                            > self.adopted_checkpoint.get("step", -1)):
-            self.adopted_checkpoint = took.checkpoint
-        out: list[Action] = []
-        if took.restart:
-            checkpoint = self.checkpoints.on_volume() or self.adopted_checkpoint
-            if checkpoint is None:
-                return self._fail("NoSurvivingCopy", "the coordinator restarted, no worker holds a world and there "
-                                                     "is no checkpoint to restart from")
-            self._restart = (True, now)
-            return [Report()]
-        world = took.world
-        assert world is not None
-        for plan, value in took.resolved:
-            log.warning("generation %d was open when the coordinator restarted: %s", plan.generation, value)
-            out += [Decide(plan.generation, value), WriteOutcome(plan.generation, value)]
-            if plan.generation != world.generation:
-                self._history(GenerationOutcome(plan.generation, value, reason=plan.reason, config=plan.config,
-                                                world_size=len(plan.members), cause=plan.cause))
-        self.current = world
-        self.liveness.expect(took.holders, now, self.adoption_grace + self.heartbeat_timeout, world.generation)
-        for m, why in took.lost:
-            death = self.liveness.declare(m, why, LOST_PROCESS)
-            if death is not None:
-                out.append(MarkDead(m, death.incarnation))
-        out += [Publish(world), WriteOutcome(world.generation, COMMITTED)]
-        self._history(GenerationOutcome(world.generation, COMMITTED, reason="adopted after a coordinator restart",
-                                        config=world.config, world_size=len(world.members)))
-        log.info("adopted running world of generation %d (%s)", world.generation, world.config)
-        if took.reissue is not None:
-            self._reissue.append(took.reissue)
-        for m, incarnation in took.stale:
-            # a process holding a world the job went past, outside the running one: it must drop
-            # that state and come back as a new process (it learns it from ``Keys.dead``)
-            if self.liveness.declare(m, "holds a world the job went past", incarnation) is not None:
-                out.append(MarkDead(m, incarnation))
-        if took.reopened is not None:
-            self.pending = Generation(took.reopened, now, reopened=True)
-            out.append(Publish(took.reopened))  # its plan, in this store too
-        if self.stragglers is not None:
-            self.stragglers.committed(world)
-        return [*out, Report(), *self._precompute_action()]
 
     # ---- liveness ----------------------------------------------------------------------------
     def _judge_liveness(self, obs: Observation) -> list[Action]:
