@@ -25,6 +25,7 @@ from typing import Any
 import torch.distributed as dist
 
 from liveshard.runtime.agent.state import capture_rng, restore_rng, set_adam_step
+from liveshard.runtime.contract.checkpoint import MARKER, file_manifest, sha256_of
 from liveshard.runtime.parallel import ParallelConfig
 
 _OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
@@ -126,7 +127,6 @@ def _raise_everywhere(error: OSError | None, what: str) -> None:
         raise OSError(f"{what} failed on rank 0")
 
 
-MARKER = "liveshard.json"
 # Bytes a volume must have free before a save starts, whatever the checkpoint's size (its
 # metadata files, written by rank 0 alone).
 MIN_FREE = 1 << 20
@@ -139,32 +139,6 @@ def manifest_bytes(directory: str | os.PathLike) -> int:
         return sum(int(item.get("size") or 0) for item in files.values())
     except (OSError, ValueError, AttributeError, TypeError):
         return 0
-# Files are hashed in pieces of this size (a shard may be many GiB).
-HASH_CHUNK = 8 << 20
-
-
-def sha256_of(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def file_manifest(directory: str | os.PathLike) -> dict[str, dict]:
-    """``{file: {size, sha256}}`` for every file a save wrote (the marker itself excepted): every
-    byte, whatever the file's size."""
-    out: dict[str, dict] = {}
-    root = Path(directory)
-    for entry in sorted(root.rglob("*")):
-        if not entry.is_file() or entry.name in (MARKER, ".liveshard.json.partial"):
-            continue
-        out[entry.relative_to(root).as_posix()] = {"size": entry.stat().st_size, "sha256": sha256_of(entry)}
-    return out
-
-
 def verify(directory: str | os.PathLike) -> str | None:
     """Why ``directory`` is not a complete, intact checkpoint, or None when it is: the marker is
     there and every file of its manifest has the size and sha256 the save recorded (a manifest

@@ -77,7 +77,7 @@ def import_rank(rank: int, world: int, port: int, spec_dict: dict, parallel: str
         dist.barrier()
         save_s = time.perf_counter() - t1
         if rank == 0:
-            from liveshard.runtime.agent.checkpoint import MARKER, file_manifest
+            from liveshard.runtime.contract.checkpoint import MARKER, file_manifest
 
             meta = {"config": str(cfg), "model": spec.to_dict(), "step": 0, "consumed_samples": 0,
                     "contents": MODEL_ONLY, "source": f"hf:{source}", "files": file_manifest(out)}
