@@ -6,7 +6,7 @@ generation's decision (``Keys.decision``: first writer wins, in the job's store)
 served by the coordinator; when the coordinator dies inside that window the decision may be
 unreadable, and a store client whose server died can even accept a ``set`` without error. This
 module decides what a process may do then, without any I/O of its own: the caller (the worker's
-``switch._decide``, a simulator) performs the writes it asks for and feeds the results back as
+``live_switch.decide``, a simulator) performs the writes it asks for and feeds the results back as
 events, with the time passed in.
 
 The rules are those of two-phase-commit recovery:

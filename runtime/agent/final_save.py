@@ -29,13 +29,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from liveshard.runtime.agent.training import is_comm_failure
+from liveshard.runtime.control.barrier import Backoff, wait_until
 
 if TYPE_CHECKING:
     from liveshard.runtime.agent.worker import WorkerAgent
@@ -176,9 +176,11 @@ def _pause(agent: WorkerAgent, seconds: float) -> None:
     plan is out (a peer lost meanwhile: the next attempt's collective then fails at once); the
     ranks meet again in that collective whoever stopped waiting first."""
     log.warning("final checkpoint: waiting %.0f s for space before the next attempt", seconds)
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+
+    def cut_short() -> str | None:
         generation = agent.state.generation if agent.state.generation is not None else -1
-        if agent.control.stop_requested or agent.control.latest_seen > generation:
-            return
-        time.sleep(min(0.25, max(0.0, end - time.monotonic())))
+        if agent.control.stop_requested:
+            return "stop"
+        return "newer plan" if agent.control.latest_seen > generation else None
+
+    wait_until(lambda: None, timeout=seconds, abort=cut_short, poll=Backoff.fixed(0.25))

@@ -44,6 +44,7 @@ from liveshard.runtime.agent import world as worlds
 from liveshard.runtime.agent.connection import StoreClients, report_result
 from liveshard.runtime.agent.transition import device_plan_for
 from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.control.barrier import Backoff, wait_until
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan, transition_devices, transition_members
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.spec import ModelSpec
@@ -127,15 +128,14 @@ class Preparations:
 
     def wait(self, gen: int, timeout: float = 300.0) -> Prepared | None:
         """Wait until ``gen`` is prepared (None if it failed, or after ``timeout`` seconds)."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
+        def settled() -> Prepared | str | None:
             with self._lock:
                 if gen in self._ready:
                     return self._ready[gen]
-                if gen in self._failed:
-                    return None
-            time.sleep(0.005)
-        return None
+                return "failed" if gen in self._failed else None
+
+        found = wait_until(settled, timeout=timeout, poll=Backoff.fixed(0.005)).value
+        return found if isinstance(found, Prepared) else None
 
     def drop_after(self, gen: int | None) -> None:
         """Forget every generation above ``gen`` (all, for None): plans of a store that is gone."""
@@ -303,12 +303,10 @@ class Preparer:
         """Wait for a store key from the control thread, heartbeating meanwhile (a member
         waiting for a slow peer must not look dead to the coordinator); None at once when
         generation ``gen`` is decided meanwhile (the coordinator aborted it: a member died)."""
-        end = time.monotonic() + timeout
-        while True:
-            value = self.clients.store.wait_for(key, timeout=0.25)
-            if value is not None or time.monotonic() > end or self.clients.store.has(Keys.decision(gen)):
-                return value
-            self.heartbeat(time.time())
+        # each look is itself a 0.25 s wait for the key; between looks it heartbeats, not sleeps
+        return wait_until(lambda: self.clients.store.wait_for(key, timeout=0.25), timeout=timeout,
+                          abort=lambda: "decided" if self.clients.store.has(Keys.decision(gen)) else None,
+                          poll=Backoff.fixed(0.0), sleep=lambda _: self.heartbeat(time.time())).value
 
     def _preallocate(self, plan: WorldPlan, old: WorldPlan, transition: Any) -> tuple[Any, Any]:
         """Pay the first touch of the new memory now, not during the pause: the new tensors, and

@@ -19,7 +19,7 @@ Life of a worker:
    * **commit**: the new world is built in the same process and loaded while the old state is
      kept; the generation's decision in the store (written once) commits it (the old state
      goes, leavers exit) or aborts it (every survivor holds the old state again, as a broken
-     world the coordinator recovers) — see ``switch.py``.
+     world the coordinator recovers) — see ``live_switch.py``.
 
 A rank that dies without notice breaks the old world's collectives; the survivors stop, report
 "broken" in their heartbeats and take the coordinator's recovery plan, which sources every
@@ -39,7 +39,8 @@ This module holds the agent's state and composes the phases, each in its own mod
 | ``step_log.py`` | the step log: each step's record appended and flushed as it is made (``--step-log``) |
 | ``checkpoint_schedule.py`` | when safety checkpoints are saved, finalized or abandoned |
 | ``final_save.py`` | the final checkpoint: retried, in a fallback directory, waiting for space |
-| ``switch.py`` | switching: transfer, commit vote, commit, abort, through a checkpoint |
+| ``switch.py`` | waiting for a plan, starting a world, switching (live, or through a checkpoint) |
+| ``live_switch.py`` | a live transition, ``Transition``: transfer, vote, build, decide, commit or abort |
 """
 
 from __future__ import annotations

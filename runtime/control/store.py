@@ -86,6 +86,7 @@ import torch.distributed as dist
 
 from liveshard.runtime.contract.env import Env
 from liveshard.runtime.contract.keys import INCARNATION_ENV, SECRET_ENV, Keys
+from liveshard.runtime.control.barrier import Backoff, wait_until
 from liveshard.runtime.control.protocol import WorldPlan
 from liveshard.runtime.errors import ConfigError
 
@@ -391,13 +392,9 @@ class JobStore:
         return None if text is None else json.loads(text)
 
     def wait_for(self, key: str, timeout: float, poll: float = 0.01) -> str | None:
-        """Poll until ``key`` has a valid value (None after ``timeout`` seconds)."""
-        end = time.monotonic() + timeout
-        while True:
-            value = self.get(key)
-            if value is not None or time.monotonic() >= end:
-                return value
-            time.sleep(poll)
+        """Poll every ``poll`` seconds until ``key`` has a valid value (None after ``timeout``
+        seconds); a store that fails raises."""
+        return wait_until(lambda: self.get(key), timeout=timeout, poll=Backoff.fixed(poll)).value
 
     # ---- indexed lists (instead of counters) --------------------------------------------------
     def append(self, slot: Callable[[int], str], value: str) -> int:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 
-from liveshard.runtime.agent.switch import _arrive
+from liveshard.runtime.agent.live_switch import arrive
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.control.protocol import WorldPlan
 from liveshard.runtime.control.store import JobStore
@@ -25,7 +25,7 @@ def _agent(store: JobStore) -> SimpleNamespace:
 def test_a_member_whose_world_was_built_ahead_counts_in_without_waiting():
     store = JobStore(dist.HashStore())
     start = time.monotonic()
-    _arrive(_agent(store), PLAN, wait=False)  # w2 has not arrived: nothing to wait for
+    arrive(_agent(store), PLAN, wait=False)  # w2 has not arrived: nothing to wait for
     assert time.monotonic() - start < 1.0
     assert store.get(Keys.arrived(PLAN.generation, "w0")) == "1" and store.get(Keys.arrived(PLAN.generation, "w2")) is None
 
@@ -34,7 +34,7 @@ def test_a_member_that_waits_stops_when_the_generation_is_decided():
     store = JobStore(dist.HashStore())
     store.decide(Keys.decision(PLAN.generation), "aborted: w2 died")
     with pytest.raises(RuntimeError, match="decided while members were arriving"):
-        _arrive(_agent(store), PLAN, wait=True)
+        arrive(_agent(store), PLAN, wait=True)
     assert store.get(Keys.arrived(PLAN.generation, "w0")) == "1"
 
 
@@ -44,6 +44,6 @@ def test_nobody_without_the_secret_counts_a_member_in():
     rendezvous, which waits for everyone itself)."""
     store = JobStore(dist.HashStore(), secret=b"s")
     store.store.set(Keys.arrived(PLAN.generation, "w2"), "1")  # an attacker's value, no MAC
-    _arrive(_agent(store), PLAN, wait=False)
+    arrive(_agent(store), PLAN, wait=False)
     counted = [m for m in PLAN.members if store.get(Keys.arrived(PLAN.generation, m)) == "1"]
     assert counted == ["w0"]

@@ -230,7 +230,7 @@ class _Store:
 
 
 def _member_steps(cp: CommitPoint, store: _Store):
-    """What ``switch._decide`` does, one store operation per step."""
+    """What ``live_switch.decide`` does, one store operation per step."""
     m = cp.member
     with_vote = [lambda: store.set_ready(m)]
 

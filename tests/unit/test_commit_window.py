@@ -1,4 +1,4 @@
-"""A member's commit point (``switch._decide``) when the coordinator, and the store holding the
+"""A member's commit point (``live_switch.decide``) when the coordinator, and the store holding the
 decision with it, dies inside the commit window: real c10d stores in this process (a server
 deleted is a coordinator killed), no training. The member must wait, announce its vote to the
 restarted coordinator (``connection.reannounce``, in the wire format the coordinator parses) and
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from liveshard.runtime.agent import switch
+from liveshard.runtime.agent import live_switch
 from liveshard.runtime.agent.connection import StoreClients, reannounce
 from liveshard.runtime.agent.control import ControlThread
 from liveshard.runtime.contract.keys import COMMITTED, Keys
@@ -47,7 +47,7 @@ class Coordinator:
 
 
 class Agent:
-    """What ``_decide`` uses of a ``WorkerAgent``."""
+    """What ``live_switch.decide`` uses of a ``WorkerAgent``."""
 
     def __init__(self, coordinator: Coordinator, wid: str = "w0", commit_timeout: float = 30.0) -> None:
         self.id = wid
@@ -106,7 +106,7 @@ def test_a_member_whose_ready_vote_is_cast_waits_through_the_restart_and_adopts_
         _resolve_later(coordinator, resolution)
 
     agent.on_phase = killed_in_the_window
-    assert switch._decide(agent, PLAN, "", epoch=0) == resolution
+    assert live_switch.decide(agent, PLAN, "", epoch=0) == resolution
     # what the new coordinator was told: the open generation, with a confirmed vote, and the plan
     assert OpenGeneration.from_dict(announced["open"]) == OpenGeneration(4, PLAN, ready=True, decision=None)
     assert WorldPlan.from_json(announced["pending_plan"]) == PLAN
@@ -131,7 +131,7 @@ def test_a_vote_written_to_a_dead_store_is_reported_unconfirmed():
         _resolve_later(coordinator, "aborted: not every vote confirmed", delay=0.2)
 
     threading.Thread(target=control_thread, daemon=True).start()
-    assert switch._decide(agent, PLAN, "", epoch=0) == "aborted: not every vote confirmed"
+    assert live_switch.decide(agent, PLAN, "", epoch=0) == "aborted: not every vote confirmed"
     assert announced["open"]["ready"] is False and announced["open"]["decision"] is None
 
 
@@ -142,14 +142,14 @@ def test_a_member_that_failed_aborts_at_once_and_tells_the_new_store():
     coordinator.restart()
     agent.reconnect(coordinator)  # epoch 1: the switch's store (epoch 0) is gone
     t0 = time.monotonic()
-    decision = switch._decide(agent, PLAN, "commit: boom", epoch=0)
+    decision = live_switch.decide(agent, PLAN, "commit: boom", epoch=0)
     assert decision == "aborted: w0: commit: boom" and time.monotonic() - t0 < 5
     # a leaver waiting for the resolution reads it in the new store
     assert coordinator.client().get(Keys.decision(PLAN.generation)) == decision
 
 
 def test_nobody_resolving_it_within_the_bound_is_an_error_not_a_quiet_exit(monkeypatch):
-    monkeypatch.setattr(switch, "RESOLUTION_BOUND", 1.0)
+    monkeypatch.setattr(live_switch, "RESOLUTION_BOUND", 1.0)
     coordinator = Coordinator()
     agent = Agent(coordinator, commit_timeout=0.1)
 
@@ -159,8 +159,8 @@ def test_nobody_resolving_it_within_the_bound_is_an_error_not_a_quiet_exit(monke
         agent.reconnect(coordinator)
 
     agent.on_phase = killed_in_the_window
-    with pytest.raises(switch.CommitPointLost, match="no coordinator resolved it in 1 s"):
-        switch._decide(agent, PLAN, "", epoch=0)
+    with pytest.raises(live_switch.CommitPointLost, match="no coordinator resolved it in 1 s"):
+        live_switch.decide(agent, PLAN, "", epoch=0)
     assert agent.reports and not agent.reports[-1][1].ok  # the new coordinator hears of it
 
 
@@ -169,9 +169,9 @@ def test_a_member_decides_as_before_when_the_store_stays():
     agent = Agent(coordinator)
     store = coordinator.client()
     store.set(Keys.ready(PLAN.generation, "w1"), "1")
-    assert switch._decide(agent, PLAN, "", epoch=0) == COMMITTED  # the last ready member commits
+    assert live_switch.decide(agent, PLAN, "", epoch=0) == COMMITTED  # the last ready member commits
     assert store.get(Keys.decision(PLAN.generation)) == COMMITTED
     leaver = Agent(coordinator, wid="w9", commit_timeout=0.2)
-    assert switch._decide(leaver, PLAN, "", epoch=0) == COMMITTED
+    assert live_switch.decide(leaver, PLAN, "", epoch=0) == COMMITTED
     late = WorldPlan(generation=5, config=PLAN.config, members=PLAN.members, previous=4)
-    assert switch._decide(leaver, late, "", epoch=0) == "aborted: no decision in 1 s"  # 3 x its timeout
+    assert live_switch.decide(leaver, late, "", epoch=0) == "aborted: no decision in 1 s"  # 3 x its timeout
