@@ -12,7 +12,7 @@
   uninterrupted run.
 - ``nccl_world``: a world of one on NCCL: ``torch.distributed.split_group`` of an eagerly
   initialised parent, then the next world's communicators built ahead
-  (``agent.world.build_world_ahead``) and handed over to ``init_process_group`` and megatron's
+  (``comms.world.build_world_ahead``) and handed over to ``init_process_group`` and megatron's
   ``initialize_model_parallel``; a collective on every group.
 - ``pack``: the transfer executor's pack and unpack (``transfer.packing``) of a real transition
   plan's chunks, against the device's own copy bandwidth for the same bytes.
@@ -224,7 +224,7 @@ def part_nccl_world() -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from liveshard.runtime.agent import world as worlds
+    from liveshard.runtime.comms import world as worlds
     from liveshard.runtime.megatron import build
     from liveshard.runtime.parallel import ParallelConfig
     from liveshard.runtime.spec import load_model

@@ -117,7 +117,7 @@ def _raise_everywhere(error: OSError | None, what: str) -> None:
     it replaces the barrier after that step)."""
     import torch
 
-    from liveshard.runtime.agent.world import device
+    from liveshard.runtime.comms.world import device
 
     flag = torch.tensor([0 if error is not None else 1], dtype=torch.int32, device=device())
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)

@@ -24,7 +24,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from liveshard.runtime.agent import world as worlds
+from liveshard.runtime.comms import world as worlds
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.control.protocol import WorldPlan
 

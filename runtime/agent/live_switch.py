@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from liveshard.runtime.agent import release
-from liveshard.runtime.agent import world as worlds
 from liveshard.runtime.agent.commit_point import CommitPoint, Failed, WriteReady
 from liveshard.runtime.agent.state import capture_rng, load_state, restore_rng, state_tensors
 from liveshard.runtime.agent.transition import TransitionResult, execute_transition
+from liveshard.runtime.comms import release
+from liveshard.runtime.comms import world as worlds
 from liveshard.runtime.contract.keys import COMMITTED, Keys
 from liveshard.runtime.control.barrier import STORE_BACKOFF, Backoff, wait_until
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan

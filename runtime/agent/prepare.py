@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from liveshard.runtime.agent import release
-from liveshard.runtime.agent import world as worlds
 from liveshard.runtime.agent.connection import StoreClients, report_result
 from liveshard.runtime.agent.transition import device_plan_for
+from liveshard.runtime.comms import release
+from liveshard.runtime.comms import world as worlds
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.control.barrier import Backoff, wait_until
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan, transition_devices, transition_members
@@ -71,7 +71,7 @@ class Prepared:
     seconds: float
     destinations: Any = None  # new tensors allocated and touched ahead (see WorkerOptions.preallocate)
     grad_buffer: Any = None  # and memory for its gradients when the old DDP buffer is too small
-    world: Any = None  # the new training world's communicators, built ahead (agent.world.WorldAhead)
+    world: Any = None  # the new training world's communicators, built ahead (comms.world.WorldAhead)
     epoch: int = 0  # the store clients' epoch the plan was read in (``StoreClients.epoch``)
     # a leave (nobody joins, nobody is dead): every device of the transition is a rank of the
     # running world, in the same order, so the transfer runs over its default group (no new connection)

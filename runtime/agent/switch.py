@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from liveshard.runtime.agent import world as worlds
 from liveshard.runtime.agent.live_switch import (  # noqa: F401  (CommitPointLost, RESOLUTION_BOUND: imported from here)
     RESOLUTION_BOUND,
     CommitPointLost,
@@ -57,6 +56,7 @@ from liveshard.runtime.agent.live_switch import (  # noqa: F401  (CommitPointLos
     decide,
 )
 from liveshard.runtime.agent.training import is_comm_failure
+from liveshard.runtime.comms import world as worlds
 from liveshard.runtime.contract.keys import COMMITTED, Keys
 from liveshard.runtime.control.barrier import Backoff, wait_until
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from liveshard.runtime.agent import world as worlds
 from liveshard.runtime.agent.connection import StoreClients
+from liveshard.runtime.comms import world as worlds
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.control.protocol import WorldPlan
 

@@ -96,7 +96,7 @@ class TransitionResult:
 def execute_transition(prep: Any, worker: str, sources: dict, objects: dict | None, *,
                        budget: int, verify: bool, mode: str | None = None) -> TransitionResult:
     """Move this worker's part of the transition ``prep`` over its transition group."""
-    from liveshard.runtime.agent import world as worlds
+    from liveshard.runtime.comms import world as worlds
     from liveshard.runtime.transfer import executor
     from liveshard.runtime.transfer.storage import LocalShards
     from liveshard.runtime.vps.schedule import schedule

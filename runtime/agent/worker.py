@@ -53,9 +53,8 @@ from typing import Any
 
 import torch
 
-from liveshard.runtime.agent import release, training
 from liveshard.runtime.agent import switch as switching
-from liveshard.runtime.agent import world as worlds
+from liveshard.runtime.agent import training
 from liveshard.runtime.agent.checkpoint_schedule import SafetyCheckpoints
 from liveshard.runtime.agent.compute_clock import ComputeGate
 from liveshard.runtime.agent.connection import (
@@ -74,6 +73,8 @@ from liveshard.runtime.agent.reporting import StepReporter
 from liveshard.runtime.agent.state import logical_checksums, state_tensors
 from liveshard.runtime.agent.trainer import Trainer, optimizer_options
 from liveshard.runtime.agent.training import PhaseGate, StepBoundary, StepGate
+from liveshard.runtime.comms import release
+from liveshard.runtime.comms import world as worlds
 from liveshard.runtime.contract.env import Defaults
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.contract.training import TrainingSpec

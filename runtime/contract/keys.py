@@ -102,7 +102,7 @@ class Keys:
 
     @staticmethod
     def connecting(gen: int, worker: str) -> str:
-        """A new member is about to connect the new world's communicators (agent.world)."""
+        """A new member is about to connect the new world's communicators (comms.world)."""
         return f"gen/{gen}/connecting/{worker}"
 
     @staticmethod

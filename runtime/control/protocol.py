@@ -16,7 +16,7 @@ from enum import StrEnum
 
 # The phases of a live reconfiguration a worker passes, in order: "prepare" (the control thread,
 # before the transition group), "connect" (a new member, after the new members met on the store and
-# before it connects the new world's communicators ahead; see agent.world.build_world_ahead), "transfer" (before moving state), "commit" (after the vote, the
+# before it connects the new world's communicators ahead; see comms.world.build_world_ahead), "transfer" (before moving state), "commit" (after the vote, the
 # old world's groups gone, its state kept), "built" (the new world built and loaded, before the
 # commit point), "commit-window" (a new member's ready vote is cast, the decision not read yet)
 # and "committed" (after it: the old state is gone).

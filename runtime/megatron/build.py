@@ -69,12 +69,12 @@ class BuiltModel:
 
 def init_parallel(cfg: ParallelConfig, ahead: Any = None, timeout: float | None = None) -> None:
     """Create megatron's model-parallel groups for ``cfg`` on the initialised default group;
-    groups whose communicators were built ahead (``agent.world.WorldAhead``) get those.
+    groups whose communicators were built ahead (``comms.world.WorldAhead``) get those.
     ``timeout``: seconds a collective of every group waits for a peer (the job's collective
     timeout; None: megatron's own default, 30 minutes), as ``group_requests`` must be given too."""
     from megatron.core import parallel_state
 
-    from liveshard.runtime.agent import world as worlds
+    from liveshard.runtime.comms import world as worlds
 
     if not dist.is_initialized():
         raise ConfigError("torch.distributed", "is not initialised",
@@ -104,7 +104,7 @@ def _model_parallel_args(cfg: ParallelConfig, timeout: float | None = None) -> d
 
 def group_requests(cfg: ParallelConfig, rank: int, timeout: float | None = None) -> list[Any]:
     """The process groups megatron's ``initialize_model_parallel`` asks for under ``cfg``, in its
-    order (``agent.world.GroupRequest``), as rank ``rank`` sees them: no process group is made and
+    order (``comms.world.GroupRequest``), as rank ``rank`` sees them: no process group is made and
     no parallel state changes (the previous world may be training meanwhile). ``timeout``: as
     ``init_parallel`` will be given it (each request carries the timeout megatron asks for).
 
@@ -115,7 +115,7 @@ def group_requests(cfg: ParallelConfig, rank: int, timeout: float | None = None)
 
     from megatron.core import parallel_state
 
-    from liveshard.runtime.agent.world import GroupRequest
+    from liveshard.runtime.comms.world import GroupRequest
 
     requests: list[GroupRequest] = []
 
@@ -435,7 +435,7 @@ def destroy(defer_free: bool = False) -> None:
     """
     from megatron.core import parallel_state
 
-    from liveshard.runtime.agent import release
+    from liveshard.runtime.comms import release
 
     parallel_state.destroy_model_parallel()
     live = dist.distributed_c10d._world.pg_map if dist.is_initialized() else {}
@@ -449,12 +449,12 @@ def destroy(defer_free: bool = False) -> None:
 
 @contextmanager
 def _recording_new_groups(ahead: Any = None, timeout: float | None = None) -> Iterator[list[Any]]:
-    """Record the process groups made meanwhile; with ``ahead`` (``agent.world.WorldAhead``),
+    """Record the process groups made meanwhile; with ``ahead`` (``comms.world.WorldAhead``),
     hand each group built ahead its communicator instead of connecting a new one. A group asked
     for without a timeout gets ``timeout`` (torch's default would be 30 minutes)."""
     from datetime import timedelta
 
-    from liveshard.runtime.agent import world as worlds
+    from liveshard.runtime.comms import world as worlds
 
     created: list[Any] = []
     real = dist.new_group

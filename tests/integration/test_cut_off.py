@@ -1,4 +1,4 @@
-"""Cutting a world off (``agent.world.cut_off``) releases a survivor blocked in a gloo collective.
+"""Cutting a world off (``comms.world.cut_off``) releases a survivor blocked in a gloo collective.
 
 Four real processes (gloo, CPU) make a training world and a megatron-like group on it; one is
 SIGKILLed. The others start an all-reduce on the group: those next to the dead peer fail at
@@ -31,7 +31,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from liveshard.runtime.agent import world as worlds
+from liveshard.runtime.comms import world as worlds
 
 rank, size, port, cut, timeout, cut_after, out = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
                                                   sys.argv[4] == "cut", float(sys.argv[5]), float(sys.argv[6]),

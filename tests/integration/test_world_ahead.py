@@ -1,5 +1,5 @@
 """The next training world's communicators, connected while the previous world still trains
-(``agent.world.build_world_ahead``), are exactly the groups megatron-core then asks for, and each
+(``comms.world.build_world_ahead``), are exactly the groups megatron-core then asks for, and each
 is handed to the right group: real gloo processes, real ``initialize_model_parallel``.
 """
 
@@ -33,7 +33,7 @@ def world_ahead_job(rank: int, world: int, cfg_text: str, port: int) -> dict[str
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from liveshard.runtime.agent import world as worlds
+    from liveshard.runtime.comms import world as worlds
     from liveshard.runtime.megatron import build
     from liveshard.runtime.parallel import ParallelConfig
 

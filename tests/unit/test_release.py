@@ -6,7 +6,7 @@ import gc
 import time
 import weakref
 
-from liveshard.runtime.agent import release
+from liveshard.runtime.comms import release
 
 
 class _Held:

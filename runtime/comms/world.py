@@ -92,7 +92,7 @@ def destroy_training_world(defer_free: bool = False) -> None:
     off a switch's pause, as ``megatron.build.destroy`` does with megatron's groups)."""
     _live.begin(None)  # nothing is cut off from here on: its connections may be closed and reused
     if dist.is_initialized():
-        from liveshard.runtime.agent import release
+        from liveshard.runtime.comms import release
 
         default = dist.group.WORLD
         dist.destroy_process_group()
