@@ -34,6 +34,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account, then ~/.kube/config)")
     p.add_argument("--server", help="API server URL without credentials (local emulator)")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port; 0 turns it off")
+    p.add_argument("--metrics-address", default="0.0.0.0", metavar="ADDR",
+                   help="address the metrics port listens on (default 0.0.0.0: every interface; 127.0.0.1: this host only)")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                    help="liveness probe endpoint URL; empty turns it off")
     p.add_argument("--watch-timeout", type=int, default=300,
@@ -54,6 +56,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     le.add_argument("--retry-period", type=float, default=2.0, help="seconds between tries (default 2)")
     wh = p.add_argument_group("validating admission webhook")
     wh.add_argument("--webhook-port", type=int, help="serve the validating admission webhook (HTTPS) on this port")
+    wh.add_argument("--webhook-address", default="0.0.0.0", metavar="ADDR",
+                    help="address the webhook listens on (default 0.0.0.0: every interface)")
     wh.add_argument("--webhook-cert-file", help="PEM certificate (chain) the webhook serves, e.g. tls.crt of a "
                                                 "kubernetes.io/tls Secret")
     wh.add_argument("--webhook-key-file", help="its PEM private key, e.g. tls.key")
@@ -82,7 +86,8 @@ def options_from(args: argparse.Namespace) -> Options:
         if port is not None and not 0 <= port < 65536:
             raise ConfigError(flag, f"{port} is not a port number", "use 1..65535, or 0 for none")
     return Options(namespaces=tuple(args.namespace), server=args.server, kubeconfig=args.kubeconfig,
-                   metrics_port=args.metrics_port or None, liveness=args.liveness or None,
+                   metrics_port=args.metrics_port or None, metrics_addr=_address(args.metrics_address, "--metrics-address"),
+                   liveness=args.liveness or None,
                    watch_server_timeout=args.watch_timeout, watch_client_timeout=args.watch_timeout + 30,
                    leader_election=_leader_election(args) if args.leader_election else None,
                    **_webhook(args), policy=_policy(args))
@@ -127,7 +132,19 @@ def _webhook(args: argparse.Namespace) -> dict[str, Any]:
         if not Path(path).is_file():
             raise ConfigError(flag, f"{path} is not a file", "mount the certificate's Secret there")
     return {"webhook_port": args.webhook_port, "webhook_cert_file": args.webhook_cert_file,
-            "webhook_key_file": args.webhook_key_file}
+            "webhook_key_file": args.webhook_key_file, "webhook_addr": _address(args.webhook_address, "--webhook-address")}
+
+
+def _address(text: str, flag: str) -> str:
+    """An IP address to listen on (IPv4 or IPv6, no host names: the process binds it as given)."""
+    import ipaddress
+
+    from liveshard.runtime.errors import ConfigError
+
+    try:
+        return str(ipaddress.ip_address(text.strip("[]")))
+    except ValueError:
+        raise ConfigError(flag, f"{text!r} is not an IP address", "e.g. 0.0.0.0 (every interface) or 127.0.0.1") from None
 
 
 def _policy(args: argparse.Namespace) -> JobPolicy:
@@ -170,7 +187,7 @@ def run_operator(options: Options, stop_flag: Any = None, ready_flag: Any = None
     context = Context(kube=Kube(make_api_client(options.server, options.kubeconfig), options.api_workers),
                       options=options)
     if options.metrics_port:
-        start_http_server(options.metrics_port)
+        start_http_server(options.metrics_port, addr=options.metrics_addr)
     return asyncio.run(_operate(context, stop_flag, ready_flag))
 
 

@@ -34,6 +34,7 @@ class Options:
     server: str | None = None  # API server URL (tests, embedded cluster)
     kubeconfig: str | None = None
     metrics_port: int | None = 9090
+    metrics_addr: str = "0.0.0.0"
     liveness: str | None = "http://0.0.0.0:8080/healthz"
     watch_server_timeout: int = 300  # ask the API server to end watches after this long
     watch_client_timeout: int = 330  # and give up on a silent stream a little later

@@ -45,6 +45,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    default=int(os.environ.get(Env.METRICS_PORT) or (9400 if os.environ.get(Env.ROLE)
                                                                             == "coordinator" else 0)),
                    help="serve Prometheus metrics of the job on this port (0: off; default 9400 in a job's pod)")
+    p.add_argument("--metrics-address", default="0.0.0.0", metavar="ADDR",
+                   help="address the metrics port listens on (default 0.0.0.0: every interface)")
     p.add_argument("--checkpoint-dir", default=os.environ.get(Env.CHECKPOINT_DIR) or None,
                    help="the job's checkpoints: a first world continues from the newest complete one")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
@@ -110,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
         metrics = JobMetrics(args.job_name)
         try:
-            metrics.serve(args.metrics_port)
+            metrics.serve(args.metrics_port, args.metrics_address)
         except OSError as e:  # the job trains without its metrics rather than not at all
             logging.getLogger("liveshard.coordinator").warning(
                 "metrics: cannot serve on port %d (%s); the job's Prometheus metrics are off", args.metrics_port, e)

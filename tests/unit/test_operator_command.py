@@ -37,6 +37,8 @@ def test_help_lists_the_options(capsys):
     (["operator", "--webhook-key-file", "k.pem"], "liveshard operator: error: --webhook-key-file: is given without"),
     (["operator", "--renew-deadline", "20"], "liveshard operator: error: --renew-deadline: needs 0 < --retry-period"),
     (["operator", "--api-server-cidr", "10.0.0.0/33"], "liveshard operator: error: --api-server-cidr: '10.0.0.0/33'"),
+    (["operator", "--metrics-address", "localhost"], "liveshard operator: error: --metrics-address: 'localhost' is "
+                                                     "not an IP address"),
 ])
 def test_bad_flags_are_one_clear_line(capsys, argv, message):
     assert main(argv) == 2
@@ -132,3 +134,15 @@ def test_config_error_names_the_flag():
     with pytest.raises(ConfigError) as e:
         parse("--api-server-port", "0")
     assert e.value.field == "--api-server-port"
+
+
+def test_metrics_and_webhook_listen_where_told(tmp_path):
+    assert parse().metrics_addr == "0.0.0.0" and parse().webhook_addr == "0.0.0.0"
+    assert parse("--metrics-address", "127.0.0.1").metrics_addr == "127.0.0.1"
+    assert parse("--metrics-address", "[::1]").metrics_addr == "::1"
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_text("x")
+    key.write_text("x")
+    opts = parse("--webhook-port", "9443", "--webhook-cert-file", str(cert), "--webhook-key-file", str(key),
+                 "--webhook-address", "10.1.2.3")
+    assert opts.webhook_addr == "10.1.2.3" and opts.webhook_port == 9443
