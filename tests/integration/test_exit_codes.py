@@ -119,7 +119,7 @@ def test_convert_with_a_lying_safetensors_header(tmp_path):
 @pytest.mark.slow
 def test_a_finished_run_exits_0(tmp_path):
     r = liveshard("run-local", "--job", str(_job(tmp_path)), "--procs", "2", "--quiet",
-                  "--workdir", str(tmp_path / "run"), "--out", str(tmp_path / "run.json"), cwd=tmp_path)
+                  "--workdir", str(tmp_path / "run"), "--result", str(tmp_path / "run.json"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((tmp_path / "run.json").read_text())
     assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5] and report["final_checkpoint"]
@@ -131,7 +131,7 @@ def test_a_dead_job_exits_1_and_says_what_to_do(tmp_path):
     cannot go on; the coordinator says why and run-local passes it on, with the fix."""
     r = liveshard("run-local", "--job", str(_job(tmp_path, trainIters=6)), "--procs", "2", "--parallel",
                   "tp=2,pp=1,dp=1", "--events", "3:kill=1", "--quiet", "--workdir", str(tmp_path / "run"),
-                  "--out", str(tmp_path / "run.json"), cwd=tmp_path)
+                  "--result", str(tmp_path / "run.json"), cwd=tmp_path)
     _one_line(r, 1, "run-local", "failed:", "NoSurvivingCopy", "--checkpoint-every")
 
 

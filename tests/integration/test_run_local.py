@@ -193,7 +193,7 @@ def test_a_job_file_on_real_text_reads_the_samples_of_an_uninterrupted_run_and_f
         out = tmp_path / f"{name}.json"
         subprocess.run([sys.executable, "-m", "liveshard.runtime.cli", "run-local", "--job", str(tmp_path / "job.yaml"),
                         "--procs", "2", "--parallel", "tp=2,pp=1,dp=1", "--events", events, "--quiet",
-                        "--workdir", str(tmp_path / name), "--out", str(out)], check=True, timeout=600)
+                        "--workdir", str(tmp_path / name), "--result", str(out)], check=True, timeout=600)
         runs[name] = json.loads(out.read_text())
     moved, still = runs["moved"], runs["still"]
     assert [e["outcome"] for e in moved["events"]] == ["committed"] * 3
