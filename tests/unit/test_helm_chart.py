@@ -35,7 +35,7 @@ CUSTOM = {
 
 # Bring-your-own account and RBAC, no metrics endpoint.
 MINIMAL = {"serviceAccount": {"create": False, "name": "preexisting"}, "rbac": {"create": False},
-           "metrics": {"enabled": False}, "replicas": 0}
+           "metrics": {"enabled": False}, "webhook": {"enabled": False}, "replicas": 0}
 
 # The operator's permissions, verb by verb: what operator/kube.py and operator/handlers/ call,
 # plus what the per-job Role it creates grants (RBAC escalation rules: it must hold them).
@@ -127,9 +127,11 @@ def test_kubernetes_validate_rejects_a_bad_object(default_objs):
 def test_default_render_has_exactly_the_expected_objects(default_objs):
     kinds = sorted(o["kind"] for o in default_objs)
     assert kinds == sorted(["ServiceAccount", "Deployment", "Service", "ClusterRole", "ClusterRole",
-                            "ClusterRoleBinding", "ClusterRoleBinding", "Role", "RoleBinding"])
+                            "ClusterRoleBinding", "ClusterRoleBinding", "Role", "RoleBinding",
+                            # the validating webhook, on by default, with a certificate the chart makes
+                            "Service", "ValidatingWebhookConfiguration", "Secret"])
     assert not by_kind(default_objs, "ServiceMonitor") and not by_kind(default_objs, "ConfigMap")
-    assert not by_kind(default_objs, "PodMonitor") and not by_kind(default_objs, "ValidatingWebhookConfiguration")
+    assert not by_kind(default_objs, "PodMonitor") and not by_kind(default_objs, "Certificate")
 
 
 def test_operator_deployment_security_and_probe(default_objs):
@@ -158,15 +160,9 @@ def test_operator_deployment_security_and_probe(default_objs):
 
 def test_operator_args_parse_with_the_real_command(custom_objs):
     """The rendered args are accepted by ``liveshard operator``'s own parser."""
-    import argparse
-
-    from liveshard.operator.command import configure, options_from
-
     (dep,) = by_kind(custom_objs, "Deployment")
     (c,) = dep["spec"]["template"]["spec"]["containers"]
-    parser = argparse.ArgumentParser()
-    configure(parser)
-    options = options_from(parser.parse_args(c["args"]))
+    options = parse_args(c)
     assert options.namespaces == ("training", "research")
     assert options.metrics_port == 9100 and options.liveness == "http://0.0.0.0:8081/healthz"
     assert options.watch_server_timeout == 120
@@ -188,7 +184,7 @@ def test_custom_values_reach_the_objects(custom_objs):
     assert all(o["metadata"]["namespace"] == "ml-system"
                for o in custom_objs if o["kind"] in ("Deployment", "Service", "ServiceAccount", "ServiceMonitor"))
     (sm,) = by_kind(custom_objs, "ServiceMonitor")
-    (svc,) = by_kind(custom_objs, "Service")
+    (svc,) = [o for o in by_kind(custom_objs, "Service") if not o["metadata"]["name"].endswith("-webhook")]
     assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"] == "metrics"
     assert sm["spec"]["endpoints"][0]["interval"] == "15s" and sm["metadata"]["labels"]["release"] == "kps"
     assert svc["spec"]["ports"][0]["port"] == 9100
@@ -209,14 +205,19 @@ def test_minimal_values_render_only_the_deployment():
 def parse_args(container: dict[str, Any], monkeypatch: pytest.MonkeyPatch | None = None):
     """The container's args through ``liveshard operator``'s own parser and checks."""
     import argparse
+    from unittest import mock
 
     from liveshard.operator.command import configure, options_from
 
-    if monkeypatch is not None:  # the webhook's certificate files exist only in the pod
-        monkeypatch.setattr(Path, "is_file", lambda self: str(self).startswith("/etc/liveshard/webhook/"))
+    real_is_file = Path.is_file
+
+    def is_file(self: Path) -> bool:  # the webhook's certificate files exist only in the pod
+        return str(self).startswith("/etc/liveshard/webhook/") or real_is_file(self)
+
     parser = argparse.ArgumentParser()
     configure(parser)
-    return options_from(parser.parse_args(container["args"]))
+    with mock.patch.object(Path, "is_file", is_file):
+        return options_from(parser.parse_args(container["args"]))
 
 
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
@@ -350,6 +351,66 @@ def test_webhook_without_cert_manager_uses_a_given_secret_and_ca():
     issuer = {"name": "corp-ca", "kind": "ClusterIssuer"}
     objs = render({"webhook": {"enabled": True, "certManager": {"enabled": True, "issuerRef": issuer}}})
     assert not by_kind(objs, "Issuer") and by_kind(objs, "Certificate")[0]["spec"]["issuerRef"] == issuer
+
+
+def _handshake(cert_pem: bytes, key_pem: bytes, ca_pem: bytes, server_name: str, tmp: Path) -> None:
+    """A TLS handshake in memory: the server serves ``cert_pem``; the client trusts only
+    ``ca_pem`` and checks the certificate is for ``server_name``, as the API server does."""
+    import ssl
+
+    (tmp / "tls.crt").write_bytes(cert_pem)
+    (tmp / "tls.key").write_bytes(key_pem)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(tmp / "tls.crt", tmp / "tls.key")
+    client = ssl.create_default_context(cadata=ca_pem.decode())
+    pipes = [ssl.MemoryBIO() for _ in range(4)]  # client in/out, server in/out
+    c = client.wrap_bio(pipes[0], pipes[1], server_hostname=server_name)
+    s = server.wrap_bio(pipes[2], pipes[3], server_side=True)
+    done = [False, False]
+    for _ in range(20):
+        for i, end in enumerate((c, s)):
+            if not done[i]:
+                try:
+                    end.do_handshake()
+                    done[i] = True
+                except ssl.SSLWantReadError:
+                    pass
+        pipes[2].write(pipes[1].read())
+        pipes[0].write(pipes[3].read())
+        if all(done):
+            return
+    raise AssertionError("the TLS handshake did not finish")
+
+
+def test_webhook_is_on_by_default_with_a_certificate_the_chart_makes(default_objs, monkeypatch, tmp_path):
+    """With neither cert-manager nor a Secret of the user's, the chart makes a CA and a serving
+    certificate: the Secret the operator mounts, and the caBundle the API server verifies with."""
+    import base64
+    import ssl
+
+    (dep,) = by_kind(default_objs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    options = parse_args(c, monkeypatch)
+    assert options.webhook_port == 9443
+    (secret,) = by_kind(default_objs, "Secret")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert {"name": "webhook-cert", "secret": {"secretName": secret["metadata"]["name"]}} in pod["volumes"]
+    (vwc,) = by_kind(default_objs, "ValidatingWebhookConfiguration")
+    (hook,) = vwc["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    service = hook["clientConfig"]["service"]
+    pem = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    # what the API server dials: <service>.<namespace>.svc, trusting only the caBundle
+    _handshake(pem["tls.crt"], pem["tls.key"], base64.b64decode(hook["clientConfig"]["caBundle"]),
+               f"{service['name']}.{service['namespace']}.svc", tmp_path)
+    with pytest.raises(ssl.SSLCertVerificationError):  # the check can fail: another name
+        _handshake(pem["tls.crt"], pem["tls.key"], pem["ca.crt"], "elsewhere.liveshard-system.svc", tmp_path)
+    other = render()  # each render without a cluster makes a new CA: it does not vouch for this one
+    (other_secret,) = by_kind(other, "Secret")
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(pem["tls.crt"], pem["tls.key"], base64.b64decode(other_secret["data"]["ca.crt"]),
+                   f"{service['name']}.{service['namespace']}.svc", tmp_path)
 
 
 def test_the_operator_needs_no_rbac_for_the_webhook():
