@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from liveshard.dev.localcluster.demo import Demo
+from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 from liveshard.runtime.contract.status import worker_ids
 
 pytestmark = pytest.mark.slow
@@ -145,6 +146,33 @@ def test_job_starts_and_trains(story):
     assert pods[f"{JOB}-coordinator"]["spec"]["nodeName"] == "control-0"  # kept off spot nodes
     assert pods[worker(2)]["status"]["phase"] == "Pending"  # two GPU nodes only
     assert story.step() >= 3
+
+
+def test_kubectl_apply_is_answered_by_the_operators_webhook(story):
+    """The local cluster registers the operator's admission webhook as the Helm chart does:
+    ``kubectl apply`` prints a deprecated field's warning and the operator's one-line refusal."""
+    import yaml
+
+    kubectl = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    body = story.custom.get_namespaced_custom_object(GROUP, VERSION, story.ns, PLURAL, JOB)
+    job = {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": {"name": "copy", "namespace": story.ns},
+           "spec": {**body["spec"], "checkpoint": {**body["spec"].get("checkpoint", {}), "intervalMinutes": 5}}}
+    job["spec"]["checkpoint"].pop("intervalSeconds", None)
+    path = story.out / "copy.yaml"
+
+    def apply(spec_patch: dict) -> subprocess.CompletedProcess:
+        path.write_text(yaml.safe_dump({**job, "spec": {**job["spec"], **spec_patch}}))
+        return subprocess.run([kubectl, "--kubeconfig", str(story.cluster.kubeconfig), "apply", "--dry-run=server",
+                               "-f", str(path)], capture_output=True, text=True, timeout=60)
+
+    warned = _step(story, lambda: apply({}))
+    assert warned.returncode == 0 and "created (server dry run)" in warned.stdout, warned.stderr
+    assert "Warning: spec.checkpoint.intervalMinutes is deprecated" in warned.stderr
+    refused = apply({"parallelism": {"ep": [3]}})
+    assert refused.returncode != 0 and 'admission webhook "validate.elastictrainingjobs.liveshard.io" denied' \
+        in refused.stderr and "spec.parallelism.ep" in refused.stderr
 
 
 def test_node_joins_and_the_job_grows(story):

@@ -3,7 +3,10 @@
 * the API emulator (``emulator.KubeEmulator``) on a free loopback port, in a thread of this
   process, with the ElasticTrainingJob CRD registered; its kubeconfig is written to
   ``DIR/kubeconfig``;
-* the real operator: ``liveshard operator --server URL`` as a process (log ``DIR/logs/operator.log``);
+* the real operator: ``liveshard operator --server URL`` as a process (log ``DIR/logs/operator.log``),
+  serving its validating admission webhook on a loopback port with a self-signed certificate
+  (``DIR/webhook/``), registered as a ValidatingWebhookConfiguration by URL, so ``kubectl apply``
+  is answered as on a cluster with the Helm chart (refusals, deprecation warnings);
 * the node agent (``node_agent.NodeAgent``), in a thread: fake GPU nodes, pods as processes.
 
 Nodes: ``control-0`` (on-demand, no GPU: where the coordinator goes) and ``gpu-0 ..
@@ -12,14 +15,21 @@ gpu-{N-1}`` labelled as Karpenter spot capacity with ``gpus_per_node`` ``nvidia.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import logging
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from liveshard.dev import tls
 from liveshard.dev.localcluster.emulator import KubeEmulator
 from liveshard.dev.localcluster.node_agent import NodeAgent
+from liveshard.dev.ports import free_port
+
+log = logging.getLogger("liveshard.dev.localcluster")
+WEBHOOK_CONFIGURATION = "liveshard-local"
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "elastictrainingjob.yaml"
 
@@ -62,12 +72,40 @@ class LocalCluster:
         for i in range(self.nodes):
             self.add_gpu_node(f"gpu-{i}")
         self.agent.start()
+        webhook = self._webhook_args()
         with open(self.dir / "logs" / "operator.log", "ab") as out:
             self.operator = subprocess.Popen(
                 [sys.executable, "-m", "liveshard.runtime.cli", "operator", "--server", self.kube.url,
-                 "--metrics-port", "0", "--liveness", "", *self.operator_args],
+                 "--metrics-port", "0", "--liveness", "", *webhook, *self.operator_args],
                 stdout=out, stderr=subprocess.STDOUT)
         return self
+
+    def _webhook_args(self) -> list[str]:
+        """A certificate for 127.0.0.1, a free port, and the webhook configuration that sends the
+        API's reviews of jobs there (failurePolicy Ignore, as the chart's default: while the
+        operator starts, requests pass). No certificate tooling: no webhook (a log line)."""
+        from kubernetes import client
+
+        from liveshard.operator.admission import REVIEW_PATH
+        from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
+
+        try:
+            cert, key = tls.self_signed(self.dir / "webhook", hosts=("127.0.0.1",), days=30)
+        except tls.TLSUnavailable as e:
+            log.warning("local cluster: no admission webhook (%s)", e)
+            return []
+        port = free_port()
+        hook = {"name": "validate.elastictrainingjobs.liveshard.io", "admissionReviewVersions": ["v1"],
+                "sideEffects": "None", "failurePolicy": "Ignore", "timeoutSeconds": 10,
+                "clientConfig": {"url": f"https://127.0.0.1:{port}{REVIEW_PATH}",
+                                 "caBundle": base64.b64encode(cert.read_bytes()).decode()},
+                "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "resources": [PLURAL],
+                           "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"}]}
+        client.AdmissionregistrationV1Api(self.api).create_validating_webhook_configuration(
+            {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+             "metadata": {"name": WEBHOOK_CONFIGURATION}, "webhooks": [hook]})
+        return ["--webhook-port", str(port), "--webhook-address", "127.0.0.1",
+                "--webhook-cert-file", str(cert), "--webhook-key-file", str(key)]
 
     def add_gpu_node(self, name: str) -> None:
         assert self.agent is not None

@@ -38,6 +38,11 @@ the kubernetes client and kubectl rely on, as kube-apiserver does it, and refuse
 * registered CRDs are enforced: defaults, ``openAPIV3Schema``, CEL rules (422 with the
   API server's style of message; crd_validation.py), and are served as
   ``customresourcedefinitions`` objects (a CRD created through the API is registered too);
+* validating admission webhooks (admission.py): a stored ``ValidatingWebhookConfiguration``
+  is checked as the API server checks it, and each CREATE or UPDATE that passed the schema is
+  sent as an AdmissionReview to the webhooks it matches (``clientConfig.url`` over HTTPS,
+  trusting only the ``caBundle``): a denial is the request's answer, warnings become
+  ``Warning`` headers, an unreachable webhook refuses under ``failurePolicy: Fail``;
 * field validation of custom resources (create, PUT, patch, ``/status``): fields the structural
   schema does not declare are pruned (not under ``x-kubernetes-preserve-unknown-fields``); with
   ``?fieldValidation=Strict`` they and duplicate JSON keys are a 400 BadRequest (``ElasticTrainingJob
@@ -104,6 +109,7 @@ import kmock
 import yaml
 from kmock._internal import dicts as kmock_dicts
 
+from liveshard.dev.localcluster import admission
 from liveshard.dev.localcluster.crd_validation import CRDValidator, InvalidObject
 
 _ACTIONS = (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE)
@@ -115,6 +121,7 @@ _CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions"
 _PODS = kmock.resource("", "v1", "pods")
 _NODES = kmock.resource("", "v1", "nodes")
 _EVENTS = kmock.resource("", "v1", "events")
+_WEBHOOKS = kmock.resource("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations")
 _CUSTOM_PATCHES = ("application/json-patch+json", "application/merge-patch+json")
 _TRUE = ("true", "1", "True")
 _FIELD_VALIDATIONS = ("Ignore", "Warn", "Strict")  # ?fieldValidation=; none is Warn
@@ -725,6 +732,8 @@ class Emulator(kmock.KubernetesEmulator):
                     creationTimestamp=_now(), generation=1)
         obj.setdefault("kind", self._kind(request.resource))
         obj.setdefault("apiVersion", "/".join(p for p in (request.resource.group, request.resource.version) if p))
+        self._check_builtin(request.resource, obj)
+        await self._admit("CREATE", key, None, obj, None)
         if _DRY_RUN_REQUEST.get():
             return obj
         self._store(key, obj)
@@ -761,7 +770,7 @@ class Emulator(kmock.KubernetesEmulator):
                 if "status" in old:
                     new["status"] = old["status"]
             self._check_pod_update(key, old, new)
-        return await self._replace(key, old, new)
+        return await self._replace(key, old, new, admit=request.subresource or "")
 
     async def _put(self, request: kmock.Request) -> dict[str, Any]:
         """PUT: the body is the whole new object (``/status``: only its status counts)."""
@@ -797,7 +806,7 @@ class Emulator(kmock.KubernetesEmulator):
             new["metadata"] = sent
         new.setdefault("kind", old.get("kind"))
         new.setdefault("apiVersion", old.get("apiVersion"))
-        return await self._replace(key, old, new)
+        return await self._replace(key, old, new, admit=request.subresource or "")
 
     @staticmethod
     def _check_pod_update(key: Any, old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -815,7 +824,10 @@ class Emulator(kmock.KubernetesEmulator):
             raise _error(422, "Invalid", f'Pod "{key[2]}" is invalid: spec: Forbidden: {_POD_SPEC_FORBIDDEN}',
                          [f"spec: Forbidden: {_POD_SPEC_FORBIDDEN}"])
 
-    async def _replace(self, key: Any, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    async def _replace(self, key: Any, old: dict[str, Any], new: dict[str, Any],
+                       admit: str | None = None) -> dict[str, Any]:
+        """Store ``new`` in place of ``old``; ``admit``: a user's update (``""``, or the
+        subresource written) that the admission webhooks review."""
         resource = key[0]
         meta = new.setdefault("metadata", {})
         sent_rv = meta.get("resourceVersion")
@@ -835,6 +847,9 @@ class Emulator(kmock.KubernetesEmulator):
             new = self._validated(validator, new, old)
         if new == old:
             return old  # a no-op patch changes nothing, not even the resourceVersion
+        self._check_builtin(resource, new)
+        if admit is not None:
+            await self._admit("UPDATE", key, admit or None, new, old)
         if _DRY_RUN_REQUEST.get():
             return new
         new["metadata"]["resourceVersion"] = self._next_rv()
@@ -844,6 +859,46 @@ class Emulator(kmock.KubernetesEmulator):
         self._store(key, new)
         self._emit(resource, "MODIFIED", new, old)
         return new
+
+    # ---- admission ----------------------------------------------------------------------------
+    @staticmethod
+    def _check_builtin(resource: Any, obj: dict[str, Any]) -> None:
+        """The API server's own validation of the built-in kinds the emulator acts on."""
+        if resource == _WEBHOOKS:
+            problems = admission.validate_configuration(obj)
+            if problems:
+                name = (obj.get("metadata") or {}).get("name")
+                raise _error(422, "Invalid", f'ValidatingWebhookConfiguration.admissionregistration.k8s.io "{name}" '
+                             f"is invalid: {', '.join(problems)}", problems)
+
+    async def _admit(self, operation: str, key: Any, subresource: str | None, new: dict[str, Any],
+                     old: dict[str, Any] | None) -> None:
+        """Send the request to the validating webhooks it matches (admission.py); refuse it if
+        one denies it (or fails under ``failurePolicy: Fail``), pass on their warnings."""
+        configs = [o.raw for (res, _, _), o in self._objects.items() if res == _WEBHOOKS and not o.deleted]
+        if not configs:
+            return
+        resource, namespace, name = key
+        hooks = admission.matching(
+            configs, group=resource.group or "", version=resource.version or "", plural=resource.plural,
+            subresource=subresource, operation=operation, namespace=namespace,
+            namespace_labels={"kubernetes.io/metadata.name": namespace} if namespace else {},
+            objects=[new, old or {}])
+        if not hooks:
+            return
+        review = admission.review_request(
+            kind={"group": resource.group or "", "version": resource.version or "", "kind": self._kind(resource) or ""},
+            resource={"group": resource.group or "", "version": resource.version or "", "resource": resource.plural},
+            subresource=subresource, name=name, namespace=namespace, operation=operation,
+            new=copy.deepcopy(new), old=copy.deepcopy(old), dry_run=_DRY_RUN_REQUEST.get())
+        verdict = await admission.admit(hooks, review)
+        warnings = _WARNINGS.get()
+        if warnings is not None:
+            warnings.extend(verdict.warnings)
+        if not verdict.allowed:
+            assert verdict.code is not None
+            raise _error(verdict.code, verdict.reason or ("InternalError" if verdict.code >= 500 else "BadRequest"),
+                         verdict.message)
 
     async def _delete(self, request: kmock.Request) -> dict[str, Any]:
         key = (request.resource, request.namespace, request.name)

@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +156,122 @@ def test_an_operator_waiting_for_the_lease_serves_the_webhook_too(kube, cert):
         stop.set()
         thread.join(30)
     assert not thread.is_alive() and exit_code == [0]
+
+
+# ---- the emulator calls registered webhooks, as kube-apiserver does ----------------------------
+HOOK = "validate.elastictrainingjobs.liveshard.io"
+
+
+def configuration(port: int, ca_pem: bytes, failure_policy: str = "Fail", name: str = "liveshard-test") -> dict:
+    import base64
+
+    from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
+
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [{"name": HOOK, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                          "failurePolicy": failure_policy, "timeoutSeconds": 5,
+                          "clientConfig": {"url": f"https://127.0.0.1:{port}{admission.REVIEW_PATH}",
+                                           "caBundle": base64.b64encode(ca_pem).decode()},
+                          "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "resources": [PLURAL],
+                                     "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"}]}]}
+
+
+def kubectl_apply(kubeconfig, tmp_path, name: str, spec: dict):
+    import shutil
+    import subprocess
+
+    import yaml
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob",
+                                    "metadata": {"name": name}, "spec": spec}))
+    return subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "apply", "-f", str(path)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_kubectl_apply_on_the_emulator_is_answered_by_the_registered_webhook(kube, cert, tmp_path):
+    """A ValidatingWebhookConfiguration in the emulator sends its reviews to the operator's
+    webhook over TLS (trusting only the caBundle): kubectl shows a refusal with the webhook's
+    one line, and a deprecated field as a ``Warning:``; a webhook that cannot be called refuses
+    under Fail and lets requests through under Ignore."""
+    import kubernetes.client as k8s
+
+    crt, key = cert
+    port = free_port()
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    hooks = k8s.AdmissionregistrationV1Api(kube.api_client())
+    options = Options(webhook_port=port, webhook_addr="127.0.0.1", webhook_cert_file=str(crt),
+                      webhook_key_file=str(key))
+    hooks.create_validating_webhook_configuration(configuration(port, crt.read_bytes()))
+    try:
+        answered_by_the_webhook(kube, hooks, options, kubeconfig, tmp_path)
+    finally:  # the emulator is shared by the module's tests
+        hooks.delete_validating_webhook_configuration("liveshard-test")
+
+
+def answered_by_the_webhook(kube, hooks, options, kubeconfig, tmp_path) -> None:
+    crt, port = options.webhook_cert_file, options.webhook_port
+    with Served(options):
+        wait_until_serving(port, crt)
+        refused = kubectl_apply(kubeconfig, tmp_path, "bad", {**SPEC, "parallelism": {"ep": [2]}})
+        assert refused.returncode != 0
+        assert f'admission webhook "{HOOK}" denied the request: spec.parallelism.ep:' in refused.stderr
+        old = kubectl_apply(kubeconfig, tmp_path, "old", {**SPEC, "checkpoint": {"intervalMinutes": 5}})
+        assert old.returncode == 0, old.stderr
+        assert "Warning:" in old.stderr and "intervalSeconds" in old.stderr
+        assert "created" in old.stdout
+        fine = kubectl_apply(kubeconfig, tmp_path, "fine", SPEC)
+        assert fine.returncode == 0 and "Warning" not in fine.stderr, fine.stderr
+        # an edit of the spec is reviewed too
+        edited = kubectl_apply(kubeconfig, tmp_path, "fine", {**SPEC, "parallelism": {"ep": [2]}})
+        assert edited.returncode != 0 and "denied the request" in edited.stderr
+    # nobody answers: Fail refuses, with the call's failure named
+    down = kubectl_apply(kubeconfig, tmp_path, "down", SPEC)
+    assert down.returncode != 0 and f'failed calling webhook "{HOOK}"' in down.stderr
+    ignore = configuration(port, Path(crt).read_bytes(), "Ignore")["webhooks"]
+    hooks.patch_validating_webhook_configuration("liveshard-test", {"webhooks": ignore})
+    assert kubectl_apply(kubeconfig, tmp_path, "down", SPEC).returncode == 0
+
+
+def test_the_emulator_trusts_only_the_ca_bundle_and_checks_configurations(kube, cert, tmp_path):
+    import kubernetes.client as k8s
+    from kubernetes.client.rest import ApiException
+
+    from liveshard.dev.tls import self_signed
+
+    crt, key = cert
+    other, _ = self_signed(tmp_path / "other", hosts=("127.0.0.1",))
+    port = free_port()
+    hooks = k8s.AdmissionregistrationV1Api(kube.api_client())
+    jobs = k8s.CustomObjectsApi(kube.api_client())
+    hooks.create_validating_webhook_configuration(configuration(port, other.read_bytes(), name="other-ca"))
+    try:
+        only_the_ca_bundle(hooks, jobs, port, crt, key)
+    finally:
+        hooks.delete_validating_webhook_configuration("other-ca")
+    # the API server's own checks of a configuration
+    bad = configuration(port, crt.read_bytes(), name="bad")
+    bad["webhooks"][0].update(name="short.name", sideEffects="Some",
+                              clientConfig={"url": f"http://127.0.0.1:{port}/validate"})
+    with pytest.raises(ApiException) as e:
+        hooks.create_validating_webhook_configuration(bad)
+    assert e.value.status == 422
+    for field in ("webhooks[0].name", "webhooks[0].sideEffects", "webhooks[0].clientConfig.url"):
+        assert field in e.value.body
+
+
+def only_the_ca_bundle(hooks, jobs, port, crt, key) -> None:
+    from kubernetes.client.rest import ApiException
+
+    body = {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob", "metadata": {"name": "j"},
+            "spec": SPEC}
+    with Served(Options(webhook_port=port, webhook_addr="127.0.0.1", webhook_cert_file=str(crt),
+                        webhook_key_file=str(key))):
+        wait_until_serving(port, crt)
+        with pytest.raises(ApiException) as e:  # the served certificate is not signed by the caBundle
+            jobs.create_namespaced_custom_object("liveshard.io", "v1alpha1", "default", "elastictrainingjobs", body)
+        assert e.value.status == 500 and "failed calling webhook" in e.value.body
+        assert "CERTIFICATE_VERIFY_FAILED" in e.value.body or "certificate verify failed" in e.value.body
