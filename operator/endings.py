@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from liveshard.operator import tracking
 from liveshard.operator.conditions import condition
 from liveshard.operator.observed import Worker
 from liveshard.runtime.cli import EXIT_BAD_INPUT
@@ -14,7 +15,6 @@ from liveshard.runtime.contract.crd import LABEL_ROLE, ROLE_COORDINATOR, ROLE_WO
 from liveshard.runtime.contract.status import ConditionType, Finished, JobPhase, RuntimeFailure
 
 HISTORY_LIMIT = 20  # entries kept in status.history
-COUNTED_FAILURES_LIMIT = 50  # UIDs kept in status.countedFailures
 FAILED_REQUEUE_SECONDS = 300.0
 # After the run's end (status.finishedAt), the seconds a worker pod still running has to exit by
 # itself before it is deleted: anything running later (a pod re-created as the run ended) would
@@ -36,7 +36,8 @@ def status_count(value: Any) -> int:
 
 class Endings:
     """Mixed into the reconciler: the phases that end a job. Reads and writes the reconciler's
-    state (``self.d``, ``self.status``, ``self.conditions``, ``self.pods``, ``self.spec``)."""
+    state (``self.d``, ``self.status``, ``self.tracking`` and ``self.track``, ``self.conditions``,
+    ``self.pods``, ``self.spec``)."""
 
     def _succeeded(self, finished: Finished) -> None:
         """Training reached trainIters and its final checkpoint is complete: the job is done.
@@ -78,7 +79,7 @@ class Endings:
     def _failure_budget_spent(self, workers: list[Worker]) -> bool:
         """Note the worker pods that crashed since the last pass; whether, with them, more have
         failed than ``spec.elasticity.maxPodFailures`` allows."""
-        counted = set(self.status.get("countedFailures") or [])
+        counted = set(self.tracking[tracking.COUNTED])
         self.pod_failures = status_count(self.status.get("podFailures"))
         self.crashed = [w for w in workers if w.dead and not w.deleting and w.signal is not None
                         and w.signal.kind == Cause.POD_FAILED and w.signal.failure and w.uid not in counted]
@@ -104,23 +105,21 @@ class Endings:
         st, d = self.d.status, self.d
         total = self.pod_failures + len(self.crashed)
         if self.crashed:
-            counted = [*(self.status.get("countedFailures") or []), *(w.uid for w in self.crashed)]
+            counted = [*self.tracking[tracking.COUNTED], *(w.uid for w in self.crashed)]
             d.new_failures = len(self.crashed)
             st["failures"] = status_count(self.status.get("failures")) + len(self.crashed)
-            st["countedFailures"] = counted[-COUNTED_FAILURES_LIMIT:]
+            self.track(tracking.COUNTED, counted[-tracking.COUNTED_LIMIT:])
             st["podFailures"] = total
         return total
 
     # -- a configuration error: the same bad input from worker pod after worker pod --
     def _config_error(self, workers: list[Worker]) -> bool:
         """Note the worker pods that exited ``EXIT_BAD_INPUT`` since the last pass in
-        ``status.configError`` (the message, how many in a row, the job generation); whether
+        ``status.tracking.configError`` (the message, how many in a row, the job generation); whether
         ``CONFIG_ERROR_LIMIT`` of them said the same. Another exit, or a job training (an
         applied plan with GPUs and a worker pod running: the input works for some), clears the
         count; a new spec generation resumes a job this failed."""
-        st = self.d.status
-        raw = self.status.get("configError")
-        old = raw if isinstance(raw, dict) else {}
+        old = self.tracking[tracking.CONFIG_ERROR] or {}
         generation = self.meta.get("generation")
         message, count = str(old.get("message") or ""), status_count(old.get("count"))
         if old and old.get("generation") != generation:
@@ -140,7 +139,7 @@ class Endings:
                     message, count = "", 0
         new = {"message": message, "count": count, "generation": generation} if count else None
         if new != (old or None):
-            st["configError"] = new
+            self.track(tracking.CONFIG_ERROR, new)
         self.config_error = new
         return new is not None and count >= CONFIG_ERROR_LIMIT
 

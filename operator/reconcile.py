@@ -19,14 +19,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from liveshard.operator import builders
+from liveshard.operator import builders, tracking
 from liveshard.operator.conditions import condition, set_condition
-from liveshard.operator.endings import (
-    COUNTED_FAILURES_LIMIT,
-    HISTORY_LIMIT,
-    Endings,
-    status_count,
-)
+from liveshard.operator.endings import HISTORY_LIMIT, Endings, status_count
 from liveshard.operator.observed import Worker, observe_workers
 from liveshard.operator.planning import Planning
 from liveshard.operator.policy import DEFAULT_POLICY, JobPolicy, refusal
@@ -115,12 +110,17 @@ class _Reconciler(Planning, Endings):
         self.d = Decision()
         self.conditions = list(self.status.get("conditions") or [])
         self.history = [dict(h) for h in self.status.get("history") or []]
-        self.config_error: dict[str, Any] | None = None  # status.configError as this pass leaves it
+        self.tracking = tracking.tracking_of(self.status)  # the operator's records of failed pods
+        self.config_error: dict[str, Any] | None = None  # tracking.configError as this pass leaves it
         self.resume_reason = "WithinPodFailureBudget"  # of a Failed condition cleared in this pass
 
     # -- helpers --
     def event(self, kind: str, reason: str, message: str) -> None:
         self.d.events.append((kind, reason, message))
+
+    def track(self, key: str, value: Any) -> None:
+        """Write one of ``status.tracking``'s records (a merge patch: a map merges, None removes)."""
+        self.d.status.setdefault(tracking.TRACKING, {})[key] = value
 
     def cond(self, ctype: str, status: bool, reason: str, message: str) -> None:
         old = condition(self.conditions, ctype)
@@ -133,6 +133,7 @@ class _Reconciler(Planning, Endings):
     def run(self) -> Decision:
         d, st = self.d, self.d.status
         st["observedGeneration"] = self.meta.get("generation")
+        st.update(tracking.migration(self.status))  # an older operator's records, moved
         st["selector"] = builders.worker_selector(self.name)
         if not self._read_inputs():
             st["conditions"] = self.conditions
@@ -293,11 +294,10 @@ class _Reconciler(Planning, Endings):
     # -- phase 3: a new plan? --
     def _pods(self, workers: list[Worker], members: list[str], acked: bool) -> None:
         d, st = self.d, self.d.status
-        counted = list(self.status.get("countedFailures") or [])
+        counted = list(self.tracking[tracking.COUNTED])
         crashed = {w.uid for w in self.crashed}
         pod_failures = self.pod_failures
-        old_backoff = self.status.get("podBackoff")
-        old_backoff = old_backoff if isinstance(old_backoff, dict) else {}
+        old_backoff = self.tracking[tracking.RECREATE_AFTER]
         backoff = dict(old_backoff)
         limit = self.spec.elasticity.max_pod_failures
         for w in workers:
@@ -320,7 +320,7 @@ class _Reconciler(Planning, Endings):
             self.event("Normal", "WorkerRemoved", f"deleting {w.name}: {why.reason}")
         if d.new_failures:
             st["failures"] = status_count(self.status.get("failures")) + d.new_failures
-            st["countedFailures"] = counted[-COUNTED_FAILURES_LIMIT:]
+            self.track(tracking.COUNTED, counted[-tracking.COUNTED_LIMIT:])
         if pod_failures != self.pod_failures:
             st["podFailures"] = pod_failures
         existing = {w.name for w in workers}
@@ -337,7 +337,7 @@ class _Reconciler(Planning, Endings):
         changes = {n: t for n, t in backoff.items() if old_backoff.get(n) != t}
         changes.update({n: None for n, t in backoff.items() if n in old_backoff and self._backoff_left(t) <= 0})
         if changes:
-            st["podBackoff"] = changes
+            self.track(tracking.RECREATE_AFTER, changes)
         st["replicas"] = sum(1 for w in workers if not w.deleting and w.name not in d.delete_pods)
 
     def _backoff_left(self, until: Any) -> float:

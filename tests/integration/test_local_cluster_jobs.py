@@ -224,7 +224,7 @@ def test_workers_that_all_exit_on_the_same_bad_input_fail_the_job_with_their_mes
     assert status["message"].startswith(BAD_INPUT), status["message"]
     failed = {c["type"]: c for c in status["conditions"]}["Failed"]
     assert failed["status"] == "True" and failed["reason"] == "WorkerConfigError"
-    assert status["configError"]["message"] == BAD_INPUT and status["configError"]["count"] >= 3
+    assert status["tracking"]["configError"]["message"] == BAD_INPUT and status["tracking"]["configError"]["count"] >= 3
     assert wait_for(lambda: jobs.events("cfg").get("WorkerConfigError"), what="the event").startswith(BAD_INPUT)
     # nothing runs or waits (the coordinator is gone); nothing is re-created
     wait_for(lambda: all(p == "Failed" for p in jobs.phases().values()), what="only failed pods left")

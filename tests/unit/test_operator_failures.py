@@ -51,7 +51,7 @@ def test_a_crashed_pod_is_counted_and_replaced_only_after_its_backoff():
     t1 = T0 + timedelta(seconds=20)
     d, job = step(job, crash(pods, 1), healthy(4), t1)
     assert d.delete_pods == ["train-worker-1"] and job["status"]["podFailures"] == 1
-    assert parse_time(job["status"]["podBackoff"]["train-worker-1"]) == t1 + timedelta(seconds=10)
+    assert parse_time(job["status"]["tracking"]["recreateAfter"]["train-worker-1"]) == t1 + timedelta(seconds=10)
     assert ("Warning", "WorkerFailed") in {(k, r) for k, r, _ in d.events}
     gone = without(pods, "train-worker-1")
     # the pod is gone: not re-created during the back-off, and the loop comes back when it ends
@@ -59,13 +59,39 @@ def test_a_crashed_pod_is_counted_and_replaced_only_after_its_backoff():
     assert d.create_workers == [] and d.requeue_after <= 6.1
     d, job = step(job, gone, healthy(4), t1 + timedelta(seconds=10))
     assert d.create_workers == [1]
-    assert "train-worker-1" not in job["status"].get("podBackoff", {})  # the entry is removed once passed
+    assert "train-worker-1" not in job["status"]["tracking"].get("recreateAfter", {})  # the entry is removed once passed
     # a second crash waits twice as long; the count carries on
     t2 = t1 + timedelta(seconds=60)
     replaced = [*gone, make_pod(1)]
     d, job = step(job, crash(replaced, -1, uid="pod-1b"), healthy(4), t2)
     assert job["status"]["podFailures"] == 2
-    assert parse_time(job["status"]["podBackoff"]["train-worker-1"]) == t2 + timedelta(seconds=20)
+    assert parse_time(job["status"]["tracking"]["recreateAfter"]["train-worker-1"]) == t2 + timedelta(seconds=20)
+
+
+def test_an_older_operators_top_level_records_are_read_and_moved_into_tracking():
+    """Operators before 0.3 kept the records at the top of the status: a job they tracked keeps
+    its back-off and its counted pods, and the next status patch moves them."""
+    from liveshard.runtime.contract.times import iso
+
+    job, pods = running_job()
+    t1 = T0 + timedelta(seconds=20)
+    failed = crash(pods, 1, uid="pod-1-old")
+    job = copy.deepcopy(job)
+    job["status"].update(podFailures=1, failures=1, countedFailures=["pod-1-old"],
+                         podBackoff={"train-worker-1": iso(t1 + timedelta(seconds=10))},
+                         configError={"message": "x", "count": 1, "generation": job["metadata"]["generation"]})
+    d, after = step(job, failed, healthy(4), t1)
+    assert after["status"]["podFailures"] == 1  # already counted: not again
+    assert d.status["countedFailures"] is None and d.status["podBackoff"] is None
+    assert d.status["configError"] is None
+    records = after["status"]["tracking"]
+    assert records["countedPods"] == ["pod-1-old"]
+    assert parse_time(records["recreateAfter"]["train-worker-1"]) == t1 + timedelta(seconds=10)
+    assert not {"countedFailures", "podBackoff", "configError"} & set(after["status"])
+    d, after = step(after, without(pods, "train-worker-1"), healthy(4), t1 + timedelta(seconds=5))
+    assert d.create_workers == []  # the older operator's back-off still holds
+    d, after = step(after, without(pods, "train-worker-1"), healthy(4), t1 + timedelta(seconds=10))
+    assert d.create_workers == [1] and "countedFailures" not in d.status
 
 
 def test_a_preempted_pod_is_neither_counted_nor_held_back():
@@ -75,7 +101,7 @@ def test_a_preempted_pod_is_neither_counted_nor_held_back():
                               "message": "Pod was terminated in response to imminent node shutdown."}
     d, job = step(with_budget(job, 0), preempted, healthy(4), T0 + timedelta(seconds=20))
     assert d.delete_pods == ["train-worker-1"] and "podFailures" not in job["status"]
-    assert "podBackoff" not in job["status"] and job["status"]["phase"] != "Failed"
+    assert not job["status"].get("tracking", {}).get("recreateAfter") and job["status"]["phase"] != "Failed"
     d, _ = step(job, without(pods, "train-worker-1"), healthy(4), T0 + timedelta(seconds=21))
     assert d.create_workers == [1]
 
@@ -120,7 +146,7 @@ def test_the_count_survives_an_operator_restart():
     job["status"].update(podFailures=0)
     _, job = step(job, crash(pods, 2), healthy(4), T0 + timedelta(seconds=20))
     assert job["status"]["phase"] == "Failed" and job["status"]["podFailures"] == 1
-    assert job["status"]["countedFailures"] == ["pod-2"] and job["status"]["failures"] == 1
+    assert job["status"]["tracking"]["countedPods"] == ["pod-2"] and job["status"]["failures"] == 1
     # the same failed pod seen again is not counted twice
     _, again = step(job, crash(pods, 2), healthy(4), T0 + timedelta(seconds=40))
     assert again["status"]["podFailures"] == 1
@@ -206,7 +232,7 @@ def test_every_worker_exiting_on_the_same_bad_input_fails_the_job_with_their_mes
     st = job["status"]
     assert st["phase"] == "Failed" and st["message"].startswith(BAD_INPUT)
     assert "exited 2" in st["message"] and "spec" in st["message"]
-    assert st["configError"] == {"message": BAD_INPUT, "count": 4, "generation": 1}
+    assert st["tracking"]["configError"] == {"message": BAD_INPUT, "count": 4, "generation": 1}
     cond = conditions(job)
     assert (cond["Failed"]["status"], cond["Failed"]["reason"]) == ("True", "WorkerConfigError")
     assert cond["Ready"]["status"] == "False"
@@ -214,7 +240,7 @@ def test_every_worker_exiting_on_the_same_bad_input_fails_the_job_with_their_mes
     assert event[0] == "Warning" and event[2].startswith(BAD_INPUT)
     # nothing is created; the coordinator goes; the failed pods stay for their logs
     assert d.delete_pods == ["train-coordinator"] and not d.create_workers and not d.create_coordinator
-    assert st["podFailures"] == 4 and sorted(st["countedFailures"]) == [f"pod-{i}" for i in range(4)]
+    assert st["podFailures"] == 4 and sorted(st["tracking"]["countedPods"]) == [f"pod-{i}" for i in range(4)]
     assert crd_validator.errors(crd_validator.default(job)) == []
 
     # later passes (a restarted operator too) stay Failed, quietly, creating nothing
@@ -226,7 +252,7 @@ def test_every_worker_exiting_on_the_same_bad_input_fails_the_job_with_their_mes
     fixed = copy.deepcopy(job)
     fixed["metadata"]["generation"] = 2
     d, job = step(fixed, failed[:4], healthy(4), T0 + timedelta(minutes=11))
-    assert job["status"]["phase"] != "Failed" and "configError" not in job["status"]
+    assert job["status"]["phase"] != "Failed" and not job["status"].get("tracking", {}).get("configError")
     assert (conditions(job)["Failed"]["status"], conditions(job)["Failed"]["reason"]) == ("False", "SpecChanged")
     assert sorted(d.delete_pods) == [f"train-worker-{i}" for i in range(4)] and d.create_coordinator
     d, job = step(job, [], healthy(4), T0 + timedelta(minutes=11, seconds=1))
@@ -247,7 +273,7 @@ def test_a_lone_worker_fails_the_job_on_its_third_identical_bad_input():
         t += timedelta(minutes=5)  # past the back-off: the pod is re-created
         d, job = step(job, [coordinator()], healthy(1), t)
         assert d.create_workers == [0]
-    assert job["status"]["configError"]["count"] == 2
+    assert job["status"]["tracking"]["configError"]["count"] == 2
     d, job = step(job, exit_2(pods, 0, uid_suffix="-5"), healthy(1), t + timedelta(seconds=5))
     assert job["status"]["phase"] == "Failed" and job["status"]["message"].startswith(BAD_INPUT)
     assert "3 times in a row" in job["status"]["message"]
@@ -257,22 +283,22 @@ def test_other_exit_codes_and_a_training_job_keep_the_ordinary_recovery():
     # exit 1 (it ran and failed) from every pod: failures with back-off, never a configuration error
     job, pods = started_job()
     d, job = step(job, exit_2(pods, 0, 1, 2, 3, code=1), healthy(4), T0 + timedelta(seconds=20))
-    assert job["status"]["phase"] != "Failed" and "configError" not in job["status"]
-    assert job["status"]["podFailures"] == 4 and len(job["status"]["podBackoff"]) == 4
+    assert job["status"]["phase"] != "Failed" and not job["status"].get("tracking", {}).get("configError")
+    assert job["status"]["podFailures"] == 4 and len(job["status"]["tracking"]["recreateAfter"]) == 4
     # a job that trains: one pod's bad input (its node, its mount) is that pod's failure
     job, pods = running_job()
     for attempt in range(4):
         failed = exit_2(pods, 3, uid_suffix=f"-{attempt}")
         d, job = step(job, failed, healthy(4), T0 + timedelta(minutes=10 * (attempt + 1)))
-        assert job["status"]["phase"] != "Failed" and "configError" not in job["status"]
+        assert job["status"]["phase"] != "Failed" and not job["status"].get("tracking", {}).get("configError")
         assert "train-worker-3" in d.delete_pods
 
 
 def test_a_count_short_of_the_limit_is_cleared_once_the_job_trains():
     job, pods = started_job()
     _, job = step(job, exit_2(pods, 3), healthy(4), T0 + timedelta(seconds=20))
-    assert job["status"]["configError"]["count"] == 1
+    assert job["status"]["tracking"]["configError"]["count"] == 1
     # the other three train (the plan over them is applied): the count is dropped
     _, job = step(job, without(pods, "train-worker-3"), healthy(4), T0 + timedelta(seconds=30))
     _, job = step(ack(job), without(pods, "train-worker-3"), healthy(4), T0 + timedelta(seconds=40))
-    assert job["status"]["phase"] == "Running" and "configError" not in job["status"]
+    assert job["status"]["phase"] == "Running" and not job["status"].get("tracking", {}).get("configError")

@@ -335,7 +335,7 @@ def test_every_status_the_decision_writes_fits_the_crd_schema(crd_validator):
     states.append(job)
     for state in states:
         assert validator.errors(validator.default(state)) == []
-    assert job["status"]["failures"] == 1 and job["status"]["countedFailures"] == ["pod-0"]
+    assert job["status"]["failures"] == 1 and job["status"]["tracking"]["countedPods"] == ["pod-0"]
 
 
 def test_an_edit_that_changes_the_planners_answer_replans_and_one_that_does_not_only_observes():
