@@ -21,7 +21,7 @@ from liveshard.dev.ports import free_port
 pytestmark = pytest.mark.slow
 
 SIZE = 4
-GROUP_TIMEOUT = 10.0  # the world's groups' collective timeout
+GROUP_TIMEOUT = 6.0  # the world's groups' collective timeout
 CUT_AFTER = 1.5  # seconds after the survivors start their all-reduce
 
 RANK = r"""

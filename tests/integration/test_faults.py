@@ -119,6 +119,7 @@ def test_a_frozen_member_comes_back_new_and_a_member_killed_after_the_vote_loses
     assert all(f["recovery_seconds"] < 30 for f in faulted["faults"]), faulted["faults"]
 
 
+@pytest.mark.long  # the same run through the CLI: test_exit_codes' dead job, in the default run
 def test_state_lost_with_no_copy_and_no_checkpoint_is_a_clear_failure_within_a_minute(tmp_path):
     """tp=2 on two workers, no safety checkpoints: a kill takes the only copy of half of every
     weight. Nothing can continue the run: the coordinator reports why (the operator fails the

@@ -30,6 +30,7 @@ def _bench():
     return mod
 
 
+@pytest.mark.long  # 30 s; the records' rules are unit-tested (test_goodput_records.py)
 def test_the_steps_of_a_worker_killed_later_are_all_recorded(tmp_path):
     steps = 10
     report = run_local(RunSpec.mock("tiny-llama", workers=2, parallel="tp=1,pp=1,dp=2", steps=steps, global_batch=4,
