@@ -35,6 +35,24 @@ class _Rule:
     message: str
     program: Any
     transition: bool
+    field_path: str = ""  # the rule's fieldPath (".a.b"): where its error is reported
+
+
+_CEL_TYPES = ((bool, "boolean"), (dict, "object"), (list, "array"), (str, "string"), (int, "integer"),
+              (float, "number"))
+
+
+def _type_name(value: Any) -> str:
+    """The schema type the API server names in a rule's error (``Invalid value: "object"``)."""
+    return next((name for t, name in _CEL_TYPES if isinstance(value, t)), "null")
+
+
+def _rule_path(path: str, field_path: str) -> str:
+    """Where a rule's error is reported: its node's path, or under it by ``fieldPath``; the
+    root is ``<nil>``, as kube-apiserver prints an empty field path."""
+    if field_path:
+        path = _join(path, field_path.lstrip("."))
+    return path or "<nil>"
 
 
 class CRDValidator:
@@ -63,7 +81,7 @@ class CRDValidator:
         for item in node.get("x-kubernetes-validations") or []:
             program = self._env.program(self._env.compile(item["rule"]))
             rules.append(_Rule(item["rule"], item.get("message") or f"failed rule: {item['rule']}",
-                               program, "oldSelf" in item["rule"]))
+                               program, "oldSelf" in item["rule"], item.get("fieldPath") or ""))
         if rules:
             self._rules[id(node)] = rules
         for child in (node.get("properties") or {}).values():
@@ -129,10 +147,12 @@ class CRDValidator:
                 result = rule.program.evaluate(activation)
             except celpy.CELEvalError as e:
                 result = e
+            where = _rule_path(path, rule.field_path)
             if isinstance(result, celpy.CELEvalError):
-                errs.append(f"{path or '<root>'}: Invalid value: rule {rule.rule!r} failed to evaluate: {result}")
+                errs.append(f'{where}: Invalid value: "{_type_name(value)}": rule {rule.rule!r} failed to evaluate: '
+                            f"{result}")
             elif not bool(result):
-                errs.append(f"{path or '<root>'}: Invalid value: {rule.message}")
+                errs.append(f'{where}: Invalid value: "{_type_name(value)}": {rule.message}')
         if isinstance(value, dict):
             for key, child in (node.get("properties") or {}).items():
                 sub_old = old.get(key, _MISSING) if isinstance(old, dict) else _MISSING
@@ -237,6 +257,8 @@ def _unknown_fields(node: dict[str, Any], value: Any, path: str, errs: list[str]
         if props is None and extra is None:
             return  # e.g. metadata: {type: object}, checked by the server elsewhere
         for key, item in value.items():
+            if not path and key == "metadata":
+                continue  # the object's ObjectMeta: the server checks it, whatever the schema declares of it
             if props is not None and key in props:
                 _unknown_fields(props[key], item, _join(path, key), errs)
             elif isinstance(extra, dict):

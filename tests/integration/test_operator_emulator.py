@@ -304,7 +304,7 @@ def test_invalid_manifests_are_refused_with_readable_messages(cluster):
     body = json.loads(e.value.body)
     assert e.value.status == 422
     assert body["message"] == ('ElasticTrainingJob.liveshard.io "delta" is invalid: '
-                               "spec.workers: Invalid value: workers.min must be <= workers.max")
+                               'spec.workers: Invalid value: "object": workers.min must be <= workers.max')
     # an unknown field: refused under Strict field validation (what kubectl apply asks for), pruned
     # with a warning otherwise, as a real server does
     with pytest.raises(k8s.ApiException) as e:

@@ -167,7 +167,7 @@ def test_schema_rejects_with_a_readable_message(validator, changes, expected):
 
 # ---- rejected manifests: CEL rules ------------------------------------------------------------
 @pytest.mark.parametrize("changes,expected", [
-    ({"workers": {"min": 8, "max": 4}}, "spec.workers: Invalid value: workers.min must be <= workers.max"),
+    ({"workers": {"min": 8, "max": 4}}, 'spec.workers: Invalid value: "object": workers.min must be <= workers.max'),
     ({"workers": {"min": 2, "max": 4, "replicas": 6}}, "workers.replicas must lie within workers.min..workers.max"),
     ({"workers": {"min": 2, "max": 4, "replicas": 1}}, "workers.replicas must lie within"),
     ({"training__globalBatch": 100, "training__microBatch": 3}, "globalBatch must be a multiple of microBatch"),
@@ -236,8 +236,12 @@ def test_job_names_must_make_valid_child_names(validator, name, ok):
     refuse those children, so the job itself is refused."""
     job = copy.deepcopy(GOOD)
     job["metadata"]["name"] = name
+    job["metadata"].update(labels={"team": "ml"}, annotations={"note": "x"}, uid="u", resourceVersion="1")
     if ok:
-        validator.validate(job)
+        validator.validate(job)  # the rest of ObjectMeta is the server's, not the schema's
+        assert validator.errors(job) == [] and validator.prune(job)[1] == []
     else:
-        with pytest.raises(InvalidObject, match="DNS-1035 label of at most 48 characters"):
+        # the error names the field (the rule's fieldPath), not the object's root
+        with pytest.raises(InvalidObject, match=r'"\S+" is invalid: metadata\.name: Invalid value: "object": '
+                                                "metadata.name must be a DNS-1035 label of at most 48 characters"):
             validator.validate(job)
