@@ -20,7 +20,7 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from liveshard.operator import builders, metrics
-from liveshard.operator.conditions import set_condition
+from liveshard.operator.conditions import condition, set_condition
 from liveshard.operator.context import Context, NodeView
 from liveshard.operator.kube import Conflict, NotLeader
 from liveshard.operator.reconcile import Decision, reconcile
@@ -137,7 +137,18 @@ async def _create(ctx: Context, obj: dict[str, Any], refused: list[str]) -> bool
 
 
 def _report_refused(decision: Decision, refused: list[str], now: datetime, generation: int | None) -> None:
+    """The ``ChildrenCreated`` condition: True once the job's objects were created, False with
+    the API server's refusal, or False while the operator refuses the spec itself (nothing was
+    tried; once created, the objects stay and so does the condition)."""
     st = decision.status
+    if decision.spec is None and not refused:
+        old = condition(st.get("conditions") or [], "ChildrenCreated")
+        if not (old and old.get("status") == "True"):
+            st["conditions"] = set_condition(
+                list(st.get("conditions") or []), "ChildrenCreated", False, "SpecRefused",
+                f"nothing created: {st.get('message') or 'the spec was refused'}"[:1000], now,
+                observed_generation=generation)
+        return
     message = "; ".join(refused)[:1000]
     st["conditions"] = set_condition(list(st.get("conditions") or []), "ChildrenCreated", not refused,
                                      "Refused" if refused else "Created", message, now, observed_generation=generation)

@@ -47,3 +47,19 @@ def test_a_refused_child_becomes_a_condition_an_event_and_a_message():
 def test_a_server_error_is_raised_for_kopf_to_retry():
     with pytest.raises(ApiException):
         asyncio.run(jobs._create(Ctx(Refusing(503)), POD, []))
+
+
+def test_a_job_whose_spec_is_refused_has_its_children_not_created():
+    """The operator refused the spec (nothing was tried): ChildrenCreated is False with why; a
+    job whose objects were created before an edit it refuses keeps the True condition (they exist)."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    d = Decision(status={"message": "spec.model.preset: unknown preset 'x'", "conditions": []})
+    jobs._report_refused(d, [], now, 2)
+    [cond] = [c for c in d.status["conditions"] if c["type"] == "ChildrenCreated"]
+    assert cond["status"] == "False" and cond["reason"] == "SpecRefused" and "unknown preset" in cond["message"]
+    created = Decision(status={"message": "bad edit", "conditions": [
+        {"type": "ChildrenCreated", "status": "True", "reason": "Created", "message": "",
+         "lastTransitionTime": "2025-12-31T00:00:00Z"}]})
+    jobs._report_refused(created, [], now, 3)
+    [cond] = [c for c in created.status["conditions"] if c["type"] == "ChildrenCreated"]
+    assert cond["status"] == "True" and cond["reason"] == "Created"
