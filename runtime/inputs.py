@@ -65,12 +65,23 @@ def load_yaml(path: str | os.PathLike, field: str, *, what: str = "YAML file") -
     return docs[0] if docs else None
 
 
+def json_problem(e: json.JSONDecodeError, *, line: bool = True) -> str:
+    """What is wrong and where, in words: ``invalid control character (a raw tab or line break
+    inside a string: write it as \\t or \\n) at line 1, column 17``."""
+    what = e.msg.removesuffix(" at").rstrip(":")
+    if what.startswith("Invalid control character"):
+        what = "invalid control character (a raw tab or line break inside a string: write it as \\t or \\n)"
+    else:
+        what = what[:1].lower() + what[1:]
+    return f"{what} at line {e.lineno}, column {e.colno}" if line else f"{what} at column {e.colno}"
+
+
 def parse_json(text: str, source: str, field: str) -> Any:
     """The JSON value of ``text``; nesting past Python's recursion limit is bad input too."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(field, f"{source} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})",
+        raise ConfigError(field, f"{source} is not valid JSON ({json_problem(e)})",
                           "fix the JSON at the place named") from None
     except RecursionError:
         raise ConfigError(field, f"{source} nests too deeply", "write it with far fewer levels of nesting") from None

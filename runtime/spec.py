@@ -240,8 +240,20 @@ class ModelSpec:
         return dataclasses.asdict(self)
 
     def to_crd(self) -> dict[str, Any]:
-        """The CRD's names (camelCase), fields that are set: a job's ``spec.model``."""
-        return {CRD_NAMES[k]: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        """The CRD's names (camelCase), fields that are set and mean something for this model:
+        a job's ``spec.model``. A dense model leaves out the expert fields, a model without rope
+        the rope fields, one without multi-latent attention its fields (each reads back as its
+        default, which such a model does not use)."""
+        unused: set[str] = set()
+        if not self.is_moe:
+            unused |= {f.name for f in fields(self) if f.name.startswith("moe_")}
+        if self.position_embedding_type != "rope":
+            unused |= {"rotary_base", "rope_scaling", "rope_scaling_factor"}
+        elif not self.rope_scaling:
+            unused.add("rope_scaling_factor")
+        if not self.multi_latent_attention:
+            unused |= {"q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"}
+        return {CRD_NAMES[k]: v for k, v in dataclasses.asdict(self).items() if v is not None and k not in unused}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "model", base: ModelSpec | None = None) -> ModelSpec:

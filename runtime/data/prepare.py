@@ -46,6 +46,7 @@ from typing import IO, TYPE_CHECKING
 import numpy as np
 
 from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.inputs import json_problem
 
 if TYPE_CHECKING:
     from liveshard.runtime.data.tokenizer import Tokenizer
@@ -280,7 +281,7 @@ def _json_documents(lines: Iterator[tuple[int, str]], path: str, key: str) -> It
         try:
             obj = loads(line)
         except json.JSONDecodeError as e:
-            problem = f"not valid JSON ({e.msg}, column {e.colno})"
+            problem = f"not valid JSON ({json_problem(e, line=False)})"
             if lineno == 1 and line.lstrip().startswith("["):
                 problem += "; the file looks like one JSON array"
             raise ConfigError(f"{path}:{lineno}", problem, _ONE_OBJECT_PER_LINE) from None

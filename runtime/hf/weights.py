@@ -223,11 +223,14 @@ def export_hf(checkpoint: str | os.PathLike, spec: ModelSpec, out: str | os.Path
         del loaded
         tmp = out_dir / f".{f.name}.partial"
         save_file(tensors, str(tmp), metadata={"format": "pt"})
+        os.chmod(tmp, _file_mode())  # safetensors writes 0600: a model is read by other users and tools
         os.replace(tmp, out_dir / f.name)
         if progress is not None:
             progress(done + 1, len(mine))
     if proc == 0:
         config = hf_config_from_spec(spec, {"fp32": "float32", "fp16": "float16"}.get(dtype, "bfloat16"))
+        if tokenizer:
+            config.update(special_token_ids(tokenizer))
         (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if len(files) > 1:
             index = {"metadata": {"total_size": sum(t.numel * itemsize for f in files for t in f.tensors)},
@@ -236,6 +239,35 @@ def export_hf(checkpoint: str | os.PathLike, spec: ModelSpec, out: str | os.Path
         if tokenizer:
             copy_tokenizer(tokenizer, out_dir)
     return files
+
+
+def _file_mode() -> int:
+    """0666 less this process's umask: the mode an ordinary file write gets."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def special_token_ids(tokenizer_dir: str | os.PathLike) -> dict[str, int]:
+    """``bos_token_id``/``eos_token_id`` for config.json: the ids, in the tokenizer's vocabulary,
+    of the tokens its ``tokenizer_config.json`` names (none when it names none or the vocabulary
+    has no such token)."""
+    src = Path(tokenizer_dir)
+    try:
+        names = json.loads((src / "tokenizer_config.json").read_text())
+        from tokenizers import Tokenizer
+
+        vocab = Tokenizer.from_file(str(src / "tokenizer.json"))
+    except Exception:  # no config, no tokenizer.json, or one the tokenizers library cannot read
+        return {}
+    ids: dict[str, int] = {}
+    for key in ("bos", "eos"):
+        token = names.get(f"{key}_token") if isinstance(names, dict) else None
+        token = token.get("content") if isinstance(token, dict) else token
+        index = vocab.token_to_id(token) if isinstance(token, str) else None
+        if index is not None:
+            ids[f"{key}_token_id"] = index
+    return ids
 
 
 def copy_tokenizer(source: str | os.PathLike, out_dir: Path) -> list[str]:

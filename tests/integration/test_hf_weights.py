@@ -202,6 +202,10 @@ def test_convert_round_trip_is_bit_exact_and_loads_in_transformers(pool: GlooPoo
     done = _cli("--from", str(ckpt), "--to", f"hf:{out}", "--max-shard-size", "60KB", "--procs", "2")
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "model.safetensors.index.json").exists()
+    from liveshard.runtime.hf.weights import _file_mode
+
+    # readable by whoever the umask lets read an ordinary file (safetensors itself writes 0600)
+    assert {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()} == {f.name: _file_mode() for f in out.iterdir()}
     _assert_same_tensors(src, out)
     tokens = _tokens()
     assert torch.equal(_hf_logits(src, tokens), _hf_logits(out, tokens))

@@ -297,6 +297,7 @@ def _prepare(tokenizer_dir: Path, corpus: Path, out: Path):
     ('{"text": ' + "[" * 100_000 + "]" * 100_000 + "}\n", ("corpus.jsonl:1", "nested too deeply")),
     ('{"text": "ok"}\n{"text": "a\\ud800b"}\n', ("corpus.jsonl:2", "surrogate")),
     ('{"text": "x", "n": ' + "9" * 5000 + "}\n", ("corpus.jsonl:1", "not valid JSON")),
+    ('{"text": "ok"}\n{"text": "a\tb"}\n', ("corpus.jsonl:2", "invalid control character (a raw tab", "column 12")),
 ])
 def test_pathological_json_is_one_line_naming_file_and_line(tmp_path, tokenizer_dir, content, words):
     corpus = tmp_path / "corpus.jsonl"

@@ -77,6 +77,18 @@ def test_to_crd_round_trips_and_uses_only_the_crds_names():
             assert key in model_props and not model_props[key].get("description", "").startswith("deprecated")
 
 
+def test_to_crd_leaves_out_what_the_model_does_not_use():
+    """--print-model: no expert fields for a dense model, no rope fields without rope, no
+    multi-latent attention fields without it (the round trip above still holds)."""
+    gpt, llama, moe = PRESETS["gpt-125m"].to_crd(), PRESETS["llama3-8b"].to_crd(), PRESETS["qwen3-30b-a3b"].to_crd()
+    for dense in (gpt, llama):
+        assert not [k for k in dense if k.startswith("moe") or k == "numMoeExperts"], dense
+        assert not {"qLoraRank", "kvLoraRank", "vHeadDim"} & set(dense)
+    assert not {"rotaryBase", "ropeScaling", "ropeScalingFactor"} & set(gpt)
+    assert {"rotaryBase", "ropeScaling", "ropeScalingFactor"} <= set(llama)  # Llama 3.1's scaling
+    assert moe["numMoeExperts"] == 128 and "moeRouterTopk" in moe and "ropeScalingFactor" not in moe
+
+
 def test_a_preset_with_camel_case_overrides(tmp_path):
     job = read_spec(_job({"preset": "tiny-llama", "vocabSize": 1024})["spec"])
     assert job.model.vocab_size == 1024 and job.model.num_layers == PRESETS["tiny-llama"].num_layers
