@@ -31,7 +31,9 @@ localcluster.liveshard.io/lose=now`` asks the agent to lose node N. Nodes create
 (``kubectl apply``) are used like the agent's own.
 
 Node conditions carry ``lastHeartbeatTime``/``lastTransitionTime`` as a kubelet and the node
-lifecycle controller write them.
+lifecycle controller write them. Every ``HEARTBEAT_SECONDS`` the agent renews each node's Lease in
+``kube-node-lease`` (owned by its Node, as a kubelet's), so on a real API server the node
+lifecycle controller keeps the nodes Ready; a lost node's Lease is no longer renewed.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,9 @@ from liveshard.runtime.contract.env import Env
 log = logging.getLogger("liveshard.localcluster")
 
 LOSE_ANNOTATION = "localcluster.liveshard.io/lose"
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+HEARTBEAT_SECONDS = 10.0  # the kubelet's lease renewal interval (leaseDurationSeconds 40)
+LEASE_SECONDS = 40
 SPOT_ITN_TAINT = "aws-node-termination-handler/spot-itn"
 GPU = "nvidia.com/gpu"
 
@@ -207,6 +213,8 @@ class NodeAgent:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.coordination = kubernetes.client.CoordinationV1Api(api)
+        self._beat_at = 0.0  # time.monotonic() of the last lease renewal
 
     # ---- nodes: what a cloud does ------------------------------------------------------------
     def add_node(self, name: str, gpus: int = 1, labels: dict[str, str] | None = None) -> None:
@@ -281,6 +289,9 @@ class NodeAgent:
             if (node["metadata"].get("annotations") or {}).get(LOSE_ANNOTATION) and name not in self.lost:
                 log.info("losing node %s (annotation)", name)
                 self.lose_node(name)
+        if time.monotonic() - self._beat_at >= HEARTBEAT_SECONDS:
+            self._beat_at = time.monotonic()
+            self.renew_leases({n: node for n, node in nodes.items() if n not in self.lost})
         live = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
         with self._lock:
             for key, proc in list(self.procs.items()):
@@ -320,6 +331,25 @@ class NodeAgent:
                 self._start(pod, node)
             elif proc is not None and proc.proc.poll() is not None:
                 self._exited(proc)
+
+    def renew_leases(self, nodes: dict[str, dict[str, Any]]) -> None:
+        """Each node's heartbeat, as its kubelet sends it: the Lease ``kube-node-lease/<node>``
+        with this renewTime (created, owned by the Node, the first time)."""
+        from kubernetes.client.rest import ApiException
+
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        for name, node in nodes.items():
+            try:
+                self.coordination.patch_namespaced_lease(name, NODE_LEASE_NAMESPACE, {"spec": {"renewTime": now}})
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                meta = node["metadata"]
+                self.coordination.create_namespaced_lease(NODE_LEASE_NAMESPACE, {
+                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": name, "namespace": NODE_LEASE_NAMESPACE, "ownerReferences": [
+                        {"apiVersion": "v1", "kind": "Node", "name": name, "uid": meta.get("uid")}]},
+                    "spec": {"holderIdentity": name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": now}})
 
     def _bind(self, pod: dict[str, Any], node: str) -> bool:
         """Bind as a scheduler does; False if the pod changed meanwhile (bound, deleted)."""

@@ -242,6 +242,35 @@ def test_a_lost_node_is_unknown_since_now(kube, core, tmp_path):
     assert again.last_transition_time == ready.last_transition_time
 
 
+def test_the_node_agent_renews_each_nodes_lease_as_a_kubelet_does(kube, core, tmp_path):
+    """On a real server the node lifecycle controller marks a node whose Lease goes unrenewed
+    NotReady and evicts its pods: the agent renews one per node (owned by the Node); a lost
+    node's stops, and deleting the Node collects it."""
+    coordination = k8s.CoordinationV1Api(kube.api_client())
+    agent = NodeAgent(kube.api_client(), tmp_path)
+    for name in ("beat-a", "beat-b"):
+        agent.add_node(name, gpus=1)
+    nodes = {n: kube.api_client().sanitize_for_serialization(core.read_node(n)) for n in ("beat-a", "beat-b")}
+    agent.renew_leases(nodes)
+    first = {n: coordination.read_namespaced_lease(n, "kube-node-lease") for n in nodes}
+    for name, lease in first.items():
+        assert lease.spec.holder_identity == name and lease.spec.lease_duration_seconds == 40
+        assert [(o.kind, o.name, o.uid) for o in lease.metadata.owner_references] == \
+            [("Node", name, nodes[name]["metadata"]["uid"])]
+    time.sleep(0.05)
+    agent.lose_node("beat-b")
+    agent._beat_at = 0.0  # the next sync renews
+    agent.sync()
+    renewed = {n: coordination.read_namespaced_lease(n, "kube-node-lease").spec.renew_time for n in nodes}
+    assert renewed["beat-a"] > first["beat-a"].spec.renew_time
+    assert renewed["beat-b"] == first["beat-b"].spec.renew_time  # a lost node's kubelet is silent
+    core.delete_node("beat-b")
+    with pytest.raises(ApiException) as e:
+        coordination.read_namespaced_lease("beat-b", "kube-node-lease")
+    assert e.value.status == 404
+    core.delete_node("beat-a")
+
+
 # ---- list and watch -----------------------------------------------------------------------------
 def watch_lines(kube, path: str) -> tuple[str, list[dict]]:
     with urllib.request.urlopen(f"{kube.url}{path}", timeout=10) as response:
