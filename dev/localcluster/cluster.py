@@ -11,6 +11,12 @@
 
 Nodes: ``control-0`` (on-demand, no GPU: where the coordinator goes) and ``gpu-0 ..
 gpu-{N-1}`` labelled as Karpenter spot capacity with ``gpus_per_node`` ``nvidia.com/gpu`` each.
+
+``LocalCluster(dir, kubeconfig=FILE)`` uses a real API server instead of the emulator: the CRD is
+created there if missing, the operator runs here with that kubeconfig, and the node agent adds its
+nodes (prefixed ``liveshard-local-``) and plays scheduler and kubelet for them only (liveshard's
+pods become processes on this machine); its nodes are deleted when it stops. The admission
+webhook is not registered (the server cannot call back into this machine).
 """
 
 from __future__ import annotations
@@ -49,36 +55,72 @@ def crd_path() -> Path:
 
 class LocalCluster:
     def __init__(self, workdir: str | Path, nodes: int = 4, gpus_per_node: int = 1,
-                 operator_args: tuple[str, ...] = ()) -> None:
+                 operator_args: tuple[str, ...] = (), kubeconfig: str | Path | None = None,
+                 operator: bool = True) -> None:
+        """``kubeconfig``: a real API server's (see the module doc); ``operator=False``: the
+        operator runs elsewhere (e.g. installed with the Helm chart)."""
         self.dir = Path(workdir).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.operator_args = operator_args
-        self.kube = KubeEmulator(crds=[crd_path()])
-        self.kubeconfig = self.dir / "kubeconfig"
+        self.attached = kubeconfig is not None
+        self.kube = None if self.attached else KubeEmulator(crds=[crd_path()])
+        self.kubeconfig = Path(kubeconfig).resolve() if kubeconfig is not None else self.dir / "kubeconfig"
+        self.run_operator = operator
+        self.node_prefix = "liveshard-local-" if self.attached else ""
         self.operator: subprocess.Popen | None = None
         self.agent: NodeAgent | None = None
         self.api: Any = None
 
+    @property
+    def server(self) -> str:
+        return self.api.configuration.host if self.api is not None else ""
+
     def start(self) -> LocalCluster:
-        self.kube.start()
-        self.kube.write_kubeconfig(self.kubeconfig)
-        self.api = self.kube.api_client()
-        self.agent = NodeAgent(self.api, self.dir, kubeconfig=self.kubeconfig)
-        self.kube.emulator.pod_logs = self.agent.pod_log  # kubectl logs reads the agent's files
-        self.agent.add_node("control-0", gpus=0, labels={"karpenter.sh/capacity-type": "on-demand"})
+        if self.kube is not None:
+            self.kube.start()
+            self.kube.write_kubeconfig(self.kubeconfig)
+            self.api = self.kube.api_client()
+        else:
+            from kubernetes import config
+
+            self.api = config.new_client_from_config(str(self.kubeconfig))
+            self._ensure_crd()
+        self.agent = NodeAgent(self.api, self.dir, kubeconfig=self.kubeconfig, own_nodes_only=self.attached)
+        if self.kube is not None:
+            self.kube.emulator.pod_logs = self.agent.pod_log  # kubectl logs reads the agent's files
+        self.agent.add_node(self.node_name("control-0"), gpus=0, labels={"karpenter.sh/capacity-type": "on-demand"})
         for i in range(self.nodes):
-            self.add_gpu_node(f"gpu-{i}")
+            self.add_gpu_node(self.node_name(f"gpu-{i}"))
         self.agent.start()
-        webhook = self._webhook_args()
-        with open(self.dir / "logs" / "operator.log", "ab") as out:
-            self.operator = subprocess.Popen(
-                [sys.executable, "-m", "liveshard.runtime.cli", "operator", "--server", self.kube.url,
-                 "--metrics-port", "0", "--liveness", "", *webhook, *self.operator_args],
-                stdout=out, stderr=subprocess.STDOUT)
+        if self.run_operator:
+            webhook = self._webhook_args() if self.kube is not None else []
+            target = ["--server", self.kube.url] if self.kube is not None else ["--kubeconfig", str(self.kubeconfig)]
+            with open(self.dir / "logs" / "operator.log", "ab") as out:
+                self.operator = subprocess.Popen(
+                    [sys.executable, "-m", "liveshard.runtime.cli", "operator", *target,
+                     "--metrics-port", "0", "--liveness", "", *webhook, *self.operator_args],
+                    stdout=out, stderr=subprocess.STDOUT)
         return self
+
+    def node_name(self, name: str) -> str:
+        return f"{self.node_prefix}{name}"
+
+    def _ensure_crd(self) -> None:
+        """Create the ElasticTrainingJob CRD on the attached server unless it is there."""
+        import yaml
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        crd = yaml.safe_load(crd_path().read_text())
+        try:
+            client.ApiextensionsV1Api(self.api).create_custom_resource_definition(crd)
+            log.info("local cluster: created the CRD %s", crd["metadata"]["name"])
+        except ApiException as e:
+            if e.status != 409:
+                raise
 
     def _webhook_args(self) -> list[str]:
         """A certificate for 127.0.0.1, a free port, and the webhook configuration that sends the
@@ -112,6 +154,8 @@ class LocalCluster:
         self.agent.add_node(name, gpus=self.gpus_per_node, labels={"karpenter.sh/capacity-type": "spot"})
 
     def operator_alive(self) -> bool:
+        if not self.run_operator:
+            return True  # it runs elsewhere
         return self.operator is not None and self.operator.poll() is None
 
     def stop_operator(self) -> None:
@@ -128,8 +172,15 @@ class LocalCluster:
         self.stop_operator()
         if self.agent is not None:
             self.agent.stop()
-        with contextlib.suppress(Exception):
-            self.kube.stop()
+            if self.attached:  # a real server keeps what it is given: take the fake nodes back
+                from kubernetes import client
+
+                for name in sorted(self.agent.owned):
+                    with contextlib.suppress(Exception):
+                        client.CoreV1Api(self.api).delete_node(name)
+        if self.kube is not None:
+            with contextlib.suppress(Exception):
+                self.kube.stop()
 
     def __enter__(self) -> LocalCluster:
         return self.start()

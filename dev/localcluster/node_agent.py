@@ -196,7 +196,10 @@ def expand(text: str, env: dict[str, str]) -> str:
 
 class NodeAgent:
     def __init__(self, api: Any, workdir: str | Path, period: float = 0.25,
-                 kubeconfig: str | Path | None = None) -> None:
+                 kubeconfig: str | Path | None = None, own_nodes_only: bool = False) -> None:
+        """``own_nodes_only``: a cluster with kubelets of its own (a real API server): schedule,
+        run and heartbeat only on the nodes this agent added, and run only liveshard's pods there
+        (a DaemonSet's pod bound to one is left alone: its image is not run here)."""
         import kubernetes.client
 
         self.core = kubernetes.client.CoreV1Api(api)
@@ -214,12 +217,15 @@ class NodeAgent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.coordination = kubernetes.client.CoordinationV1Api(api)
+        self.own_nodes_only = own_nodes_only
+        self.owned: set[str] = set()  # nodes this agent added
         self._beat_at = 0.0  # time.monotonic() of the last lease renewal
 
     # ---- nodes: what a cloud does ------------------------------------------------------------
     def add_node(self, name: str, gpus: int = 1, labels: dict[str, str] | None = None) -> None:
         node = node_object(name, gpus, labels)
         self.core.create_node(node)
+        self.owned.add(name)
         # status is written through its subresource, as a kubelet registering the node does
         self.core.patch_node_status(name, {"status": node["status"]})
 
@@ -285,6 +291,11 @@ class NodeAgent:
         api = self.core.api_client
         nodes = {n["metadata"]["name"]: n for n in api.sanitize_for_serialization(self.core.list_node()).get("items", [])}
         pods = api.sanitize_for_serialization(self.core.list_pod_for_all_namespaces()).get("items", [])
+        if self.own_nodes_only:  # the rest are real kubelets' nodes and pods
+            gone = self.owned - set(nodes)
+            nodes = {n: node for n, node in nodes.items() if n in self.owned}
+            pods = [p for p in pods if LABEL_JOB in (p["metadata"].get("labels") or {})
+                    and (p.get("spec") or {}).get("nodeName") in (None, *nodes, *gone)]
         for name, node in nodes.items():
             if (node["metadata"].get("annotations") or {}).get(LOSE_ANNOTATION) and name not in self.lost:
                 log.info("losing node %s (annotation)", name)
