@@ -104,7 +104,8 @@ class CRDValidator:
         for err in sorted(self._jsonschema.iter_errors(obj), key=lambda e: list(e.absolute_path)):
             errs.append(_describe(err))
         if not errs:  # CEL rules run on a well-typed object, as in the API server
-            self._check_rules(self.schema, obj, old, "", errs)
+            self._check_rules(self.schema, _cel_typed(self.schema, obj),
+                              None if old is None else _cel_typed(self.schema, old), "", errs)
         return errs
 
     def prune(self, obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -196,6 +197,24 @@ def _as_json_schema(node: Any) -> Any:
         out.pop("type", None)
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
     return out
+
+
+def _cel_typed(node: dict[str, Any] | None, value: Any) -> Any:
+    """``value`` as CEL sees it under the schema: a ``type: number`` field is a double even when
+    the JSON says ``1`` (kubectl sends a YAML ``1.0`` as ``1``), so ``self.weight > 0.0`` compares
+    a double with a double, as on the API server."""
+    node = node or {}
+    kind = node.get("type")
+    if kind == "number" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, dict):
+        props = node.get("properties") or {}
+        extra = node.get("additionalProperties") if isinstance(node.get("additionalProperties"), dict) else None
+        return {k: _cel_typed(props.get(k, extra), v) for k, v in value.items()}
+    if isinstance(value, list):
+        items = node.get("items") if isinstance(node.get("items"), dict) else None
+        return [_cel_typed(items, v) for v in value]
+    return value
 
 
 def _join(path: str, key: str) -> str:

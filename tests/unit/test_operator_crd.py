@@ -245,3 +245,13 @@ def test_job_names_must_make_valid_child_names(validator, name, ok):
         with pytest.raises(InvalidObject, match=r'"\S+" is invalid: metadata\.name: Invalid value: "object": '
                                                 "metadata.name must be a DNS-1035 label of at most 48 characters"):
             validator.validate(job)
+
+
+def test_a_number_written_as_an_integer_is_a_double_to_cel(validator):
+    """kubectl sends a YAML ``weight: 1.0`` as ``1``: the schema says number, so the CEL rule
+    ``self.weight > 0.0`` compares two doubles (cel-python alone would refuse int > double)."""
+    job = copy.deepcopy(GOOD)
+    job["spec"]["training"]["data"]["blend"] = [{"prefix": "/data/a", "weight": 1}, {"prefix": "/data/b", "weight": 3}]
+    assert validator.errors(job) == []
+    job["spec"]["training"]["data"]["blend"][0]["weight"] = 0
+    assert any("weight" in e and "failed to evaluate" not in e for e in validator.errors(job)), validator.errors(job)
