@@ -103,6 +103,7 @@ def _run(tmp_path, cut: bool) -> list[dict]:
     return [json.loads(outs[r].read_text()) for r in range(SIZE - 1)]
 
 
+@pytest.mark.long  # the cut in the default run: test_member_loss's survivors are released by it
 def test_a_survivor_blocked_on_another_survivor_waits_for_the_timeout_unless_cut_off(tmp_path):
     # without a cut: some survivor's all-reduce waits on a survivor whose own one failed, until
     # the group's timeout (the hang seen from outside; megatron's default timeout is 30 minutes)

@@ -40,11 +40,31 @@ def _same_training(faulted: dict, planned: dict, steps: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict:
-    """One worker, dp=1, 8 steps, no event: what the joiner and restart cases must end as."""
-    return _run(tmp_path_factory.mktemp("uninterrupted"), "", 8, 1, "tp=1,pp=1,dp=1")
+def uninterrupted(tmp_path_factory):
+    """One worker, dp=1, no event, ``steps`` steps: what the joiner and restart cases must end
+    as (each length run once per module)."""
+    runs: dict[int, dict] = {}
+
+    def run(steps: int) -> dict:
+        if steps not in runs:
+            runs[steps] = _run(tmp_path_factory.mktemp(f"uninterrupted{steps}"), "", steps, 1, "tp=1,pp=1,dp=1")
+        return runs[steps]
+    return run
 
 
+def test_a_joiner_killed_between_its_new_world_and_the_commit_point_leaves_no_trace(tmp_path, uninterrupted):
+    """The hardest phase of the three below, in the default run: the joiner dies after the new
+    world was built and before the commit point; the members fall back to the old state they
+    hold, train on, and the next join commits."""
+    steps = 4
+    faulted = _run(tmp_path / "faulted", "1:kill=+1@built 2:join=1", steps, 1, "tp=1,pp=1,dp=1")
+    _same_training(faulted, uninterrupted(steps), steps)
+    (built,) = faulted["faults"]
+    assert [g["outcome"][:7] for g in built["generations"]] == ["aborted", "committ"]
+    assert built["recovery_seconds"] < 30, built
+
+
+@pytest.mark.long
 def test_a_joiner_killed_at_any_phase_of_its_join_leaves_the_run_as_if_it_never_came(tmp_path, uninterrupted):
     """Three joins, each losing its joiner at another phase: before its vote (prepare), between
     the new world built and the commit point (built: the members hold the old state again) and
@@ -52,7 +72,7 @@ def test_a_joiner_killed_at_any_phase_of_its_join_leaves_the_run_as_if_it_never_
     steps = 8
     faulted = _run(tmp_path / "faulted", "1:kill=+1@prepare 2:join=1 3:kill=+1@built 4:join=1 "
                    "5:kill=+1@committed 6:join=1", steps, 1, "tp=1,pp=1,dp=1")
-    _same_training(faulted, uninterrupted, steps)
+    _same_training(faulted, uninterrupted(steps), steps)
     prepare, built, committed = faulted["faults"]
     assert [g["outcome"][:7] for g in prepare["generations"]] == ["aborted"]  # the old world trains on
     assert [g["outcome"][:7] for g in built["generations"]] == ["aborted", "committ"]  # recovered from the old state
@@ -144,6 +164,6 @@ def test_every_process_replaced_at_once_continues_from_the_newest_checkpoint(tmp
     got = restarted["steps"]
     assert [s["step"] for s in got] == [5, 6, 7, 8]  # from the step-4 checkpoint, not from step 1
     assert [s["consumed_samples"] for s in got] == [GLOBAL_BATCH * k for k in (5, 6, 7, 8)]
-    assert [s["loss"] for s in got] == [s["loss"] for s in uninterrupted["steps"]][4:]
-    assert restarted["checksums"] and restarted["checksums"] == uninterrupted["checksums"]
+    assert [s["loss"] for s in got] == [s["loss"] for s in uninterrupted(8)["steps"]][4:]
+    assert restarted["checksums"] and restarted["checksums"] == uninterrupted(8)["checksums"]
     assert restarted["events"][0]["outcome"] == "restarted"
