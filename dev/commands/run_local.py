@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 from liveshard.runtime.commands import training_args
 
@@ -125,16 +127,50 @@ def prepare(args: argparse.Namespace):
     events = parse_events(args.events)
     if any(e.step >= training.train_iters for e in events):
         raise ConfigError("--events", "every event must come before the last step", "raise --steps")
+    checkpointing = _job_checkpointing(args.job_file) if args.job_file else {}
     run_spec = RunSpec(
         spec=spec, training=training, workers=workers, parallel=_start_config(args, spec, training, workers),
         events=events, mode=args.mode, verify=args.verify, preallocate=args.preallocate,
-        build_world_ahead=args.build_world_ahead,
+        build_world_ahead=args.build_world_ahead, **checkpointing,
         checkpoint_every=args.checkpoint_every, workdir=args.workdir, log=None if args.quiet else sys.stderr,
         adaptive=AdaptivePolicy(enabled=args.adaptive, threshold=args.adaptive_threshold, window=args.adaptive_window,
                                 horizon=args.adaptive_horizon, min_gain=args.adaptive_min_gain,
                                 probation=args.adaptive_probation), stretch=args.stretch)
     check_run(run_spec)
     return run_spec
+
+
+def _job_checkpointing(job_file: str) -> dict[str, Any]:
+    """What the job file's ``spec.checkpoint`` means on this machine: the seconds between saves
+    and how many are kept, where it says so, and the directory. ``spec.checkpoint.path`` is a
+    path inside the pods, on the job's volume; the one volume whose files are this machine's is
+    a ``hostPath`` (the node's directory): its path is used (made if missing; this user must be
+    able to write it). Any other volume: the run's own ``WORKDIR/checkpoints/periodic``."""
+    from liveshard.runtime.contract.jobspec import read_checkpointing
+    from liveshard.runtime.errors import ConfigError
+
+    section = (training_args.read_job_file(job_file).raw.get("spec") or {}).get("checkpoint")
+    if not isinstance(section, dict):
+        return {}
+    given = read_checkpointing(section)
+    out: dict[str, Any] = {"checkpoint_keep": given.keep} if "keep" in section else {}
+    if "intervalSeconds" in section or "intervalMinutes" in section:
+        out["checkpoint_interval_seconds"] = float(given.interval_seconds)
+    volume = section.get("volume") if isinstance(section.get("volume"), dict) else {}
+    host = volume.get("hostPath") if isinstance(volume.get("hostPath"), dict) else {}
+    if isinstance(host.get("path"), str) and host["path"]:
+        path = Path(host["path"])
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / f".liveshard-write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise ConfigError("spec.checkpoint.volume.hostPath.path", f"{path} cannot be written here: "
+                              f"{e.strerror or e}", "give a directory this user can write, or another volume "
+                              "(the run's --workdir then holds the checkpoints)") from None
+        out["checkpoint_dir"] = str(path)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:

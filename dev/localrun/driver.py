@@ -68,6 +68,11 @@ class RunSpec:
     build_world_ahead: str = "auto"  # liveshard worker --build-world-ahead
     pulse: bool = True  # liveshard worker --pulse (heartbeats from a process of their own) or --no-pulse
     checkpoint_every: int = 0
+    # the job's spec.checkpoint, where the job file names it: the directory (None: WORKDIR/
+    # checkpoints/periodic), the seconds between time-based saves and how many are kept
+    checkpoint_dir: str | None = None
+    checkpoint_interval_seconds: float | None = None
+    checkpoint_keep: int | None = None
     heartbeat_timeout: float = 10.0
     collective_timeout: float = 20.0
     transition_timeout: float | None = None  # liveshard coordinator --transition-timeout (None: its default)
@@ -255,6 +260,8 @@ class LocalRun:
         self.run = run
         self.cfg = check_run(run)
         self.dir = Path(run.workdir or tempfile.mkdtemp(prefix="liveshard-run-"))
+        # where every checkpoint of the run goes (the job's spec.checkpoint.path when it names one)
+        self.checkpoint_dir = Path(run.checkpoint_dir) if run.checkpoint_dir else self.dir / "checkpoints" / "periodic"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.procs = Procs()
         self.started = time.time()
@@ -296,7 +303,7 @@ class LocalRun:
             base += ["--transition-timeout", str(r.transition_timeout)]
         cmd = [*base, "--host", "127.0.0.1", "--port", str(port),
                "--heartbeat-timeout", str(r.heartbeat_timeout), "--objective", FEWEST_CHANGES,
-               "--checkpoint-dir", str(self.dir / "checkpoints" / "periodic")]
+               "--checkpoint-dir", str(self.checkpoint_dir)]
         a = r.adaptive
         if a is not None:
             cmd += ["--adaptive-threshold", str(a.threshold), "--adaptive-window", str(a.window),
@@ -322,9 +329,13 @@ class LocalRun:
                "--procs", "1", *(extra or [])]
         # Safety checkpoints (every --checkpoint-every steps) and the checkpoint a stop saves.
         # Background saves complete one step after they start: a scripted run is reproducible.
-        cmd += ["--checkpoint-dir", str(self.dir / "checkpoints" / "periodic"), "--checkpoint-finalize-steps", "1"]
+        cmd += ["--checkpoint-dir", str(self.checkpoint_dir), "--checkpoint-finalize-steps", "1"]
         if r.checkpoint_every:
             cmd += ["--checkpoint-every", str(r.checkpoint_every)]
+        if r.checkpoint_interval_seconds is not None:
+            cmd += ["--checkpoint-interval-seconds", repr(float(r.checkpoint_interval_seconds))]
+        if r.checkpoint_keep is not None:
+            cmd += ["--checkpoint-keep", str(r.checkpoint_keep)]
         if r.verify:
             cmd.append("--verify")
         cmd += ["--preallocate", r.preallocate, "--build-world-ahead", r.build_world_ahead]
@@ -396,7 +407,8 @@ class LocalRun:
         # are ready, which on a loaded machine can take longer than the coordinator's grace).
         self._wait_registered(store, ids)
         self._post(store, PlanRequest(members=tuple(ids), config=str(self.cfg), reason="start"))
-        self.say(f"started {len(ids)} workers ({len(joiners)} joiners waiting), config {self.cfg}")
+        self.say(f"started {len(ids)} workers ({len(joiners)} joiners waiting), config {self.cfg}; "
+                 f"checkpoints in {self.checkpoint_dir}")
         next_joiner = 0
         status = self._wait_first_world(store, "the first world")
         for ev in r.events:

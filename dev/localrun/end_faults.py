@@ -126,7 +126,7 @@ def _until_the_end(job: LocalRun, store: Any, victim: str | None, out: dict[str,
             out["killed"] = {"worker": victim, "at": store.get(Keys.at_phase(victim)), "time": time.time()}
             job.say(f"{victim} killed at {out['killed']['at']}")
         if grow_tmpfs and out["grown"] is None and (st.get("checkpoints") or {}).get("failed"):
-            directory = str(job.dir / "checkpoints" / "periodic")
+            directory = str(job.checkpoint_dir)
             subprocess.run(["mount", "-o", f"remount,size={grow_tmpfs}", directory], check=True)
             out["grown"] = {"size": grow_tmpfs, "time": time.time(), "failed": st["checkpoints"]["failed"]}
             job.say(f"{directory} grown to {grow_tmpfs}")

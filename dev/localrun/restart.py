@@ -26,7 +26,7 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
     if any(e.kind == "kill" for e in r.events) and not r.checkpoint_every:
         raise ConfigError("--checkpoint-every", "a kill in checkpoint mode needs periodic checkpoints",
                           "set --checkpoint-every N")
-    ckpt_root = job.dir / "checkpoints"
+    periodic = job.checkpoint_dir
     cfg = job.cfg
     workers = r.workers
     load_dir: Path | None = None
@@ -40,7 +40,7 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
         # The segment's save at its event goes with the periodic ones: the next segment's
         # coordinator continues from the newest complete checkpoint there (by step), which is
         # this one, not an older periodic save.
-        save_dir = ckpt_root / "periodic" / f"seg{seg}-step{end_step:08d}"
+        save_dir = periodic / f"seg{seg}-step{end_step:08d}"
         job.procs.workers.clear()
         port, store = job.serve()
         ids = [f"s{seg}w{i}" for i in range(cfg.world_size)]
@@ -73,7 +73,7 @@ def run_checkpoint_mode(job: LocalRun) -> dict:
                     p.kill()
             # the newest complete checkpoint: a periodic one, or the one an earlier segment
             # saved at its event (newer when the last periodic save came before that event)
-            load_dir = _latest(ckpt_root / "periodic")
+            load_dir = _latest(periodic)
             if load_dir is None:  # killed before the first save: a restart-based system starts over
                 job.say(f"step {ev.step}: no checkpoint yet; the next processes start from the beginning")
             workers -= len(ev.ranks)
