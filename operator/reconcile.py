@@ -119,8 +119,17 @@ class _Reconciler(Planning, Endings):
         self.d.events.append((kind, reason, message))
 
     def track(self, key: str, value: Any) -> None:
-        """Write one of ``status.tracking``'s records (a merge patch: a map merges, None removes)."""
-        self.d.status.setdefault(tracking.TRACKING, {})[key] = value
+        """Write one of ``status.tracking``'s records (a merge patch: a map merges into what
+        this pass already wrote, None removes), and its old field too while the status has no
+        ``tracking`` (``tracking.mirror``)."""
+        st = self.d.status
+        records = st.setdefault(tracking.TRACKING, {})
+        if isinstance(value, dict) and isinstance(records.get(key), dict):
+            records[key] = {**records[key], **value}
+        else:
+            records[key] = value
+        if tracking.mirror(self.status):
+            st[tracking.OLD_NAME[key]] = records[key]
 
     def cond(self, ctype: str, status: bool, reason: str, message: str) -> None:
         old = condition(self.conditions, ctype)

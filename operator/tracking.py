@@ -14,8 +14,13 @@ They live in the status, not in an annotation or a ConfigMap, because one status
 change them together with the counts they guard: a pod counted in one write and not in the
 other would, after a crash between the two, count twice or never. (A Kubernetes Job keeps its
 ``status.uncountedTerminatedPods`` for the same reason.) Operators before liveshard 0.3 kept
-them at the top of the status as ``countedFailures``, ``podBackoff`` and ``configError``: they
-are read from there while ``tracking`` lacks them, and removed by the next status patch.
+them at the top of the status as ``countedFailures``, ``podBackoff`` and ``configError``.
+
+Moving them must survive a cluster whose CRD is still the old one (Helm installs ``crds/`` only
+on the first install): its schema has no ``tracking``, and the API server prunes it from every
+write. So, while the status read has no ``tracking``, each record is written in both places
+(``mirror``), and the old fields are removed only once a ``tracking`` written earlier came back
+(``migration``): with an old CRD the old fields keep working, with the new one they go.
 """
 
 from __future__ import annotations
@@ -48,13 +53,22 @@ def tracking_of(status: dict[str, Any]) -> dict[str, Any]:
     return records
 
 
+OLD_NAME = {new: old for old, new in LEGACY.items()}
+
+
+def mirror(status: dict[str, Any]) -> bool:
+    """Whether records written now also go to their old top-level fields: the status has no
+    ``tracking`` yet (a new job, an older operator's job, or a CRD that prunes it)."""
+    return TRACKING not in status
+
+
 def migration(status: dict[str, Any]) -> dict[str, Any]:
-    """The status merge patch that moves an older operator's top-level records into
-    ``tracking`` (empty when there are none)."""
+    """The status merge patch that moves an older operator's top-level records: copied into
+    ``tracking`` while it is missing; removed once ``tracking`` was stored (empty: nothing to do)."""
     present = [old for old in LEGACY if old in status]
     if not present:
         return {}
+    if TRACKING in status:  # the server keeps tracking: the old fields can go
+        return {old: None for old in present}
     records = tracking_of(status)
-    patch: dict[str, Any] = {old: None for old in present}
-    patch[TRACKING] = {LEGACY[old]: records[LEGACY[old]] for old in present}
-    return patch
+    return {TRACKING: {LEGACY[old]: records[LEGACY[old]] for old in present}}

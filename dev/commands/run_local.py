@@ -160,13 +160,18 @@ def _job_checkpointing(job_file: str) -> dict[str, Any]:
     host = volume.get("hostPath") if isinstance(volume.get("hostPath"), dict) else {}
     if isinstance(host.get("path"), str) and host["path"]:
         path = Path(host["path"])
+        field = "spec.checkpoint.volume.hostPath.path"
+        if path.is_dir() and any(p for p in path.iterdir() if not p.name.startswith(".liveshard-write-test")):
+            # the coordinator would continue the newest checkpoint there: another run's
+            raise ConfigError(field, f"{path} is not empty (an earlier run's checkpoints would be continued)",
+                              "empty it or name another directory; a new run starts from an empty one")
         try:
             path.mkdir(parents=True, exist_ok=True)
             probe = path / f".liveshard-write-test-{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as e:
-            raise ConfigError("spec.checkpoint.volume.hostPath.path", f"{path} cannot be written here: "
+            raise ConfigError(field, f"{path} cannot be written here: "
                               f"{e.strerror or e}", "give a directory this user can write, or another volume "
                               "(the run's --workdir then holds the checkpoints)") from None
         out["checkpoint_dir"] = str(path)

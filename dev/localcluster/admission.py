@@ -86,15 +86,19 @@ def validate_configuration(obj: Mapping[str, Any]) -> list[str]:
         if "v1" not in versions:
             problems.append(f"{at}.admissionReviewVersions: Invalid value: {json.dumps(versions)}: must include "
                             "at least one of v1")
-        if hook.get("failurePolicy", "Fail") not in ("Ignore", "Fail"):
+        if (hook.get("failurePolicy") or "Fail") not in ("Ignore", "Fail"):
             problems.append(f"{at}.failurePolicy: Unsupported value: {json.dumps(hook.get('failurePolicy'))}: "
                             'supported values: "Fail", "Ignore"')
-        timeout = hook.get("timeoutSeconds", DEFAULT_TIMEOUT_SECONDS)
-        if not isinstance(timeout, int) or not 1 <= timeout <= 30:
+        timeout = hook.get("timeoutSeconds")
+        timeout = DEFAULT_TIMEOUT_SECONDS if timeout is None else timeout
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= 30:
             problems.append(f"{at}.timeoutSeconds: Invalid value: {timeout}: the timeout value must be between "
                             "1 and 30 seconds")
         problems += _client_config_problems(hook.get("clientConfig"), f"{at}.clientConfig")
         for j, rule in enumerate(hook.get("rules") or []):
+            if not isinstance(rule, dict):
+                problems.append(f"{at}.rules[{j}]: Invalid value: must be an object")
+                continue
             bad = set(rule.get("operations") or []) - _OPERATIONS
             if bad:
                 problems.append(f"{at}.rules[{j}].operations: Unsupported value: {sorted(bad)[0]!r}")
@@ -153,12 +157,17 @@ def _rule_matches(rule: Mapping[str, Any], group: str, version: str, plural: str
     if not (has(rule.get("operations"), operation) and has(rule.get("apiGroups"), group)
             and has(rule.get("apiVersions"), version)):
         return False
-    wanted = f"{plural}/{subresource}" if subresource else plural
-    resources = rule.get("resources") or []
-    if not (wanted in resources or (subresource and (f"{plural}/*" in resources or "*/*" in resources))
-            or (not subresource and "*" in resources)):
+    # as the API server's rule matcher: each entry is resource[/subresource]; "*" in either part
+    # matches anything there, a subresource "*" the main resource too ("pods/*" matches pods)
+    matched = False
+    for entry in rule.get("resources") or []:
+        res, _, sub = str(entry).partition("/")
+        if res in ("*", plural) and sub in ("*", subresource or ""):
+            matched = True
+            break
+    if not matched:
         return False
-    scope = rule.get("scope", "*")
+    scope = rule.get("scope") or "*"
     return scope == "*" or scope == ("Namespaced" if namespaced else "Cluster")
 
 
@@ -170,7 +179,8 @@ def matching(configs: list[Mapping[str, Any]], *, group: str, version: str, plur
     out = []
     for config in sorted(configs, key=lambda c: (c.get("metadata") or {}).get("name", "")):
         for hook in config.get("webhooks") or []:
-            if not any(_rule_matches(r, group, version, plural, subresource, operation, namespace is not None)
+            if not any(isinstance(r, dict) and _rule_matches(r, group, version, plural, subresource, operation,
+                                                             namespace is not None)
                        for r in hook.get("rules") or []):
                 continue
             if namespace is not None and not _selected(hook.get("namespaceSelector"), namespace_labels):
@@ -214,14 +224,18 @@ def _url(config: Mapping[str, Any]) -> str:
                      "clientConfig.url)")
 
 
+_CONTEXTS: dict[str, ssl.SSLContext] = {}  # per caBundle: loading a CA costs more than the call
+
+
 def _ssl_context(config: Mapping[str, Any]) -> ssl.SSLContext:
-    bundle = config.get("caBundle")
-    if not bundle:
-        return ssl.create_default_context()
-    try:
-        return ssl.create_default_context(cadata=base64.b64decode(str(bundle)).decode())
-    except (ValueError, ssl.SSLError) as e:
-        raise CallFailed(f"failed to call webhook: the caBundle is not a PEM certificate: {e}") from None
+    bundle = str(config.get("caBundle") or "")
+    if bundle not in _CONTEXTS:
+        try:
+            _CONTEXTS[bundle] = ssl.create_default_context(
+                cadata=base64.b64decode(bundle).decode() if bundle else None)
+        except (ValueError, ssl.SSLError) as e:
+            raise CallFailed(f"failed to call webhook: the caBundle is not a PEM certificate: {e}") from None
+    return _CONTEXTS[bundle]
 
 
 async def call(hook: Mapping[str, Any], review: dict[str, Any]) -> dict[str, Any]:
@@ -248,24 +262,26 @@ async def call(hook: Mapping[str, Any], review: dict[str, Any]) -> dict[str, Any
 
 
 async def admit(hooks: list[dict[str, Any]], review: dict[str, Any]) -> Verdict:
-    """Call ``hooks`` one after another (the API server calls validating webhooks in parallel;
-    the verdict is the same: any refusal or failing ``Fail`` webhook refuses)."""
+    """Call every one of ``hooks`` (the API server calls validating webhooks in parallel, so
+    each one's warnings come back whatever the others say); the first refusal, or failing
+    ``Fail`` webhook, is the verdict."""
     verdict = Verdict()
     for hook in hooks:
         name = str(hook.get("name"))
         try:
             response = await call(hook, review)
         except CallFailed as e:
-            if hook.get("failurePolicy", "Fail") == "Ignore":
-                continue
-            return Verdict(500, f'Internal error occurred: failed calling webhook "{name}": {e}', "InternalError",
-                           verdict.warnings)
+            if (hook.get("failurePolicy") or "Fail") != "Ignore" and verdict.allowed:
+                verdict.code, verdict.reason = 500, "InternalError"
+                verdict.message = f'Internal error occurred: failed calling webhook "{name}": {e}'
+            continue
         verdict.warnings += [str(w) for w in response.get("warnings") or []]
-        if not response["allowed"]:
+        if not response["allowed"] and verdict.allowed:
             status = response.get("status") if isinstance(response.get("status"), dict) else {}
             code = status.get("code") if isinstance(status.get("code"), int) else 0
             said = status.get("message") or status.get("reason")
             denied = f'admission webhook "{name}" denied the request'
-            message = f"{denied}: {said}" if said else f"{denied} without explanation"
-            return Verdict(code if code >= 400 else 400, message, str(status.get("reason") or ""), verdict.warnings)
+            verdict.code = code if code >= 400 else 400
+            verdict.message = f"{denied}: {said}" if said else f"{denied} without explanation"
+            verdict.reason = str(status.get("reason") or "")
     return verdict

@@ -15,8 +15,10 @@ gpu-{N-1}`` labelled as Karpenter spot capacity with ``gpus_per_node`` ``nvidia.
 ``LocalCluster(dir, kubeconfig=FILE)`` uses a real API server instead of the emulator: the CRD is
 created there if missing, the operator runs here with that kubeconfig, and the node agent adds its
 nodes (prefixed ``liveshard-local-``) and plays scheduler and kubelet for them only (liveshard's
-pods become processes on this machine); its nodes are deleted when it stops. The admission
-webhook is not registered (the server cannot call back into this machine).
+pods become processes on this machine); its nodes are deleted when it stops (after a crash, the
+next start takes them over). The admission webhook is not registered (the server cannot call
+back into this machine). The cluster's own scheduler may place other workloads on these nodes:
+they stay Pending, as nothing but liveshard's pods is run here.
 """
 
 from __future__ import annotations

@@ -860,6 +860,19 @@ class Emulator(kmock.KubernetesEmulator):
         self._emit(resource, "MODIFIED", new, old)
         return new
 
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        """kmock's Status for an error, with the request's warnings as ``Warning`` headers (a
+        webhook's warnings come back beside its refusal) and an empty reason kept empty."""
+        response = await super()._render_error(exc)
+        if isinstance(exc, kmock.KubernetesError) and exc.reason == "" and isinstance(response, aiohttp.web.Response):
+            body = json.loads(response.body)
+            body["reason"] = ""
+            response = aiohttp.web.json_response(body, status=response.status)
+        for text in _WARNINGS.get() or ():
+            quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+            response.headers.add("Warning", f'299 - "{quoted}"')
+        return response
+
     # ---- admission ----------------------------------------------------------------------------
     @staticmethod
     def _check_builtin(resource: Any, obj: dict[str, Any]) -> None:
@@ -875,10 +888,12 @@ class Emulator(kmock.KubernetesEmulator):
                      old: dict[str, Any] | None) -> None:
         """Send the request to the validating webhooks it matches (admission.py); refuse it if
         one denies it (or fails under ``failurePolicy: Fail``), pass on their warnings."""
+        resource, namespace, name = key
+        if resource.group == "admissionregistration.k8s.io":
+            return  # the API server never sends webhook configurations to webhooks (no lock-out)
         configs = [o.raw for (res, _, _), o in self._objects.items() if res == _WEBHOOKS and not o.deleted]
         if not configs:
             return
-        resource, namespace, name = key
         hooks = admission.matching(
             configs, group=resource.group or "", version=resource.version or "", plural=resource.plural,
             subresource=subresource, operation=operation, namespace=namespace,
@@ -897,8 +912,7 @@ class Emulator(kmock.KubernetesEmulator):
             warnings.extend(verdict.warnings)
         if not verdict.allowed:
             assert verdict.code is not None
-            raise _error(verdict.code, verdict.reason or ("InternalError" if verdict.code >= 500 else "BadRequest"),
-                         verdict.message)
+            raise _error(verdict.code, verdict.reason, verdict.message)
 
     async def _delete(self, request: kmock.Request) -> dict[str, Any]:
         key = (request.resource, request.namespace, request.name)

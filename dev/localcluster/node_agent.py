@@ -223,8 +223,16 @@ class NodeAgent:
 
     # ---- nodes: what a cloud does ------------------------------------------------------------
     def add_node(self, name: str, gpus: int = 1, labels: dict[str, str] | None = None) -> None:
+        from kubernetes.client.rest import ApiException
+
         node = node_object(name, gpus, labels)
-        self.core.create_node(node)
+        try:
+            self.core.create_node(node)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            # a node of an agent that did not stop cleanly (a real server keeps it): take it over
+            self.core.patch_node(name, {"metadata": {"labels": node["metadata"]["labels"]}})
         self.owned.add(name)
         # status is written through its subresource, as a kubelet registering the node does
         self.core.patch_node_status(name, {"status": node["status"]})

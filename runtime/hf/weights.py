@@ -241,11 +241,16 @@ def export_hf(checkpoint: str | os.PathLike, spec: ModelSpec, out: str | os.Path
     return files
 
 
+_UMASK: list[int] = []  # read once: reading it means setting it, for a moment, process-wide
+
+
 def _file_mode() -> int:
     """0666 less this process's umask: the mode an ordinary file write gets."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+    if not _UMASK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        _UMASK.append(mask)
+    return 0o666 & ~_UMASK[0]
 
 
 def special_token_ids(tokenizer_dir: str | os.PathLike) -> dict[str, int]:

@@ -225,6 +225,11 @@ def answered_by_the_webhook(kube, hooks, options, kubeconfig, tmp_path) -> None:
         assert "created" in old.stdout
         fine = kubectl_apply(kubeconfig, tmp_path, "fine", SPEC)
         assert fine.returncode == 0 and "Warning" not in fine.stderr, fine.stderr
+        # a refusal carries the webhook's warnings too, as kube-apiserver sends them
+        both = kubectl_apply(kubeconfig, tmp_path, "both", {**SPEC, "parallelism": {"ep": [2]},
+                                                           "checkpoint": {"intervalMinutes": 5}})
+        assert both.returncode != 0 and "denied the request" in both.stderr
+        assert "Warning: spec.checkpoint.intervalMinutes is deprecated" in both.stderr
         # an edit of the spec is reviewed too
         edited = kubectl_apply(kubeconfig, tmp_path, "fine", {**SPEC, "parallelism": {"ep": [2]}})
         assert edited.returncode != 0 and "denied the request" in edited.stderr

@@ -348,6 +348,14 @@ def test_webhook_without_cert_manager_uses_a_given_secret_and_ca():
     assert "annotations" not in vwc["metadata"] and "namespaceSelector" not in vwc["webhooks"][0]
     (dep,) = by_kind(objs, "Deployment")
     assert {"name": "webhook-cert", "secret": {"secretName": "my-tls"}} in dep["spec"]["template"]["spec"]["volumes"]
+    # a caBundle alone: the user's Secret under the default name; the chart makes none
+    objs = render({"webhook": {"caBundle": "Q0E="}})
+    assert not by_kind(objs, "Secret")
+    (vwc,) = by_kind(objs, "ValidatingWebhookConfiguration")
+    assert vwc["webhooks"][0]["clientConfig"]["caBundle"] == "Q0E="
+    (dep,) = by_kind(objs, "Deployment")
+    assert {"name": "webhook-cert", "secret": {"secretName": "ls-liveshard-webhook-tls"}} in \
+        dep["spec"]["template"]["spec"]["volumes"]
     issuer = {"name": "corp-ca", "kind": "ClusterIssuer"}
     objs = render({"webhook": {"enabled": True, "certManager": {"enabled": True, "issuerRef": issuer}}})
     assert not by_kind(objs, "Issuer") and by_kind(objs, "Certificate")[0]["spec"]["issuerRef"] == issuer

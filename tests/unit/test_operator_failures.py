@@ -70,7 +70,8 @@ def test_a_crashed_pod_is_counted_and_replaced_only_after_its_backoff():
 
 def test_an_older_operators_top_level_records_are_read_and_moved_into_tracking():
     """Operators before 0.3 kept the records at the top of the status: a job they tracked keeps
-    its back-off and its counted pods, and the next status patch moves them."""
+    its back-off and its counted pods; the records are copied into tracking, and the old fields
+    removed once tracking came back from the server."""
     from liveshard.runtime.contract.times import iso
 
     job, pods = running_job()
@@ -82,16 +83,31 @@ def test_an_older_operators_top_level_records_are_read_and_moved_into_tracking()
                          configError={"message": "x", "count": 1, "generation": job["metadata"]["generation"]})
     d, after = step(job, failed, healthy(4), t1)
     assert after["status"]["podFailures"] == 1  # already counted: not again
-    assert d.status["countedFailures"] is None and d.status["podBackoff"] is None
-    assert d.status["configError"] is None
     records = after["status"]["tracking"]
     assert records["countedPods"] == ["pod-1-old"]
     assert parse_time(records["recreateAfter"]["train-worker-1"]) == t1 + timedelta(seconds=10)
-    assert not {"countedFailures", "podBackoff", "configError"} & set(after["status"])
+    assert after["status"]["countedFailures"] == ["pod-1-old"]  # kept until tracking is stored
     d, after = step(after, without(pods, "train-worker-1"), healthy(4), t1 + timedelta(seconds=5))
     assert d.create_workers == []  # the older operator's back-off still holds
+    assert d.status["countedFailures"] is None and d.status["podBackoff"] is None
+    assert not {"countedFailures", "podBackoff", "configError"} & set(after["status"])
     d, after = step(after, without(pods, "train-worker-1"), healthy(4), t1 + timedelta(seconds=10))
     assert d.create_workers == [1] and "countedFailures" not in d.status
+
+
+def test_records_survive_a_crd_that_prunes_tracking():
+    """An old CRD (Helm installs crds/ only on the first install) has no status.tracking: the
+    server drops it from every write. The records written beside it in the old fields keep a
+    kept failed pod from being counted again and keep its back-off."""
+    job, pods = running_job()
+    job = with_budget(job, 0)  # the first crash fails the job: the failed pod is kept for its logs
+    t1 = T0 + timedelta(seconds=20)
+    failed = crash(pods, 1, uid="kept")
+    for k in range(3):
+        _, job = step(job, failed, healthy(4), t1 + timedelta(seconds=k))
+        job["status"].pop("tracking", None)  # pruned by the old schema
+        assert job["status"]["podFailures"] == 1 and job["status"]["countedFailures"] == ["kept"], k
+    assert job["status"]["phase"] == "Failed"
 
 
 def test_a_preempted_pod_is_neither_counted_nor_held_back():

@@ -36,3 +36,11 @@ def test_a_host_path_this_user_cannot_write_is_one_line_naming_it(tmp_path):
     with pytest.raises(ConfigError) as e:
         _job_checkpointing(_job(tmp_path, {"volume": {"hostPath": {"path": str(blocker / "ckpt")}}}))
     assert e.value.field == "spec.checkpoint.volume.hostPath.path" and "cannot be written" in str(e.value)
+
+
+def test_a_host_path_holding_an_earlier_runs_checkpoints_is_refused(tmp_path):
+    where = tmp_path / "ckpt"
+    (where / "iter_0000004").mkdir(parents=True)
+    with pytest.raises(ConfigError) as e:
+        _job_checkpointing(_job(tmp_path, {"volume": {"hostPath": {"path": str(where)}}}))
+    assert e.value.field == "spec.checkpoint.volume.hostPath.path" and "not empty" in str(e.value)
