@@ -20,6 +20,7 @@ from liveshard.runtime.errors import ConfigError, RunFailed
 # line says why; a crash's traceback also ends in 1); 2 bad input, named in one line before anything ran.
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # SIGINT, as a shell reports a command it interrupted
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -159,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # `liveshard layout ... | head`
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: what the command started has been stopped by its own cleanup
+        print(f"liveshard {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 # the release after which the old spellings of renamed flags (``alias``) are no longer read

@@ -201,7 +201,9 @@ def run(args: argparse.Namespace) -> int:
         d = a.get("decision") or {}
         print(f"adaptive switch at step {a.get('switch_step')}: {a.get('config')} ({a.get('outcome')}; "
               f"predicted {d.get('predictedStepSeconds')} -> {d.get('predictedStepSecondsAfter')} s/step)")
-    print(f"{len(report['steps'])} steps, final loss {last.get('loss')}, consumed {last.get('consumed_samples')}"
+    loss = last.get("loss")
+    print(f"{len(report['steps'])} steps, final loss {'-' if loss is None else f'{loss:.4f}'}, "
+          f"consumed {last.get('consumed_samples')}"
           f" samples; final checkpoint {report.get('final_checkpoint')}; report: {args.out}")
     why = unfinished(report, run_spec.steps)
     if why:

@@ -405,6 +405,7 @@ class LocalRun:
             self.start_worker(wid, port, holds=holds)
         # A plan names registered workers only (a worker registers once its imports and datasets
         # are ready, which on a loaded machine can take longer than the coordinator's grace).
+        self.say(f"coordinator up on port {port}; waiting for {len(ids)} workers to register")
         self._wait_registered(store, ids)
         self._post(store, PlanRequest(members=tuple(ids), config=str(self.cfg), reason="start"))
         self.say(f"started {len(ids)} workers ({len(joiners)} joiners waiting), config {self.cfg}; "
@@ -1142,7 +1143,12 @@ def _segment(wid: str) -> int | None:
 
 
 def run_local(run: RunSpec) -> dict:
+    from liveshard.dev.localrun.progress import StepPrinter
+
     job = LocalRun(run)
+    printer = StepPrinter(job.dir, run.steps, job.say).start() if run.log is not None else None
+    job.say(f"starting the coordinator and {run.workers} workers in {job.dir} (each worker loads torch and "
+            "megatron-core and builds its model and data: seconds to a minute)")
     try:
         if run.mode == "live":
             return job.run_live()
@@ -1151,3 +1157,5 @@ def run_local(run: RunSpec) -> dict:
         return run_checkpoint_mode(job)
     finally:
         job.procs.kill_all()
+        if printer is not None:
+            printer.stop()

@@ -44,3 +44,17 @@ def test_a_host_path_holding_an_earlier_runs_checkpoints_is_refused(tmp_path):
     with pytest.raises(ConfigError) as e:
         _job_checkpointing(_job(tmp_path, {"volume": {"hostPath": {"path": str(where)}}}))
     assert e.value.field == "spec.checkpoint.volume.hostPath.path" and "not empty" in str(e.value)
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    """An interrupted command says so in one line (no traceback) and exits as a shell expects."""
+    from liveshard.dev.commands import run_local
+    from liveshard.runtime import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_local, "run", interrupted)
+    assert cli.main(["run-local", "--model", "tiny-gpt", "--mock-data", "--procs", "1"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "liveshard run-local: interrupted"
