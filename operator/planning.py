@@ -87,6 +87,10 @@ class Planning:
                     + (f" (node {', '.join(where)})" if where and first.kind != Cause.SCALE_DOWN else "")
                     + f"; leaving: {', '.join(names)}")
             deadline = min((s.deadline for _, s in leaving if s.deadline), default=None)
+            if deadline is not None and deadline <= self.now:
+                # already gone (a pod deleted with no grace, a node deleted): nothing to race, the
+                # switch gets the job's reconfiguration timeout, not a deadline in the past
+                deadline = None
             self.d.triggers = [by_name[m].node or m for m in names]
             if lost:
                 text += f"; lost: {', '.join(lost)}"

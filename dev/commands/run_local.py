@@ -77,19 +77,21 @@ def _start_config(args: argparse.Namespace, spec, training, workers: int) -> str
     from liveshard.runtime.planner import GPU, Constraints, plan_world
 
     tp = pp = None
+    min_dp, dist_opt = 1, True
     if args.job_file:
         from liveshard.runtime.contract.jobspec import read_spec
 
         raw = training_args.read_job_file(args.job_file).raw["spec"]
         par = read_spec({**raw, "image": raw.get("image") or "local"}).parallelism
-        tp, pp = par.tp, par.pp
+        tp, pp, min_dp, dist_opt = par.tp, par.pp, par.min_dp, par.dist_opt
     from liveshard.runtime.errors import ConfigError
     from liveshard.runtime.planner.search import NoFeasiblePlan
 
     gpus = [GPU(id=f"w{i}", node="local", memory_bytes=80 << 30) for i in range(workers)]
     try:
         plan = plan_world(spec, gpus, Constraints(tp=tp, pp=pp, global_batch=training.global_batch,
-                                                  micro_batch=training.micro_batch))
+                                                  micro_batch=training.micro_batch, min_dp=min_dp,
+                                                  dist_opt=dist_opt))
     except NoFeasiblePlan as e:
         raise ConfigError("--workers", f"no parallel config fits {workers} worker(s): {e}",
                           "give --parallel, or another number of --workers") from None

@@ -37,6 +37,9 @@ class Parallelism:
     pp: tuple[int, ...] | None
     ep: tuple[int, ...] | None
     dist_opt: bool
+    # copies of the model state the planner keeps when the GPUs allow (spec.parallelism.
+    # minDataParallel): with 2 or more, losing one node's GPUs loses no state
+    min_dp: int = 1
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,7 @@ def read_spec(spec: dict[str, Any]) -> JobSpec:
     par = Parallelism(
         tp=_degrees(p.get("tp"), "tp"), pp=_degrees(p.get("pp"), "pp"), ep=_degrees(p.get("ep"), "ep"),
         dist_opt=bool(p.get("distributedOptimizer", True)),
+        min_dp=_int(p, "minDataParallel", "spec.parallelism", 1),
     )
     # The precision is set once, in spec.training.precision; a model that names its params_dtype
     # (an older job) is read as that precision, and contradicting both is refused.

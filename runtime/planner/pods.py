@@ -61,7 +61,8 @@ def constraints_for(spec: JobSpec) -> Constraints:
     p, t = spec.parallelism, spec.training
     return Constraints(tp=p.tp, pp=p.pp, ep=p.ep, global_batch=t.global_batch, micro_batch=t.micro_batch,
                        seq_length=t.seq_length, dist_opt=p.dist_opt,
-                       granularity=spec.workers.gpus_per_worker, max_gpus=spec.max_gpus)
+                       granularity=spec.workers.gpus_per_worker, max_gpus=spec.max_gpus,
+                       min_dp=spec.parallelism.min_dp)
 
 
 def gpus_for(spec: JobSpec, candidates: Sequence[Candidate]) -> list[GPU]:

@@ -52,6 +52,9 @@ class Constraints:
     # config; or "fewest-changes", the current degrees on as many GPUs as the batch allows
     # (scripted CPU runs, where the cost model's GPU figures mean nothing).
     objective: str = "throughput"
+    # the least data-parallel degree (copies of the model state) to choose when the GPUs allow
+    # it; world.plan_world falls back to fewer, and says why, when they do not
+    min_dp: int = 1
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,7 @@ class _Search:
             raise NoFeasiblePlan(f"pp: none of {list(c.pp or ())} is within 1..{spec.num_layers} "
                                  f"(the model's layers)", "constraints", "pp")
         per_step = c.global_batch // c.micro_batch
-        dps = [d for d in range(1, per_step + 1) if per_step % d == 0]
+        dps = [d for d in range(max(1, c.min_dp), per_step + 1) if per_step % d == 0]
         return tps, sorted(set(pps), reverse=True), dps, _allowed_ep(spec, c.ep)
 
     def families(self) -> list[_Family]:

@@ -64,12 +64,28 @@ def plan_world(spec: ModelSpec, gpus: Sequence[GPU], constraints: Constraints, *
         config = closest_config(spec, current or ParallelConfig(dist_opt=constraints.dist_opt), ordered,
                                 constraints)
     if config is None:
-        plan = plan_parallelism(spec, ordered, constraints, hardware)
+        plan = _with_min_dp(spec, ordered, constraints, hardware)
     else:
         plan = place(spec, config, ordered, constraints)
     if current is not None and current_members:
         plan = least_movement(spec, plan, current, tuple(current_members), constraints.granularity, tuple(lost))
     return plan
+
+
+def _with_min_dp(spec: ModelSpec, gpus: Sequence[GPU], constraints: Constraints,
+                 hardware: Hardware | None) -> ParallelPlan:
+    """The fastest plan with at least ``constraints.min_dp`` copies of the state; when none
+    fits (too few GPUs, too little memory, a batch it does not divide), the fastest with fewer,
+    saying so first in its explanation."""
+    try:
+        return plan_parallelism(spec, gpus, constraints, hardware)
+    except NoFeasiblePlan as e:
+        if constraints.min_dp <= 1:
+            raise
+        fallback = plan_parallelism(spec, gpus, replace(constraints, min_dp=1), hardware)
+        why = (f"minDataParallel {constraints.min_dp} not met: {e}; dp={fallback.config.dp}, so losing a "
+               "member can lose state that has no other copy")
+        return replace(fallback, explanation=(why, *fallback.explanation))
 
 
 def _layout_key(cfg: ParallelConfig) -> tuple:

@@ -250,3 +250,24 @@ def test_the_crd_validator_takes_both_spellings_and_the_cel_rules_read_both():
     v.validate(_job(CAMEL))
     v.validate(_job(SNAKE))
     assert CRD_NAMES["num_layers"] == "numLayers"
+
+
+def test_min_data_parallel_keeps_a_copy_of_the_state_when_the_gpus_allow():
+    """spec.parallelism.minDataParallel: the planner keeps dp >= it (a lost node then loses no
+    state); with too few GPUs it takes fewer and its explanation says so first."""
+    from liveshard.runtime.planner import GPU, plan_world
+    from liveshard.runtime.planner.pods import constraints_for
+
+    job = _job({"preset": "tiny-llama"})
+    job["spec"]["parallelism"] = {"tp": [1, 2], "pp": [1, 2], "distributedOptimizer": False, "minDataParallel": 2}
+    spec = read_spec(job["spec"])
+    assert spec.parallelism.min_dp == 2 and constraints_for(spec).min_dp == 2
+    gpus = [GPU(id=f"p{i}/0", node=f"n{i}", memory_bytes=80 << 30) for i in range(4)]
+    assert plan_world(spec.model, gpus, constraints_for(spec)).config.dp >= 2
+    plain = read_spec({**job["spec"], "parallelism": {"tp": [1, 2], "pp": [1, 2]}})
+    assert plan_world(plain.model, gpus, constraints_for(plain)).config.dp == 1  # the fastest alone
+    short = plan_world(spec.model, gpus[:1], constraints_for(spec))
+    assert short.config.dp == 1 and short.explanation[0].startswith("minDataParallel 2 not met")
+    with pytest.raises(ConfigError) as e:
+        read_spec({**job["spec"], "parallelism": {"minDataParallel": 0}})
+    assert e.value.field == "spec.parallelism.minDataParallel"

@@ -520,3 +520,24 @@ def test_each_straggler_switch_is_one_event(crd_validator):
     assert crd_validator.errors(crd_validator.default(job)) == []
     d, job = step(job, pods, healthy(4), T0 + timedelta(seconds=60))
     assert not [e for e in d.events if e[1] == "StragglerReplan"]  # announced once
+
+
+def test_a_member_already_gone_gets_the_reconfiguration_timeout_not_a_past_deadline():
+    """A worker pod deleted with no grace (its node deleted): its signal's deadline is now. The
+    plan without it must not carry a deadline already reached (the ack would be overdue at once):
+    it gets spec.elasticity.reconfigurationTimeoutSeconds, as a plan with no notice does."""
+    from liveshard.runtime.contract.times import iso, parse_time
+
+    job, pods = running_job()
+    t1 = T0 + timedelta(seconds=30)
+    gone = [*pods[:1], make_pod(1, deletionTimestamp=iso(t1)), *pods[2:]]
+    d, job = step(job, gone, healthy(4), t1)
+    plan = d.status["plan"]
+    assert "train-worker-1" not in plan["members"]
+    timeout = job["spec"]["elasticity"].get("reconfigurationTimeoutSeconds", 300)
+    assert parse_time(plan["deadline"]) == t1 + timedelta(seconds=timeout)
+    # a notice with time left keeps its own deadline
+    job2, pods2 = running_job()
+    soon = [*pods2[:1], make_pod(1, deletionTimestamp=iso(t1 + timedelta(seconds=20))), *pods2[2:]]
+    d, _ = step(job2, soon, healthy(4), t1)
+    assert parse_time(d.status["plan"]["deadline"]) == t1 + timedelta(seconds=20)
