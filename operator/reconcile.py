@@ -431,8 +431,16 @@ class _Reconciler(Planning, Endings):
             degraded, reason = True, "ReconfigurationAborted"
             message = self.abort.reason or "the runtime aborted the reconfiguration"
         elif running and len(members) < desired:
-            degraded, reason = True, "BelowDesiredSize"
-            message = f"training on {len(members)} of {desired} desired worker pods"
+            ready = sum(1 for w in getattr(self, "by_name", {}).values() if w.running and self._leaving(w) is None)
+            if ready >= desired and plan is not None:
+                # every desired pod runs: the planner left some standing by (the plan says why)
+                reason = "StandbyByChoice"
+                why = next((line for line in plan.explanation if "standby" in line), "")
+                message = (f"training on {len(members)} of {desired} worker pods, the others stand by"
+                           + (f": {why}" if why else ""))
+            else:
+                degraded, reason = True, "BelowDesiredSize"
+                message = f"training on {len(members)} of {desired} desired worker pods ({ready} running)"
         self.cond(ConditionType.DEGRADED, degraded, reason, message)
         failed = condition(self.conditions, ConditionType.FAILED)
         if failed is not None and failed.get("status") != "False":  # resumed: maxPodFailures raised, spec edited

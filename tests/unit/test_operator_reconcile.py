@@ -541,3 +541,21 @@ def test_a_member_already_gone_gets_the_reconfiguration_timeout_not_a_past_deadl
     soon = [*pods2[:1], make_pod(1, deletionTimestamp=iso(t1 + timedelta(seconds=20))), *pods2[2:]]
     d, _ = step(job2, soon, healthy(4), t1)
     assert parse_time(d.status["plan"]["deadline"]) == t1 + timedelta(seconds=20)
+
+
+def test_workers_the_planner_leaves_standing_by_are_not_a_degraded_job():
+    """Every desired pod runs and the plan uses fewer (the planner's choice, its explanation
+    says why): Degraded stays False (StandbyByChoice). Pods missing: Degraded BelowDesiredSize."""
+    job, pods = running_job()
+    chosen = copy.deepcopy(job)
+    chosen["status"]["plan"]["members"] = job["status"]["plan"]["members"][:2]
+    chosen["status"]["plan"]["explanation"] = ["x", "2 of 4 GPUs standby: fewer GPUs are faster"]
+    _, after = step(chosen, pods, healthy(4), T0 + timedelta(seconds=10))
+    assert after["status"]["plan"]["generation"] == job["status"]["plan"]["generation"]  # no new plan
+    degraded = {c["type"]: c for c in after["status"]["conditions"]}["Degraded"]
+    assert degraded["status"] == "False" and degraded["reason"] == "StandbyByChoice", degraded
+    assert "fewer GPUs are faster" in degraded["message"]
+    _, after = step(chosen, [*pods[:2], coordinator()], healthy(4), T0 + timedelta(seconds=10))
+    assert after["status"]["phase"] == "Running"
+    degraded = {c["type"]: c for c in after["status"]["conditions"]}["Degraded"]
+    assert degraded["status"] == "True" and degraded["reason"] == "BelowDesiredSize", degraded
