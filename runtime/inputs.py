@@ -70,7 +70,11 @@ def json_problem(e: json.JSONDecodeError, *, line: bool = True) -> str:
     inside a string: write it as \\t or \\n) at line 1, column 17``."""
     what = e.msg.removesuffix(" at").rstrip(":")
     if what.startswith("Invalid control character"):
-        what = "invalid control character (a raw tab or line break inside a string: write it as \\t or \\n)"
+        char = e.doc[e.pos] if isinstance(e.doc, str) and 0 <= e.pos < len(e.doc) else ""
+        escaped = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}.get(char, f"\\u{ord(char):04x}" if char else "")
+        named = {"\t": "a raw tab", "\n": "a raw line break", "\r": "a raw carriage return"}.get(
+            char, f"the raw control character U+{ord(char):04X}" if char else "a raw control character")
+        what = f"invalid control character ({named} inside a string: write it as {escaped or 'an escape'})"
     else:
         what = what[:1].lower() + what[1:]
     return f"{what} at line {e.lineno}, column {e.colno}" if line else f"{what} at column {e.colno}"

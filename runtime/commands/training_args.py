@@ -49,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser, *, defaults_from_env: bool = True)
     g.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch (microBatch)")
     g.add_argument("--seq-length", type=int, default=None, help="tokens per sequence (seqLength)")
     g.add_argument("--lr", type=float, default=None, help="peak learning rate (optimizer.lr)")
+    g.add_argument("--warmup-iters", type=int, default=None,
+                   help="steps of learning-rate warm-up (schedule.warmupIters)")
     g.add_argument("--seed", type=int, default=None, help="random seed (seed)")
     g.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="training dtype (precision; default: the job's, else the model's dtype)")
@@ -169,6 +171,10 @@ def resolve(args: argparse.Namespace, *, env: dict[str, str] | None = None,
                 section.pop("trainSamples", None)
     if args.train_iters is None and default_steps is not None and source == "flags":
         section["trainIters"] = default_steps
+    warmup = getattr(args, "warmup_iters", None)
+    if warmup is not None:
+        schedule = {k: v for k, v in (section.get("schedule") or {}).items() if k != "warmupFraction"}
+        section["schedule"] = {**schedule, "warmupIters": warmup}
     if args.lr is not None:
         section["optimizer"] = {**(section.get("optimizer") or {}), "lr": args.lr}
         if section["optimizer"].get("minLr", 0) > args.lr:
@@ -180,6 +186,12 @@ def resolve(args: argparse.Namespace, *, env: dict[str, str] | None = None,
         flag = next((f"--{name.replace('_', '-')}" for name, key in _FLAGS
                      if e.field in (f"{path}.{key}", f"{path}.optimizer.{key}") and getattr(args, name, None) is not None),
                     None)
+        if flag is None and e.field == f"{path}.schedule.warmupIters":
+            if warmup is not None:
+                raise ConfigError("--warmup-iters", e.problem, e.fix) from None
+            if args.train_iters is not None:  # the job's warm-up does not fit the steps asked for
+                raise ConfigError("--train-iters", f"{args.train_iters} steps: the job's {e.problem}",
+                                  "add --warmup-iters N with N below the steps, or ask for more steps") from None
         if flag is None:
             raise
         raise ConfigError(flag, e.problem, e.fix) from None

@@ -58,3 +58,19 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     assert cli.main(["run-local", "--model", "tiny-gpt", "--mock-data", "--procs", "1"]) == 130
     err = capsys.readouterr().err
     assert err.strip() == "liveshard run-local: interrupted"
+
+
+def test_a_warm_up_the_steps_asked_for_cannot_hold_names_the_flags(capsys):
+    """--train-iters below the job's warm-up: one line naming --train-iters and --warmup-iters,
+    which then fixes it."""
+    from pathlib import Path
+
+    from liveshard.runtime import cli
+
+    example = str(Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml")
+    assert cli.main(["run-local", "--job", example, "--procs", "2", "--train-iters", "4", "--check"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("liveshard run-local: error: --train-iters: 4 steps: the job's 20 warm-up steps")
+    assert "--warmup-iters" in err
+    assert cli.main(["run-local", "--job", example, "--procs", "2", "--train-iters", "4", "--warmup-iters", "1",
+                     "--check"]) == 0
