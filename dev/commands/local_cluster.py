@@ -48,9 +48,6 @@ def run(args: argparse.Namespace) -> int:
         return _down(pid_file)
     if args.nodes < 0 or args.gpus_per_node < 1:
         raise ConfigError("--nodes/--gpus-per-node", "must be >= 0 and >= 1", "e.g. --nodes 4 --gpus-per-node 1")
-    if pid_file.exists() and _alive(int(pid_file.read_text().strip() or 0)):
-        raise ConfigError("--dir", f"a local cluster already runs from {workdir} (pid file {pid_file})",
-                          f"run `liveshard local-cluster down --dir {workdir}` or pick another --dir")
     import yaml
 
     from liveshard.dev.localcluster.cluster import LocalCluster
@@ -59,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     kubeconfig = getattr(args, "kubeconfig", None)
     if kubeconfig is not None and not Path(kubeconfig).is_file():
         raise ConfigError("--kubeconfig", f"{kubeconfig} is not a file", "give the kubeconfig of the API server to use")
+    _claim(pid_file)  # before anything starts: two `up`s on one --dir cannot both run
     cluster = LocalCluster(workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, kubeconfig=kubeconfig,
                            operator=getattr(args, "operator", True))
     stopping = False
@@ -69,9 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    cluster.start()
     try:
-        pid_file.write_text(str(os.getpid()))
+        cluster.start()
         # One worker pod per fake node, one process per GPU; 320 keeps multi-GPU pods all busy.
         from liveshard.runtime.data.corpus import BUILTIN_VOCAB, build_corpus, builtin_corpus_dir
 
@@ -94,6 +91,33 @@ def run(args: argparse.Namespace) -> int:
         with contextlib.suppress(FileNotFoundError):
             pid_file.unlink()
     return 0 if stopping else 1
+
+
+def _claim(pid_file: Path) -> None:
+    """Create ``pid_file`` with this process's pid, atomically (``O_EXCL``); one left by a
+    process that is gone is replaced, one of a live process is a one-line error."""
+    from liveshard.runtime.errors import ConfigError
+
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(pid_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                other = int(pid_file.read_text().strip() or 0)
+            except (OSError, ValueError):
+                other = 0
+            if other and _alive(other):
+                raise ConfigError("--dir", f"a local cluster already runs from {pid_file.parent} (pid {other})",
+                                  f"run `liveshard local-cluster down --dir {pid_file.parent}` or pick another "
+                                  "--dir") from None
+            with contextlib.suppress(FileNotFoundError):
+                pid_file.unlink()  # stale: its process is gone
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return
+    raise ConfigError("--dir", f"{pid_file} keeps reappearing", "another `local-cluster up` is starting there")
 
 
 def _alive(pid: int) -> bool:
