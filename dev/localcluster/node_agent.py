@@ -63,6 +63,7 @@ LOSE_ANNOTATION = "localcluster.liveshard.io/lose"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 HEARTBEAT_SECONDS = 10.0  # the kubelet's lease renewal interval (leaseDurationSeconds 40)
 LEASE_SECONDS = 40
+SCHEDULER_NAME = "liveshard-local-scheduler"  # the events' source: the agent schedules, not kube-scheduler
 SPOT_ITN_TAINT = "aws-node-termination-handler/spot-itn"
 GPU = "nvidia.com/gpu"
 
@@ -146,26 +147,46 @@ def _expression_holds(expr: dict[str, Any], labels: dict[str, str]) -> bool:
     return True  # Gt/Lt: not used by liveshard's pods
 
 
-def fits(pod: dict[str, Any], node: dict[str, Any], used_gpus: int) -> bool:
-    """Would the scheduler put this pod on this node? (GPUs, taints, node selector, required affinity.)"""
+def unfit(pod: dict[str, Any], node: dict[str, Any], used_gpus: int) -> str | None:
+    """Why the scheduler would not put this pod on this node, in kube-scheduler's words (None:
+    it fits). GPUs, readiness, cordon, taints, node selector, required node affinity."""
     spec = pod.get("spec") or {}
-    if not _ready(node) or (node.get("spec") or {}).get("unschedulable"):
-        return False
     if node["metadata"].get("deletionTimestamp"):
-        return False
+        return "node(s) were being deleted"
+    if (node.get("spec") or {}).get("unschedulable"):
+        return "node(s) were unschedulable"
+    if not _ready(node):
+        return "node(s) had untolerated taint {node.kubernetes.io/not-ready: }"
     for taint in (node.get("spec") or {}).get("taints") or []:
         if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(taint, spec.get("tolerations") or []):
-            return False
+            return f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value') or ''}}}"
     labels = node["metadata"].get("labels") or {}
-    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
-        return False
     required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
                 .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
     terms = required.get("nodeSelectorTerms") or []
-    if terms and not any(all(_expression_holds(e, labels) for e in t.get("matchExpressions") or []) for t in terms):
-        return False
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()) or (
+            terms and not any(all(_expression_holds(e, labels) for e in t.get("matchExpressions") or [])
+                              for t in terms)):
+        return "node(s) didn't match Pod's node affinity/selector"
     allocatable = int(((node.get("status") or {}).get("allocatable") or {}).get(GPU) or 0)
-    return _gpus(pod) <= allocatable - used_gpus
+    return None if _gpus(pod) <= allocatable - used_gpus else f"Insufficient {GPU}"
+
+
+def fits(pod: dict[str, Any], node: dict[str, Any], used_gpus: int) -> bool:
+    """Would the scheduler put this pod on this node?"""
+    return unfit(pod, node, used_gpus) is None
+
+
+def unschedulable_message(pod: dict[str, Any], nodes: dict[str, dict[str, Any]], used: dict[str, int]) -> str:
+    """kube-scheduler's FailedScheduling message: ``0/3 nodes are available: 1 node(s) were
+    unschedulable, 2 Insufficient nvidia.com/gpu.``"""
+    counts: dict[str, int] = {}
+    for name, node in nodes.items():
+        why = unfit(pod, node, used.get(name, 0))
+        if why is not None:
+            counts[why] = counts.get(why, 0) + 1
+    reasons = ", ".join(f"{n} {why}" for why, n in sorted(counts.items()))
+    return f"0/{len(nodes)} nodes are available: {reasons}." if reasons else f"0/{len(nodes)} nodes are available."
 
 
 # The kubelet's FallbackToLogsOnError: the last 80 lines or 2048 bytes of the log, whichever is less.
@@ -218,6 +239,7 @@ class NodeAgent:
         self._thread: threading.Thread | None = None
         self.coordination = kubernetes.client.CoordinationV1Api(api)
         self.own_nodes_only = own_nodes_only
+        self.unschedulable: dict[str, str] = {}  # pod uid -> the FailedScheduling message posted
         self.owned: set[str] = set()  # nodes this agent added
         self._beat_at = 0.0  # time.monotonic() of the last lease renewal
 
@@ -335,8 +357,9 @@ class NodeAgent:
             node = (pod.get("spec") or {}).get("nodeName")
             if not node:
                 node = next((n for n in sorted(nodes) if fits(pod, nodes[n], used.get(n, 0))), None)
-                if node is None:
-                    continue  # stays Pending, as on a full cluster
+                if node is None:  # stays Pending, as on a full cluster, and says why
+                    self._failed_scheduling(pod, unschedulable_message(pod, nodes, used))
+                    continue
                 if not self._bind(pod, node):
                     continue
                 used[node] = used.get(node, 0) + _gpus(pod)
@@ -350,6 +373,25 @@ class NodeAgent:
                 self._start(pod, node)
             elif proc is not None and proc.proc.poll() is not None:
                 self._exited(proc)
+
+    def _failed_scheduling(self, pod: dict[str, Any], message: str) -> None:
+        """A FailedScheduling Warning event on the pod, as the scheduler posts one (again only
+        when the reason changes)."""
+        meta = pod["metadata"]
+        uid = meta.get("uid", "")
+        if self.unschedulable.get(uid) == message:
+            return
+        self.unschedulable[uid] = message
+        now = _now()
+        with contextlib.suppress(Exception):  # an event is advice: never stop scheduling for it
+            self.core.create_namespaced_event(meta["namespace"], {
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": f"{meta['name']}.{os.urandom(8).hex()}", "namespace": meta["namespace"]},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                                   "namespace": meta["namespace"], "uid": uid},
+                "reason": "FailedScheduling", "message": message, "type": "Warning",
+                "source": {"component": SCHEDULER_NAME}, "reportingComponent": SCHEDULER_NAME,
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1})
 
     def renew_leases(self, nodes: dict[str, dict[str, Any]]) -> None:
         """Each node's heartbeat, as its kubelet sends it: the Lease ``kube-node-lease/<node>``

@@ -271,6 +271,40 @@ def test_the_node_agent_renews_each_nodes_lease_as_a_kubelet_does(kube, core, tm
     core.delete_node("beat-a")
 
 
+def test_a_pod_no_node_can_take_gets_a_failed_scheduling_event_saying_why(kube, core, tmp_path):
+    """As kube-scheduler: one Warning event per reason, counted over the nodes
+    (``kubectl describe pod`` shows it), not again while the reason stays the same."""
+    from liveshard.dev.localcluster.node_agent import unschedulable_message
+    from liveshard.runtime.contract.crd import LABEL_JOB
+
+    agent = NodeAgent(kube.api_client(), tmp_path, own_nodes_only=True)  # the module's other nodes aside
+    agent.add_node("fs-full", gpus=0)
+    agent.add_node("fs-cordoned", gpus=1)
+    core.patch_node("fs-cordoned", {"spec": {"unschedulable": True}})
+    core.create_namespaced_pod("fs", {"apiVersion": "v1", "kind": "Pod",
+                                      "metadata": {"name": "wants-gpu", "labels": {LABEL_JOB: "fs"}},
+                                      "spec": {"containers": [{"name": "c", "image": "x", "command": ["true"],
+                                                               "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    api = kube.api_client()
+    pod = api.sanitize_for_serialization(core.read_namespaced_pod("wants-gpu", "fs"))
+    nodes = {n: api.sanitize_for_serialization(core.read_node(n)) for n in ("fs-full", "fs-cordoned")}
+    message = unschedulable_message(pod, nodes, {})
+    assert message == ("0/2 nodes are available: 1 Insufficient nvidia.com/gpu, "
+                       "1 node(s) were unschedulable.")
+    try:
+        agent.sync()
+        agent.sync()
+        events = [e for e in core.list_namespaced_event("fs").items if e.reason == "FailedScheduling"]
+        assert len(events) == 1 and events[0].type == "Warning"
+        assert events[0].involved_object.name == "wants-gpu" and events[0].message.startswith("0/")
+        assert "1 Insufficient nvidia.com/gpu" in events[0].message
+        assert core.read_namespaced_pod("wants-gpu", "fs").status.phase == "Pending"
+    finally:
+        core.delete_namespaced_pod("wants-gpu", "fs")
+        for name in ("fs-full", "fs-cordoned"):
+            core.delete_node(name)
+
+
 # ---- list and watch -----------------------------------------------------------------------------
 def watch_lines(kube, path: str) -> tuple[str, list[dict]]:
     with urllib.request.urlopen(f"{kube.url}{path}", timeout=10) as response:
