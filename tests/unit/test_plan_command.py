@@ -155,15 +155,29 @@ def test_a_large_bubble_is_explained_and_fewer_stages_are_priced(capsys):
 
 # ---- standby GPUs come with the reason --------------------------------------------------------------
 
-def tiny_cpu_job():
+def tiny_cpu_job(**parallelism):
     raw = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())["spec"]
+    raw["parallelism"] = {**raw["parallelism"], **parallelism}
     return read_spec({**raw, "image": raw.get("image") or "local"})
 
 
 def test_tiny_cpu_workers_on_one_node_all_train():
-    job = tiny_cpu_job()
+    """With the distributed optimizer (state sharded over DP), four workers on one node all
+    train: the cost model finds nothing to gain from fewer."""
+    job = tiny_cpu_job(distributedOptimizer=True, minDataParallel=1)
     assignment = plan_for(job, [Candidate(f"w{i}", "node-0") for i in range(4)])
     assert assignment.world_size == 4 and not assignment.standby and assignment.standby_reason == ""
+
+
+def test_the_tiny_example_as_shipped_keeps_two_copies_of_the_state():
+    """examples/tiny-cpu.yaml: a replicated optimizer and minDataParallel 2, so a node lost
+    without notice loses nothing; workers left standing by say why in one line."""
+    job = tiny_cpu_job()
+    assert job.parallelism.min_dp == 2 and not job.parallelism.dist_opt
+    for nodes in (1, 4):
+        assignment = plan_for(job, [Candidate(f"w{i}", f"node-{i % nodes}") for i in range(4)])
+        assert assignment.plan.config.dp >= 2, assignment
+        assert assignment.world_size == 4 or assignment.standby_reason.count("\n") == 0 < len(assignment.standby_reason)
 
 
 def test_tiny_cpu_workers_left_standby_say_why():
