@@ -84,6 +84,7 @@ def test_multi_gpu_pods_run_one_rank_per_gpu_and_survive_a_spot_notice(tmp_path)
         d.stop()
 
 
+@pytest.mark.long  # Succeeded on the cluster: the reconciler's tests; the final checkpoint: run-local's
 def test_a_job_that_reaches_train_iters_succeeds_with_a_complete_final_checkpoint(tmp_path):
     """A short job on the real corpus runs to its trainIters: the workers save the final
     checkpoint and wait for it, the coordinator reports it, the job's phase becomes Succeeded

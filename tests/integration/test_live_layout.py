@@ -305,6 +305,7 @@ def test_training_steps_reduce_loss_and_agree_across_configs(pool: GlooPool, gro
         assert curve == pytest.approx(reference, rel=tolerance), f"{text} vs {cfgs[0]}: {curve} != {reference}"
 
 
+@pytest.mark.long  # a restore bit for bit in the default run: test_checkpoint_trust, test_run_local
 def test_checkpoint_resume_with_distributed_optimizer(pool: GlooPool, tmp_path) -> None:
     """Resume is exact at the saved config and within float tolerance at another DP/TP split
     (this exercises compat's fixes to the plain-Adam checkpoint path: without any one of them

@@ -129,7 +129,7 @@ def test_process_state_reads_proc():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["pulse", "thread"])
+@pytest.mark.parametrize("mode", ["pulse", pytest.param("thread", marks=pytest.mark.long)])  # thread: the control
 def test_a_worker_holding_its_gil_for_5_s_keeps_a_fresh_heartbeat_only_with_the_pulse(store, mode):
     port, reader = store
     proc = _start(port, mode, hog=5.0)

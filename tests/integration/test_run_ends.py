@@ -79,6 +79,7 @@ def _finished_and_verified(result: dict, survivors: list[str]) -> str:
     return finished["checkpoint"]
 
 
+@pytest.mark.long  # the fallback decision is unit-tested; the full-disk runs are bench_faults' rows
 @needs_namespaces
 def test_a_final_checkpoint_on_a_full_disk_goes_to_the_fallback_directory(tmp_path):
     fallback = tmp_path / "fallback"
