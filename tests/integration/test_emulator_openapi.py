@@ -190,6 +190,7 @@ def kubectl(kube, tmp_path):
 @needs_kubectl
 def test_kubectl_apply_validates_on_the_server(kubectl, kube, tmp_path):
     assert "created" in kubectl("apply", "-f", str(EXAMPLE)).stdout  # no --validate=false
+    assert "unchanged" in kubectl("apply", "-f", str(EXAMPLE)).stdout  # the same file again: nothing to patch
     job = yaml.safe_load(EXAMPLE.read_text())
     job["metadata"]["labels"] = {"team": "a"}
     job["spec"]["workers"]["replicas"] = 2
