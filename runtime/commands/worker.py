@@ -99,6 +99,23 @@ def worker_id(args: argparse.Namespace) -> str:
     return lw.per_process_id(args.id, local_rank, local_size) if args.id else f"{pod}/{local_rank}"
 
 
+# megatron-core warns once per module that imports them that Transformer Engine / Apex are
+# missing (seven two-line warnings on a CPU worker): one log line says it instead.
+_FALLBACK_WARNINGS = (r".*(Transformer Engine|Apex).*(not installed|Falling back).*", r"full scope is deprecated.*")
+
+
+def _quiet_fallback_warnings() -> None:
+    import importlib.util
+    import warnings
+
+    for pattern in _FALLBACK_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    if importlib.util.find_spec("transformer_engine") is None:
+        logging.getLogger("liveshard.worker").info(
+            "Transformer Engine is not installed: megatron-core's local layers and torch's optimizer "
+            "(expected on CPU; on GPUs install it for the fused kernels)")
+
+
 def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None,
         command: list[str] | None = None, phase_gate: Callable[[str, int], None] | None = None,
         compute_gate: Callable[[float], None] | None = None) -> int:
@@ -116,6 +133,7 @@ def run(args: argparse.Namespace, step_gate: Callable[[int], bool] | None = None
                         stream=sys.stderr)
     if lw.should_supervise(n, os.environ):
         return lw.supervise(command or lw.child_command(), n)
+    _quiet_fallback_warnings()
 
     spec, training = training_args.resolve(args)
     import torch
