@@ -239,7 +239,9 @@ class Demo:
         self.final_status = self.status()  # the stop ends the job's pods: judge the plans before it
         self.cluster.stop_operator()
         self.store.set(Keys.STOP, "1")
-        running = self._wait_workers_gone(timeout / 2)
+        # the members read the stop within seconds; a pod still running after 30 s is one that
+        # was starting when the stop came (below)
+        running = self._wait_workers_gone(min(30.0, timeout / 2))
         if running:
             # A pod still starting when the stop came (a replacement) registers after the
             # coordinator drained and exited: its restarted coordinator's store has no stop key.
