@@ -73,6 +73,7 @@ class LocalCluster:
         self.run_operator = operator
         self.node_prefix = "liveshard-local-" if self.attached else ""
         self.operator: subprocess.Popen | None = None
+        self.webhook = False  # the operator's admission webhook is registered (start)
         self.agent: NodeAgent | None = None
         self.api: Any = None
 
@@ -99,6 +100,7 @@ class LocalCluster:
         self.agent.start()
         if self.run_operator:
             webhook = self._webhook_args() if self.kube is not None else []
+            self.webhook = bool(webhook)
             target = ["--server", self.kube.url] if self.kube is not None else ["--kubeconfig", str(self.kubeconfig)]
             with open(self.dir / "logs" / "operator.log", "ab") as out:
                 self.operator = subprocess.Popen(
