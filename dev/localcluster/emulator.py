@@ -868,10 +868,7 @@ class Emulator(kmock.KubernetesEmulator):
             body = json.loads(response.body)
             body["reason"] = ""
             response = aiohttp.web.json_response(body, status=response.status)
-        for text in _WARNINGS.get() or ():
-            quoted = text.replace("\\", "\\\\").replace('"', '\\"')
-            response.headers.add("Warning", f'299 - "{quoted}"')
-        return response
+        return _with_warnings(response)
 
     # ---- admission ----------------------------------------------------------------------------
     @staticmethod
@@ -1210,7 +1207,11 @@ def _decoded(request: kmock.Request, validator: CRDValidator, obj: dict[str, Any
 
 def _respond(body: Any, status: int) -> aiohttp.web.StreamResponse:
     """A JSON response with the request's warnings as ``Warning: 299 - "..."`` headers."""
-    response = aiohttp.web.json_response(body, status=status)
+    return _with_warnings(aiohttp.web.json_response(body, status=status))
+
+
+def _with_warnings(response: aiohttp.web.StreamResponse) -> aiohttp.web.StreamResponse:
+    """``response`` with the request's warnings (``_WARNINGS``) as ``Warning: 299`` headers."""
     for text in _WARNINGS.get() or ():
         quoted = text.replace("\\", "\\\\").replace('"', '\\"')
         response.headers.add("Warning", f'299 - "{quoted}"')

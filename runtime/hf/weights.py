@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -241,16 +242,13 @@ def export_hf(checkpoint: str | os.PathLike, spec: ModelSpec, out: str | os.Path
     return files
 
 
-_UMASK: list[int] = []  # read once: reading it means setting it, for a moment, process-wide
-
-
+@functools.cache
 def _file_mode() -> int:
-    """0666 less this process's umask: the mode an ordinary file write gets."""
-    if not _UMASK:
-        mask = os.umask(0o022)
-        os.umask(mask)
-        _UMASK.append(mask)
-    return 0o666 & ~_UMASK[0]
+    """0666 less this process's umask: the mode an ordinary file write gets. Read once:
+    reading the umask means setting it, for a moment, process-wide."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def special_token_ids(tokenizer_dir: str | os.PathLike) -> dict[str, int]:

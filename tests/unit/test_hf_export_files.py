@@ -28,10 +28,8 @@ def test_no_ids_for_tokens_it_does_not_name_or_know(tmp_path):
     assert special_token_ids(tmp_path / "missing") == {}
 
 
-def test_exported_files_get_the_mode_an_ordinary_write_gets(monkeypatch):
-    from liveshard.runtime.hf import weights
-
-    monkeypatch.setattr(weights, "_UMASK", [])
+def test_exported_files_get_the_mode_an_ordinary_write_gets():
+    _file_mode.cache_clear()
     old = os.umask(0o027)
     try:
         assert _file_mode() == 0o640
@@ -39,3 +37,4 @@ def test_exported_files_get_the_mode_an_ordinary_write_gets(monkeypatch):
         os.umask(old)
     assert _file_mode() == 0o640  # read once per process
     assert os.umask(old) == old  # and left as it was
+    _file_mode.cache_clear()
