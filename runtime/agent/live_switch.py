@@ -26,25 +26,24 @@ import logging
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from liveshard.runtime.agent.commit_point import CommitPoint, Failed, WriteReady
+from liveshard.runtime.agent.commit_driver import CommitDriver
+from liveshard.runtime.agent.commit_point import CommitPoint, Failed
 from liveshard.runtime.agent.state import capture_rng, load_state, restore_rng, state_tensors
 from liveshard.runtime.agent.transition import TransitionResult, execute_transition
 from liveshard.runtime.comms import release
 from liveshard.runtime.comms import world as worlds
 from liveshard.runtime.contract.keys import COMMITTED, Keys
-from liveshard.runtime.control.barrier import STORE_BACKOFF, Backoff, wait_until
+from liveshard.runtime.control.barrier import STORE_BACKOFF, wait_until
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan
 from liveshard.runtime.parallel import ParallelConfig
 
 if TYPE_CHECKING:
     from liveshard.runtime.agent.prepare import Prepared
     from liveshard.runtime.agent.worker import WorkerAgent
-    from liveshard.runtime.control.store import JobStore
 
 log = logging.getLogger("liveshard.worker")
 
@@ -62,9 +61,6 @@ class NotArrived(RuntimeError):
 # Seconds a process that cannot read its generation's decision waits for a restarted coordinator
 # to resolve it (a coordinator pod comes back within a minute or two), at least.
 RESOLUTION_BOUND = 600.0
-
-# How often a store that stopped answering is tried again during the commit point.
-LOST_STORE_POLL = 0.25
 
 
 class Transition:
@@ -268,108 +264,31 @@ def decide(agent: WorkerAgent, plan: WorldPlan, error: str, epoch: int) -> str:
     """This process's vote at the commit point, then the generation's decision: the first value
     written to ``Keys.decision`` in the store the plan came from (clients' ``epoch``), the same
     for every process that reads it. ``commit_point.CommitPoint`` says what to write and what to
-    conclude; this function does the store's part.
+    conclude; ``commit_driver.CommitDriver`` does the store's part.
 
-    A new member's ready vote is a confirmed write (set, then read back: a ``set`` to a store
-    whose server died can return without error). If the coordinator dies meanwhile, a process
-    that voted ready, or may have, waits: the control thread connects to the restarted
-    coordinator and reports this commit point (``ControlThread._in_flight``), and the decision
-    is then read from the new store, where the new coordinator writes its resolution. Only when
-    nobody resolves it within ``RESOLUTION_BOUND`` does it raise ``CommitPointLost``."""
-    gen, key = plan.generation, Keys.decision(plan.generation)
+    If the coordinator dies meanwhile, a process that voted ready, or may have, waits: the
+    control thread connects to the restarted coordinator and reports this commit point
+    (``ControlThread._in_flight``), and the decision is then read from the new store, where the
+    new coordinator writes its resolution. Only when nobody resolves it within
+    ``RESOLUTION_BOUND`` does it raise ``CommitPointLost``."""
+    gen = plan.generation
     # New members may take up to commit_timeout to arrive, then build: a leaver or standby
     # gives them that and more before it decides against them.
     timeout = agent.options.commit_timeout * (1 if agent.id in plan.members else 3)
     cp = CommitPoint(plan, agent.id, error=error, now=time.monotonic(), timeout=timeout,
                      bound=max(RESOLUTION_BOUND, 3 * agent.options.commit_timeout))
     agent.state.commit_point = cp
-
-    def in_old_store(op: Callable[[JobStore], None]) -> None:
-        """``op`` on the plan's store, under the commit point's lock (the control thread reads
-        the commit point under it when it re-announces); the store lost if it is gone."""
-        with cp.lock:
-            if agent.clients.epoch != epoch:
-                cp.store_lost(time.monotonic())
-                cp.reconnected()
-                return
-            try:
-                op(agent.store)
-            except Exception as e:  # the store is going away with its coordinator
-                if not cp.lost:
-                    log.warning("generation %d: the commit point's store does not answer: %s", gen, e)
-                cp.store_lost(time.monotonic())
-
-    def cas(value: str) -> Callable[[JobStore], None]:
-        return lambda store: cp.decision_read(store.decide(key, value) or "aborted: the decision is not authentic")
-
-    def vote_ready(store: JobStore) -> None:
-        confirmed = False
-        try:
-            store.set(Keys.ready(gen, agent.id), "1")
-            confirmed = store.get(Keys.ready(gen, agent.id)) == "1"
-        finally:
-            cp.voted(ok=True, write_confirmed=confirmed)
-
-    def commit_if_all_ready(store: JobStore) -> None:
-        # Authenticated ready keys, one per member: whoever sets the last one sees all of them
-        # (each sets its own, then looks) and writes the commit.
-        keys = [Keys.ready(gen, m) for m in plan.members]
-        if cp.ready and store.store.check(keys) and all(store.get(k) == "1" for k in keys):
-            cp.decision_read(store.decide(key, COMMITTED))
-
-    for action in cp.start():
-        if isinstance(action, WriteReady):
-            in_old_store(vote_ready)
-            if not cp.vote_written:
-                cp.voted(ok=True, write_confirmed=False)  # the store was gone before the vote
-            agent.at_phase("commit-window", gen)
-            in_old_store(commit_if_all_ready)
-        else:  # this member failed: it aborts, and says so
-            in_old_store(cas(action.value))
-            cp.voted(ok=False, write_confirmed=cp.decided)
-            if agent.clients.epoch != epoch:
-                # and to the restarted coordinator's store, where a leaver waiting for the
-                # resolution reads it: no commit can contradict it (the commit needed this
-                # member's ready vote), and a new coordinator never reuses this generation
-                with contextlib.suppress(Exception):
-                    agent.store.decide(key, action.value)
-    announced = False
-
-    def read_decision() -> bool:
-        """One look: the timeout's abort, in a store that answers, else the decision read."""
-        nonlocal announced
-        if cp.decided:
-            return True
-        for action in cp.tick(time.monotonic()):
-            in_old_store(cas(action.value))
-        if cp.decided:
-            return True
-        if cp.polls_resolution:
-            if not announced:
-                announced = True
-                log.warning("generation %d: the coordinator restarted inside the commit window; waiting for "
-                            "the new one to resolve it (ready vote %s)", gen, "cast" if cp.ready else "not cast")
-            try:  # the new coordinator's resolution, in its store (the current one)
-                store = agent.store
-                cp.resolution_read(store.get(key) or store.get(Keys.outcome(gen)))
-            except Exception:  # that coordinator is restarting too: the control thread reconnects
-                pass
-        else:
-            in_old_store(lambda store: cp.decision_read(store.get(key)))
-        return False
-
+    driver = CommitDriver(cp, agent.clients, epoch, on_voted=lambda: agent.at_phase("commit-window", gen))
+    driver.open()
     # No timeout here: the commit point decides (its own timeout, then the resolution bound).
-    # A store that stopped answering is tried now and then until the control thread has
-    # connected to the restarted coordinator (each failed try is logged by c10d).
-    lost = Backoff.fixed(LOST_STORE_POLL)
-    wait_until(read_decision, poll=lambda attempt: (lost if cp.lost and not cp.polls_resolution
-                                                    else STORE_BACKOFF)(attempt))
+    wait_until(driver.poll, poll=driver.backoff)
     verdict = cp.verdict()
     if isinstance(verdict, Failed):
         log.error("%s", verdict.reason)
         with contextlib.suppress(Exception):  # best effort: the coordinator hears of it
             agent.report(gen, MemberResult(ok=False, error=verdict.reason))
         raise CommitPointLost(verdict.reason)
+    assert verdict is not None
     return verdict
 
 
