@@ -24,12 +24,19 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from liveshard.runtime import telemetry
 from liveshard.runtime.contract.env import Env
 from liveshard.runtime.contract.keys import Keys
-from liveshard.runtime.control.protocol import MemberResult, OpenGeneration, WorldPlan
+from liveshard.runtime.control.protocol import (
+    Heartbeat,
+    MemberResult,
+    OpenGeneration,
+    Registration,
+    WorldPlan,
+)
 from liveshard.runtime.control.store import JobStore, connect_store, job_secret
 
 if TYPE_CHECKING:
@@ -78,15 +85,13 @@ def new_incarnation() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def member_info(incarnation: str, **extra: Any) -> dict:
+def member_info(incarnation: str, *, reconnected: bool = False, latest_seen: int = -1) -> Registration:
     """What a worker announces about itself; the coordinator's planner reads ``node`` and
     ``gpu_memory_bytes`` (its device's, where it has one: nodes of one job may differ)."""
-    info = {"host": socket.gethostname(), "node": os.environ.get(Env.NODE_NAME) or socket.gethostname(),
-            "pid": os.getpid(), "incarnation": incarnation, "time": time.time(), **extra}
-    memory = device_memory_bytes()
-    if memory is not None:
-        info["gpu_memory_bytes"] = memory
-    return info
+    host = socket.gethostname()
+    return Registration(host=host, node=os.environ.get(Env.NODE_NAME) or host, pid=os.getpid(),
+                        incarnation=incarnation, time=time.time(), reconnected=reconnected,
+                        latest_seen=latest_seen, gpu_memory_bytes=device_memory_bytes())
 
 
 def device_memory_bytes() -> int | None:
@@ -107,7 +112,7 @@ def register(clients: StoreClients, worker_id: str, incarnation: str, timeout: f
     end = time.monotonic() + timeout
     while True:
         try:
-            clients.store.register_member(worker_id, member_info(incarnation))
+            clients.store.register_member(worker_id, member_info(incarnation).to_dict())
             return
         except Exception as e:
             if time.monotonic() > end:
@@ -136,67 +141,58 @@ def reannounce(clients: StoreClients, worker_id: str, state: WorkerState,
     except Exception:
         return False
     with guard() if guard is not None else contextlib.nullcontext():
-        info = member_info(state.incarnation, reconnected=True, latest_seen=latest_seen)
-        if state.plan is not None:
-            info["plan"] = state.plan.to_json()
         checkpoint = last_checkpoint()
-        if checkpoint is not None:
-            info["checkpoint"] = checkpoint
         open_generation, pending_plan = in_flight() if in_flight is not None else (None, None)
-        if open_generation is not None:
-            info["open"] = open_generation.to_dict()
-        if pending_plan is not None:
-            info["pending_plan"] = pending_plan.to_json()
-        stores["control"].register_member(worker_id, info)
+        info = replace(member_info(state.incarnation, reconnected=True, latest_seen=latest_seen),
+                       plan=state.plan, checkpoint=checkpoint, open=open_generation,
+                       pending_plan=pending_plan)
+        stores["control"].register_member(worker_id, info.to_dict())
         clients.replace(stores)
     return True
 
 
-def heartbeat_payload(now: float, state: WorkerState, trainer: Any, preparing: int | None = None) -> dict:
+def heartbeat_payload(now: float, state: WorkerState, trainer: Any, preparing: int | None = None) -> Heartbeat:
     """``hb/<id>``: what the coordinator watches (liveness, phase, world, step, speed, health, and
     the newest plan taken up: its members training towards it are slow, not stuck)."""
     t = trainer
-    payload = {
-        "time": now,
-        "state": state.phase,
-        "generation": state.generation,
-        "rank": state.rank,
-        "step": t.step_count if t else None,
-        "consumed_samples": t.consumed_samples if t else None,
-        "step_seconds": t.last_step_seconds if t else None,
+    return Heartbeat(
+        time=now,
+        state=state.phase,
+        generation=state.generation,
+        rank=state.rank,
+        step=t.step_count if t else None,
+        consumed_samples=t.consumed_samples if t else None,
+        step_seconds=t.last_step_seconds if t else None,
         # [step, compute seconds, layer units] of the recent steps: the coordinator's speed estimate
         # (a tuple first: the training thread appends meanwhile; copying a deque is one C call)
-        "compute": [list(x) for x in tuple(t.compute_log)] if t else [],
-        "loss": t.last_loss if t else None,
-        "pid": os.getpid(),
-        "incarnation": state.incarnation,
-        "preparing": preparing,
-    }
-    health = telemetry.gpu_health()
-    if health:
-        payload["health"] = health
-    return payload
+        compute=tuple(tuple(x) for x in tuple(t.compute_log)) if t else (),
+        loss=t.last_loss if t else None,
+        pid=os.getpid(),
+        incarnation=state.incarnation,
+        preparing=preparing,
+        health=telemetry.gpu_health() or None,
+    )
 
 
-def send_heartbeat(store: JobStore, worker_id: str, payload: dict) -> None:
+def send_heartbeat(store: JobStore, worker_id: str, heartbeat: Heartbeat) -> None:
     with contextlib.suppress(Exception):  # the coordinator may be restarting
-        store.set_json(Keys.heartbeat(worker_id), payload)
+        store.set_json(Keys.heartbeat(worker_id), heartbeat.to_dict())
 
 
 PULSE_RECONNECT_GRACE = 15.0  # seconds after a reconnection in which heartbeats are also sent directly
 
 
-def beat(clients: StoreClients, worker_id: str, payload: dict, pulse: Pulse | None) -> None:
+def beat(clients: StoreClients, worker_id: str, heartbeat: Heartbeat, pulse: Pulse | None) -> None:
     """This worker's heartbeat: handed to its pulse (``pulse.py``), which writes it and keeps
     writing while this process is too busy to; sent from the calling thread where there is no
     pulse, or it has not written one yet, or it died; and for a while after the clients were
     replaced (a restarted coordinator): the pulse's own connection attempt may be in a c10d
     retry back-off of seconds, and the new coordinator judges this worker by heartbeats from its
     re-registration on."""
-    if (pulse is not None and pulse.publish(payload, clients.epoch)
+    if (pulse is not None and pulse.publish(heartbeat, clients.epoch)
             and time.monotonic() - clients.replaced_at > PULSE_RECONNECT_GRACE):
         return
-    send_heartbeat(clients.store, worker_id, payload)
+    send_heartbeat(clients.store, worker_id, heartbeat)
 
 
 def report_result(store: JobStore, worker_id: str, gen: int, result: MemberResult) -> None:

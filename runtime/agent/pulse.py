@@ -45,7 +45,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
+
+from liveshard.runtime.control.protocol import Heartbeat
 
 log = logging.getLogger("liveshard.pulse")
 
@@ -72,12 +75,11 @@ def process_state(pid: int) -> str | None:
     return data[end + 2: end + 3].decode() if end >= 0 and len(data) > end + 2 else None
 
 
-def stamped(payload: dict, now: float) -> dict:
-    """The heartbeat the pulse writes: ``payload`` at the pulse's time ``now``, with the time
+def stamped(heartbeat: Heartbeat, now: float) -> Heartbeat:
+    """The heartbeat the pulse writes: ``heartbeat`` at the pulse's time ``now``, with the time
     the worker published it and its age."""
-    published = float(payload.get("time", now))
-    return {**payload, "time": now, "published": published, "age": round(max(0.0, now - published), 3),
-            "pulse": True}
+    published = heartbeat.time
+    return replace(heartbeat, time=now, published=published, age=round(max(0.0, now - published), 3), pulse=True)
 
 
 class Pulse:
@@ -113,8 +115,8 @@ class Pulse:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
         return True
 
-    def publish(self, payload: dict, epoch: int = 0) -> bool:
-        """Hand ``payload`` (``connection.heartbeat_payload``) to the pulse; True when the pulse
+    def publish(self, heartbeat: Heartbeat, epoch: int = 0) -> bool:
+        """Hand ``heartbeat`` (``connection.heartbeat_payload``) to the pulse; True when the pulse
         writes it, False when the caller must send it itself (the pulse is not running, or not
         connected): each payload has one writer, so two never race on the heartbeat key."""
         proc = self.proc
@@ -126,7 +128,7 @@ class Pulse:
                 log.warning("the pulse exited with %s: heartbeats come from the control thread", proc.returncode)
             return False
         handover = self.ready()
-        doc = json.dumps({"epoch": epoch, "payload": payload, "pulse": handover}, sort_keys=True)
+        doc = json.dumps({"epoch": epoch, "payload": heartbeat.to_dict(), "pulse": handover}, sort_keys=True)
         path = os.path.join(self.dir, PAYLOAD)
         try:
             with self._lock:
@@ -239,12 +241,12 @@ class Pulsing:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(self.dir, READY))  # the worker sends its own until connected again
 
-    def send(self, payload: dict, now: float) -> bool:
+    def send(self, heartbeat: Heartbeat, now: float) -> bool:
         from liveshard.runtime.contract.keys import Keys
 
         key = Keys.heartbeat(self.id)
         try:
-            self.store.set_json(key, stamped(payload, now))
+            self.store.set_json(key, stamped(heartbeat, now).to_dict())
             self.store.store.check([key])  # a set to a server that died can return without error
         except Exception as e:
             self.disconnect()
@@ -278,8 +280,10 @@ class Pulsing:
             return "unconnected"
         if doc is None:
             return "nothing published"
-        payload = doc["payload"]
-        age = now - float(payload.get("time", now))
+        heartbeat = Heartbeat.parse(doc.get("payload"))
+        if heartbeat is None:
+            return "nothing published"
+        age = now - heartbeat.time
         state = process_state(self.pid)
         if not doc.get("pulse") and age <= 2 * self.interval:
             return "sent by the worker"
@@ -291,7 +295,7 @@ class Pulsing:
             return "stale"
         if not changed and now - self._last_sent < self.interval:
             return "sent recently"
-        if not self.send(payload, now):
+        if not self.send(heartbeat, now):
             return "failed"
         self._last_sent = now
         return "sent"

@@ -11,8 +11,12 @@ members) saves one and leaves every worker waiting, a plan with ``restore_from``
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
+from typing import Any, ClassVar, TypeVar
+
+_T = TypeVar("_T")
 
 # The phases of a live reconfiguration a worker passes, in order: "prepare" (the control thread,
 # before the transition group), "connect" (a new member, after the new members met on the store and
@@ -123,6 +127,82 @@ class OpenGeneration:
                    decision=None if decision is None else str(decision))
 
 
+@dataclass(frozen=True)
+class Registration:
+    """``members/<id>``: a worker's announcement (at start, and again to a restarted coordinator).
+
+    Written by the worker (``agent.connection.register``, ``reannounce``) as ``to_dict()``; read
+    by the coordinator (``coordinator.events`` names it too) with ``parse``."""
+
+    node: str
+    incarnation: str | None = None
+    plan: WorldPlan | None = None  # the world it trains in
+    latest_seen: int = -1  # the newest plan generation it has seen
+    checkpoint: dict[str, Any] | None = None  # the newest checkpoint it saved
+    open: OpenGeneration | None = None  # a generation inside its commit window
+    pending_plan: WorldPlan | None = None  # a plan it prepared whose outcome it never learned
+    gpu_memory_bytes: int | None = None  # its device's memory (None: the job's gpuMemory stands)
+    host: str | None = None  # its host name (``node`` falls back to it)
+    pid: int | None = None
+    time: float | None = None  # unix time it announced itself
+    reconnected: bool = False  # announced again, to a restarted coordinator
+
+    def to_dict(self) -> dict[str, Any]:
+        """As it goes into the store (``members/<id>``, a JSON object): the plans as their JSON
+        text, the open generation as an object; what is unknown is left out."""
+        out: dict[str, Any] = {"host": self.host, "node": self.node, "pid": self.pid,
+                               "incarnation": self.incarnation, "time": self.time}
+        if self.reconnected:
+            out["reconnected"] = True
+        if self.reconnected or self.latest_seen != -1:
+            out["latest_seen"] = self.latest_seen
+        if self.gpu_memory_bytes is not None:
+            out["gpu_memory_bytes"] = self.gpu_memory_bytes
+        if self.plan is not None:
+            out["plan"] = self.plan.to_json()
+        if self.checkpoint is not None:
+            out["checkpoint"] = self.checkpoint
+        if self.open is not None:
+            out["open"] = self.open.to_dict()
+        if self.pending_plan is not None:
+            out["pending_plan"] = self.pending_plan.to_json()
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def parse(cls, worker: str, info: object) -> Registration | None:
+        if not isinstance(info, dict):
+            return None
+        try:
+            def plan(v: object) -> WorldPlan | None:
+                if not v:
+                    return None
+                if isinstance(v, WorldPlan):
+                    return v
+                return WorldPlan.from_json(v if isinstance(v, str) else json.dumps(v))
+
+            opened = info.get("open")
+            vote = OpenGeneration.from_dict(opened) if isinstance(opened, dict) else None
+            return cls(node=str(info.get("node") or info.get("host") or worker),
+                       incarnation=info.get("incarnation") or None, plan=plan(info.get("plan")),
+                       latest_seen=int(info.get("latest_seen", -1)), checkpoint=info.get("checkpoint") or None,
+                       open=vote, pending_plan=plan(info.get("pending_plan")),
+                       gpu_memory_bytes=_positive_int(info.get("gpu_memory_bytes")),
+                       host=str(info["host"]) if info.get("host") else None,
+                       pid=_optional(int, info.get("pid")), time=_optional(float, info.get("time")),
+                       reconnected=info.get("reconnected") is True)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def _positive_int(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
 def joiners(old: WorldPlan, candidates: tuple[str, ...]) -> tuple[str, ...]:
     """Workers new to the job, in device order (sorted ids: every member computes the same)."""
     have = set(old.members)
@@ -163,7 +243,10 @@ ENDED_PHASES = frozenset({WorkerPhase.LEFT, WorkerPhase.EXITED, WorkerPhase.FINI
 class Heartbeat:
     """``hb/<id>``: a worker's sign of life and its progress. ``time`` is the writer's clock, used
     only to tell a newer beat from an older one of the same process (liveness is judged on the
-    reader's clock: ``coordinator.membership``)."""
+    reader's clock: ``coordinator.membership``).
+
+    Written by the worker (``agent.connection.heartbeat_payload``) and its pulse (``stamped``)
+    as ``to_dict()``; read back with ``parse``."""
 
     time: float
     state: str
@@ -176,15 +259,49 @@ class Heartbeat:
     loss: float | None = None
     seq: int | None = None  # a per-process counter, where the sender has one
     preparing: int | None = None  # the newest plan the worker took up (its generation)
+    # [step, compute seconds, layer units] of the recent steps: the coordinator's speed estimate
+    compute: tuple[tuple[float, ...], ...] = ()
+    pid: int | None = None
+    health: dict[str, Any] | None = None  # the device's health (``telemetry.gpu_health``), where known
+    # set by the pulse process (``agent.pulse.stamped``): when the worker published this beat,
+    # how old it was when the pulse wrote it, and that the pulse wrote it
+    published: float | None = None
+    age: float | None = None
+    pulse: bool = False
+
+    # Always on the wire (None when unknown); the rest only when set.
+    _ALWAYS: ClassVar[tuple[str, ...]] = ("time", "state", "generation", "rank", "step", "consumed_samples", "step_seconds",
+               "compute", "loss", "pid", "incarnation", "preparing")
+
+    def to_dict(self) -> dict[str, Any]:
+        """As it goes into the store (``hb/<id>``, a JSON object)."""
+        out: dict[str, Any] = {name: getattr(self, name) for name in self._ALWAYS}
+        out["compute"] = [list(x) for x in self.compute]
+        if self.health:
+            out["health"] = self.health
+        if self.seq is not None:
+            out["seq"] = self.seq
+        if self.published is not None:
+            out["published"] = self.published
+        if self.age is not None:
+            out["age"] = self.age
+        if self.pulse:
+            out["pulse"] = True
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def parse(cls, data: object) -> Heartbeat | None:
         """The heartbeat in ``data`` (a decoded JSON object), None when it is not one: a value
-        with a valid MAC but a wrong shape is treated as no heartbeat, never raised."""
+        with a valid MAC but a wrong shape is treated as no heartbeat, never raised. The fields
+        only reported (``compute``, ``pid``, ``health``, the pulse's stamps) never make a beat
+        invalid: a malformed one reads as unknown."""
         if not isinstance(data, dict):
             return None
         try:
-            return cls(time=float(data["time"]), state=str(data.get("state") or WorkerPhase.WAITING),
+            beat = cls(time=float(data["time"]), state=str(data.get("state") or WorkerPhase.WAITING),
                        incarnation=data.get("incarnation") or None,
                        generation=None if data.get("generation") is None else int(data["generation"]),
                        rank=None if data.get("rank") is None else int(data["rank"]),
@@ -196,10 +313,33 @@ class Heartbeat:
                        preparing=None if data.get("preparing") is None else int(data["preparing"]))
         except (KeyError, TypeError, ValueError):
             return None
+        return replace(beat, compute=_compute_log(data.get("compute")), pid=_optional(int, data.get("pid")),
+                       health=data["health"] if isinstance(data.get("health"), dict) else None,
+                       published=_optional(float, data.get("published")), age=_optional(float, data.get("age")),
+                       pulse=data.get("pulse") is True)
 
     @property
     def ended(self) -> bool:
         return self.state in ENDED_PHASES
+
+
+def _optional(kind: Callable[[Any], _T], value: object) -> _T | None:
+    """``kind(value)``; None when ``value`` is None or not one."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _compute_log(value: object) -> tuple[tuple[float, ...], ...]:
+    """A heartbeat's ``compute`` entries (lists of numbers); () when malformed."""
+    if not isinstance(value, list | tuple):
+        return ()
+    if not all(isinstance(x, list | tuple) for x in value):
+        return ()
+    return tuple(tuple(x) for x in value)
 
 
 class Outcome(StrEnum):

@@ -3,56 +3,21 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from liveshard.runtime.control.protocol import MemberResult, OpenGeneration, WorldPlan
+from liveshard.runtime.control.protocol import MemberResult, Registration, WorldPlan
 from liveshard.runtime.coordinator.membership import BeatRead
 from liveshard.runtime.coordinator.requests import PlanningInputs, PlanRequest
 
+# ``Registration`` (``members/<id>``) is the workers' side of the wire contract: it lives in
+# ``control.protocol`` (the worker writes it, and must not import the coordinator) and is named
+# here too, as the observation it is.
+__all__ = ["Action", "CheckpointView", "Decide", "MarkDead", "Observation", "Precompute", "Publish",
+           "Registration", "Report", "Stop", "WriteOutcome"]
+
 
 # ---- what the loop reads ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class Registration:
-    """``members/<id>``: a worker's announcement (at start, and again to a restarted coordinator)."""
-
-    node: str
-    incarnation: str | None = None
-    plan: WorldPlan | None = None  # the world it trains in
-    latest_seen: int = -1  # the newest plan generation it has seen
-    checkpoint: dict | None = None  # the newest checkpoint it saved
-    open: OpenGeneration | None = None  # a generation inside its commit window
-    pending_plan: WorldPlan | None = None  # a plan it prepared whose outcome it never learned
-    gpu_memory_bytes: int | None = None  # its device's memory (None: the job's gpuMemory stands)
-
-    @classmethod
-    def parse(cls, worker: str, info: object) -> Registration | None:
-        if not isinstance(info, dict):
-            return None
-        try:
-            def plan(v: object) -> WorldPlan | None:
-                if not v or isinstance(v, WorldPlan):
-                    return v or None
-                return WorldPlan.from_json(v if isinstance(v, str) else json.dumps(v))
-
-            opened = info.get("open")
-            vote = OpenGeneration.from_dict(opened) if isinstance(opened, dict) else None
-            return cls(node=str(info.get("node") or info.get("host") or worker),
-                       incarnation=info.get("incarnation") or None, plan=plan(info.get("plan")),
-                       latest_seen=int(info.get("latest_seen", -1)), checkpoint=info.get("checkpoint") or None,
-                       open=vote, pending_plan=plan(info.get("pending_plan")),
-                       gpu_memory_bytes=_positive_int(info.get("gpu_memory_bytes")))
-        except (KeyError, TypeError, ValueError):
-            return None
-
-
-def _positive_int(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        return None
-    return value
-
-
 @dataclass(frozen=True)
 class Observation:
     now: float  # the coordinator's monotonic clock

@@ -4,6 +4,7 @@ job's status)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -34,6 +35,10 @@ class CoordinatorStatus:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def to_json(self) -> str:
+        """As it goes into the store (``Keys.COORDINATOR_STATUS``)."""
+        return json.dumps(self.to_dict(), sort_keys=True, default=str)
 
 
 def progress_of(current: WorldPlan | None, telemetry: Mapping[str, dict]) -> dict | None:

@@ -20,6 +20,7 @@ import pytest
 from liveshard.dev.ports import free_port
 from liveshard.runtime.agent.pulse import process_state, stamped
 from liveshard.runtime.contract.keys import SECRET_ENV, Keys
+from liveshard.runtime.control.protocol import Heartbeat
 from liveshard.runtime.control.store import JobStore, connect_store, serve_store
 
 HEARTBEAT_TIMEOUT = 3.0  # the coordinator's default
@@ -28,6 +29,7 @@ WORKER = r"""
 import sys, threading, time
 from liveshard.runtime.agent.connection import StoreClients, beat
 from liveshard.runtime.agent.pulse import Pulse
+from liveshard.runtime.control.protocol import Heartbeat
 
 port, mode, hog = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 clients = StoreClients("127.0.0.1", port, "job", timeout=30.0)
@@ -39,7 +41,7 @@ beaten = threading.Event()
 
 def control():
     while True:
-        beat(clients, "w0", {"time": time.time(), "state": "training", "incarnation": "i0"}, pulse)
+        beat(clients, "w0", Heartbeat(time=time.time(), state="training", incarnation="i0"), pulse)
         beaten.set()
         time.sleep(0.2)
 
@@ -108,7 +110,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def test_stamped_heartbeat_carries_the_payload_and_its_age():
-    hb = stamped({"time": 100.0, "state": "training", "step": 7, "incarnation": "i"}, 103.5)
+    hb = stamped(Heartbeat(time=100.0, state="training", step=7, incarnation="i"), 103.5).to_dict()
     assert hb["time"] == 103.5 and hb["published"] == 100.0 and hb["age"] == 3.5
     assert hb["state"] == "training" and hb["step"] == 7 and hb["incarnation"] == "i" and hb["pulse"]
 

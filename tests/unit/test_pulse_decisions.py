@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from liveshard.runtime.agent.pulse import PAYLOAD, READY, Pulse, Pulsing
 from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.control.protocol import Heartbeat
 from liveshard.runtime.control.store import JobStore
 
 
@@ -40,14 +41,14 @@ def _pulsing(tmp_path, pid: int | None = None) -> Pulsing:
 
 def test_a_payload_is_handed_over_only_while_the_pulse_is_connected(tmp_path):
     pulse = _pulse(tmp_path)
-    assert pulse.publish({"time": 1.0}) is False  # not connected: the worker sends it itself
+    assert pulse.publish(Heartbeat(time=1.0, state="training")) is False  # not connected: the worker sends it itself
     assert json.loads((tmp_path / PAYLOAD).read_text())["pulse"] is False
     (tmp_path / READY).touch()
-    assert pulse.publish({"time": 2.0}, epoch=3) is True
+    assert pulse.publish(Heartbeat(time=2.0, state="training"), epoch=3) is True
     doc = json.loads((tmp_path / PAYLOAD).read_text())
-    assert doc == {"epoch": 3, "payload": {"time": 2.0}, "pulse": True}
+    assert doc == {"epoch": 3, "payload": Heartbeat(time=2.0, state="training").to_dict(), "pulse": True}
     pulse._stopped = True
-    assert pulse.publish({"time": 3.0}) is False
+    assert pulse.publish(Heartbeat(time=3.0, state="training")) is False
 
 
 def test_the_pulse_writes_what_was_handed_over_at_once_and_every_interval(tmp_path):
@@ -55,7 +56,7 @@ def test_the_pulse_writes_what_was_handed_over_at_once_and_every_interval(tmp_pa
     assert pulsing.tick(100.0) == "nothing published"
     (tmp_path / READY).touch()  # what connecting says: the worker hands its payloads over
     now = time.time()
-    assert pulse.publish({"time": now, "state": "training", "step": 3}) is True
+    assert pulse.publish(Heartbeat(time=now, state="training", step=3)) is True
     assert pulsing.tick(now) == "sent"
     hb = pulsing.store.get_json(Keys.heartbeat("w0"))
     assert hb["step"] == 3 and hb["pulse"] and hb["time"] == now
@@ -68,7 +69,7 @@ def test_the_pulse_writes_what_was_handed_over_at_once_and_every_interval(tmp_pa
 def test_a_payload_the_worker_sent_itself_is_taken_over_only_when_it_is_old(tmp_path):
     pulse, pulsing = _pulse(tmp_path), _pulsing(tmp_path)
     now = time.time()
-    assert pulse.publish({"time": now}) is False
+    assert pulse.publish(Heartbeat(time=now, state="training")) is False
     assert pulsing.tick(now + 0.2) == "sent by the worker"
     assert pulsing.store.get_json(Keys.heartbeat("w0")) is None
     assert pulsing.tick(now + 1.5) == "sent"
@@ -78,7 +79,7 @@ def test_a_stale_payload_is_not_pulsed(tmp_path):
     pulse, pulsing = _pulse(tmp_path), _pulsing(tmp_path)
     (tmp_path / READY).touch()
     now = time.time()
-    pulse.publish({"time": now - 61.0})
+    pulse.publish(Heartbeat(time=now - 61.0, state="training"))
     assert pulsing.tick(now) == "stale"
     assert pulsing.store.get_json(Keys.heartbeat("w0")) is None
 
@@ -90,7 +91,7 @@ def test_a_stopped_worker_is_not_pulsed(tmp_path):
         pulse, pulsing = _pulse(tmp_path), _pulsing(tmp_path, pid=child.pid)
         (tmp_path / READY).touch()
         now = time.time()
-        pulse.publish({"time": now})
+        pulse.publish(Heartbeat(time=now, state="training"))
         assert pulsing.tick(now) == "sent"
         os.kill(child.pid, signal.SIGSTOP)
         time.sleep(0.2)
