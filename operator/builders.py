@@ -115,6 +115,9 @@ def _env(job: dict[str, Any], spec: JobSpec, role: str) -> list[dict[str, Any]]:
         {"name": Env.NAMESPACE, "value": ns},
         {"name": Env.ROLE, "value": role},
         {"name": Env.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        # which pod of that name: a worker registers with it, so that a plan is handed on only
+        # once the pod it names has registered (not a deleted predecessor of the same name)
+        {"name": Env.POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
         {"name": Env.NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": Env.COORDINATOR, "value": coordinator_address(name, ns, port)},
         {"name": Env.GPUS_PER_WORKER, "value": str(spec.workers.gpus_per_worker)},

@@ -91,7 +91,8 @@ def member_info(incarnation: str, *, reconnected: bool = False, latest_seen: int
     host = socket.gethostname()
     return Registration(host=host, node=os.environ.get(Env.NODE_NAME) or host, pid=os.getpid(),
                         incarnation=incarnation, time=time.time(), reconnected=reconnected,
-                        latest_seen=latest_seen, gpu_memory_bytes=device_memory_bytes())
+                        latest_seen=latest_seen, gpu_memory_bytes=device_memory_bytes(),
+                        pod_uid=os.environ.get(Env.POD_UID) or None)
 
 
 def device_memory_bytes() -> int | None:

@@ -10,6 +10,7 @@ class Env:
     NAMESPACE = "LIVESHARD_NAMESPACE"
     ROLE = "LIVESHARD_ROLE"  # "coordinator" or "worker" in a pod the operator built
     POD_NAME = "LIVESHARD_POD_NAME"
+    POD_UID = "LIVESHARD_POD_UID"  # announced in the worker's registration: which pod of that name it is
     NODE_NAME = "LIVESHARD_NODE_NAME"  # the worker's node (the planner's placement, from the pod's spec)
     COORDINATOR = "LIVESHARD_COORDINATOR"  # host:port of the job's store
     BIND = "LIVESHARD_BIND"  # the address the coordinator's store listens on

@@ -146,6 +146,9 @@ class Registration:
     pid: int | None = None
     time: float | None = None  # unix time it announced itself
     reconnected: bool = False  # announced again, to a restarted coordinator
+    # The uid of the pod it runs in (``$LIVESHARD_POD_UID``): a registration left in the store by
+    # an earlier pod of the same name (same worker id) is not this pod's (``kube_source.not_up``)
+    pod_uid: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """As it goes into the store (``members/<id>``, a JSON object): the plans as their JSON
@@ -158,6 +161,8 @@ class Registration:
             out["latest_seen"] = self.latest_seen
         if self.gpu_memory_bytes is not None:
             out["gpu_memory_bytes"] = self.gpu_memory_bytes
+        if self.pod_uid:
+            out["pod_uid"] = self.pod_uid
         if self.plan is not None:
             out["plan"] = self.plan.to_json()
         if self.checkpoint is not None:
@@ -192,7 +197,8 @@ class Registration:
                        gpu_memory_bytes=_positive_int(info.get("gpu_memory_bytes")),
                        host=str(info["host"]) if info.get("host") else None,
                        pid=_optional(int, info.get("pid")), time=_optional(float, info.get("time")),
-                       reconnected=info.get("reconnected") is True)
+                       reconnected=info.get("reconnected") is True,
+                       pod_uid=str(info["pod_uid"]) if info.get("pod_uid") else None)
         except (KeyError, TypeError, ValueError):
             return None
 
