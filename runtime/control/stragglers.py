@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -103,9 +102,10 @@ class StragglerLoop:
             self.probation.clear()
         self._evaluated_at = -1
 
-    def update(self, members: Iterable[str]) -> None:
-        """The running world's members measured against each other (the stragglers' hysteresis)."""
-        self.tracker.update(members)
+    def update(self, members: Iterable[str], *, now: float) -> None:
+        """The running world's members measured against each other (the stragglers' hysteresis);
+        ``now``: the observation's unix time (a straggler's ``slow_since``)."""
+        self.tracker.update(members, now)
 
     def summary(self, members: Iterable[str]) -> dict:
         out = self.tracker.summary(members)
@@ -116,9 +116,10 @@ class StragglerLoop:
 
     # ---- the decision --------------------------------------------------------------------
     def consider(self, current: WorldPlan, step: int, measured_step: float | None,
-                 history: Sequence[dict], steps_left: int | None = None) -> dict | None:
+                 history: Sequence[dict], steps_left: int | None = None, *, now: float) -> dict | None:
         """A plan request (``PlanRequest`` fields) when a switch pays, else None. ``steps_left``:
-        the steps training has left (a switch must pay for itself before the end)."""
+        the steps training has left (a switch must pay for itself before the end); ``now``: the
+        observation's unix time (each decision record's ``time``)."""
         if not self.policy.enabled or current.is_stop or not current.members or not measured_step:
             return None
         if steps_left is not None and steps_left <= self.policy.window:
@@ -130,7 +131,7 @@ class StragglerLoop:
             return None  # not every member is measured enough in this world yet
         measured = self.measured_step(current.generation)
         if self._trial is not None and self._trial["generation"] == current.generation:
-            return None if measured is None else self._judge(current, step, measured)
+            return None if measured is None else self._judge(current, step, measured, now)
         measured_step = measured or measured_step
         if step < self._hold_until:
             return None
@@ -157,11 +158,11 @@ class StragglerLoop:
                           seq_length=self.seq_length, granularity=self.granularity, slow_standbys=on_probation,
                           layer_caps=self.layer_caps, baseline=self.baseline, allowed_pp=self.allowed_pp,
                           max_world=self.max_world)
-        record = {**decision.to_dict(), "step": step, "time": time.time(), "stragglers": list(slow),
+        record = {**decision.to_dict(), "step": step, "time": now, "stragglers": list(slow),
                   "speeds": {m: summary["members"][m]["speed"] for m in summary["members"]}}
         if not decision.switch:
             if decision.reason != self._last_reason:
-                self._record(record)
+                self._record(record, now)
                 log.info("straggler policy at step %d: no switch (%s)", step, decision.reason)
             return None
         best = decision.best
@@ -173,14 +174,15 @@ class StragglerLoop:
         return {"members": (*best.members, *best.standbys), "config": str(best.config),
                 "reason": f"straggler policy: {decision.reason}", "cause": Cause.STRAGGLER.value, "ordered": True}
 
-    def taken(self, generation: int) -> None:
-        """The request was published as generation ``generation``: it counts now."""
+    def taken(self, generation: int, *, now: float) -> None:
+        """The request was published as generation ``generation``: it counts now (``now``: the
+        observation's unix time)."""
         self.adaptive_generations.add(generation)
         proposed, self._proposed = self._proposed, None
         if proposed is None:
             return
         self.switches += 1
-        self._record(proposed["record"])
+        self._record(proposed["record"], now)
         log.warning("straggler policy at step %d: %s", proposed["step"], proposed["record"]["reason"])
         if proposed["trial"] is not None:
             self._trial = {**proposed["trial"], "generation": generation}
@@ -192,16 +194,16 @@ class StragglerLoop:
             for d in proposed["best"].members:
                 self.probation.pop(d, None)
 
-    def rejected(self) -> None:
+    def rejected(self, *, now: float) -> None:
         """The coordinator refused the request (it cannot place or feed that world): nothing
         changed; the policy looks again a window later."""
         proposed, self._proposed = self._proposed, None
         if proposed is not None:
             self._record({**proposed["record"], "switch": False, "kind": "refused",
-                          "reason": f"the coordinator refused {proposed['record']['config']}"})
+                          "reason": f"the coordinator refused {proposed['record']['config']}"}, now)
             self._evaluated_at = proposed["step"] + self.policy.window
 
-    def _judge(self, current: WorldPlan, step: int, measured: float) -> dict | None:
+    def _judge(self, current: WorldPlan, step: int, measured: float, now: float) -> dict | None:
         """A switch on trial, measured: kept if the step got faster, else undone (the model was
         wrong for this job: no new switch for a probation)."""
         trial, self._trial = self._trial, None
@@ -210,7 +212,8 @@ class StragglerLoop:
         self.model_error = abs(measured - trial["predicted"]) / measured
         if measured < before:
             self._record({"switch": False, "kind": "kept", "config": current.config, "step": step,
-                          "reason": f"the switch paid: {measured:.4f} s/step measured against {before:.4f} before"})
+                          "reason": f"the switch paid: {measured:.4f} s/step measured against {before:.4f} before"},
+                         now)
             return None
         self._hold_until = step + self.policy.probation
         reason = (f"the switch did not pay: {measured:.4f} s/step measured against {before:.4f} before; "
@@ -218,13 +221,13 @@ class StragglerLoop:
         record = {"switch": True, "kind": "undo", "config": trial["config"], "members": list(trial["members"]),
                   "standbys": list(trial["standbys"]), "step": step, "measuredStepSeconds": round(measured, 5),
                   "predictedStepSeconds": round(measured, 5), "predictedStepSecondsAfter": round(before, 5),
-                  "time": time.time(), "stragglers": [], "reason": reason}
+                  "time": now, "stragglers": [], "reason": reason}
         self._proposed = {"record": record, "step": step, "config": None, "best": None, "trial": None}
         return {"members": (*trial["members"], *trial["standbys"]), "config": trial["config"],
                 "reason": f"straggler policy: {reason}", "cause": Cause.STRAGGLER.value, "ordered": True}
 
-    def _record(self, decision: dict) -> None:
-        self.decisions.append({"time": time.time(), "stragglers": [], **decision})
+    def _record(self, decision: dict, now: float) -> None:
+        self.decisions.append({"time": now, "stragglers": [], **decision})
         del self.decisions[:-MAX_DECISIONS]
         self._last_reason = decision.get("reason")
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from liveshard.runtime.contract.keys import COMMITTED
 from liveshard.runtime.control.protocol import GenerationOutcome, WorldPlan
+from liveshard.runtime.coordinator import planning, switching
 from liveshard.runtime.coordinator.events import (
     Action,
     Decide,
@@ -39,6 +40,7 @@ from liveshard.runtime.coordinator.events import (
 )
 from liveshard.runtime.coordinator.generations import Generation, involved
 from liveshard.runtime.coordinator.membership import LOST_PROCESS
+from liveshard.runtime.coordinator.phases import Restart
 from liveshard.runtime.coordinator.requests import PlanRequest
 
 if TYPE_CHECKING:
@@ -60,6 +62,7 @@ class Adoption:
     stale: tuple[tuple[str, str | None], ...] = ()  # (worker, process) holding a world the job went past
     reissue: PlanRequest | None = None  # the change the workers were preparing
     restart: bool = False  # every world is gone: a first world again, from the newest checkpoint
+    waiting_for: tuple[str, ...] = ()  # with ``wait``: the members not re-registered yet
 
 
 # How far above every generation a re-registered worker saw a restarted coordinator numbers its
@@ -89,7 +92,8 @@ def adopt(regs: Mapping[str, Registration], *, waited: float, grace: float) -> A
     waiting_for = set(best.members) | {m for p in opens.values() if p.previous == best.generation
                                        for m in involved(best, p)}
     if any(m not in regs for m in waiting_for) and waited < grace:
-        return Adoption(None, next_generation, wait=True)
+        return Adoption(None, next_generation, wait=True, waiting_for=tuple(sorted(m for m in waiting_for
+                                                                                 if m not in regs)))
     resolved: list[tuple[WorldPlan, str]] = []
     world = best
     following = [p for g, p in opens.items() if p.previous == best.generation]
@@ -138,63 +142,64 @@ def adopt(regs: Mapping[str, Registration], *, waited: float, grace: float) -> A
                     reissue=reissue)
 
 
-class Adopting:
-    """Mixed into ``core.CoordinatorCore``: taking over after a restart, from ``adopt``'s
-    answer. Reads and writes the core's state."""
+def take_over(core: CoordinatorCore, regs: Mapping[str, Registration], now: float) -> list[Action]:
+    """Take over what the workers run after a restart (``adopt``): the running world is
+    re-published so later plans name it as their ``previous``; open generations get their
+    decision; lost members are declared dead; an owed change is asked for again."""
+    since = core.state.adopting_since if core.state.adopting_since is not None else now
+    took = adopt(regs, waited=now - since, grace=core.adoption_grace)
+    waits = took is not None and took.wait
+    core.change(adopting_since=since, awaiting_adoption=waits, adoption_waits_for=took.waiting_for if waits else ())
+    if took is None or took.wait:
+        if took is not None:
+            core.next_generation = max(core.next_generation, took.next_generation)
+        return []
+    core.change(adopting_since=None)
+    core.next_generation = max(core.next_generation, took.next_generation)
+    if took.checkpoint is not None and (core.adopted_checkpoint is None or took.checkpoint.get("step", -1)
+                                        > core.adopted_checkpoint.get("step", -1)):
+        core.adopted_checkpoint = took.checkpoint
+    if took.restart:
+        checkpoint = core.checkpoints.on_volume() or core.adopted_checkpoint
+        if checkpoint is None:
+            return planning.fail(core, "NoSurvivingCopy", "the coordinator restarted, no worker holds a world and "
+                                                          "there is no checkpoint to restart from")
+        core.change(restart=Restart(True, now))
+        return [Report()]
+    return _adopt_world(core, took, now)
 
-    def _adopt(self: CoordinatorCore, regs: Mapping[str, Registration], now: float) -> list[Action]:
-        """Take over what the workers run after a restart (``adoption.adopt``): the running world
-        is re-published so later plans name it as their ``previous``; open generations get their
-        decision; lost members are declared dead; an owed change is asked for again."""
-        if self._adopting_since is None:
-            self._adopting_since = now
-        took = adopt(regs, waited=now - self._adopting_since, grace=self.adoption_grace)
-        self._awaiting_adoption = took is not None and took.wait
-        if took is None or took.wait:
-            if took is not None:
-                self.next_generation = max(self.next_generation, took.next_generation)
-            return []
-        self._adopting_since = None
-        self.next_generation = max(self.next_generation, took.next_generation)
-        if took.checkpoint is not None and (self.adopted_checkpoint is None or took.checkpoint.get("step", -1)
-                                            > self.adopted_checkpoint.get("step", -1)):
-            self.adopted_checkpoint = took.checkpoint
-        out: list[Action] = []
-        if took.restart:
-            checkpoint = self.checkpoints.on_volume() or self.adopted_checkpoint
-            if checkpoint is None:
-                return self._fail("NoSurvivingCopy", "the coordinator restarted, no worker holds a world and there "
-                                                     "is no checkpoint to restart from")
-            self._restart = (True, now)
-            return [Report()]
-        world = took.world
-        assert world is not None
-        for plan, value in took.resolved:
-            log.warning("generation %d was open when the coordinator restarted: %s", plan.generation, value)
-            out += [Decide(plan.generation, value), WriteOutcome(plan.generation, value)]
-            if plan.generation != world.generation:
-                self._history(GenerationOutcome(plan.generation, value, reason=plan.reason, config=plan.config,
-                                                world_size=len(plan.members), cause=plan.cause))
-        self.current = world
-        self.liveness.expect(took.holders, now, self.adoption_grace + self.heartbeat_timeout, world.generation)
-        for m, why in took.lost:
-            death = self.liveness.declare(m, why, LOST_PROCESS)
-            if death is not None:
-                out.append(MarkDead(m, death.incarnation))
-        out += [Publish(world), WriteOutcome(world.generation, COMMITTED)]
-        self._history(GenerationOutcome(world.generation, COMMITTED, reason="adopted after a coordinator restart",
-                                        config=world.config, world_size=len(world.members)))
-        log.info("adopted running world of generation %d (%s)", world.generation, world.config)
-        if took.reissue is not None:
-            self._reissue.append(took.reissue)
-        for m, incarnation in took.stale:
-            # a process holding a world the job went past, outside the running one: it must drop
-            # that state and come back as a new process (it learns it from ``Keys.dead``)
-            if self.liveness.declare(m, "holds a world the job went past", incarnation) is not None:
-                out.append(MarkDead(m, incarnation))
-        if took.reopened is not None:
-            self.pending = Generation(took.reopened, now, reopened=True)
-            out.append(Publish(took.reopened))  # its plan, in this store too
-        if self.stragglers is not None:
-            self.stragglers.committed(world)
-        return [*out, Report(), *self._precompute_action()]
+
+def _adopt_world(core: CoordinatorCore, took: Adoption, now: float) -> list[Action]:
+    """The running world the registrations name becomes the committed one."""
+    world = took.world
+    assert world is not None
+    out: list[Action] = []
+    for plan, value in took.resolved:
+        log.warning("generation %d was open when the coordinator restarted: %s", plan.generation, value)
+        out += [Decide(plan.generation, value), WriteOutcome(plan.generation, value)]
+        if plan.generation != world.generation:
+            planning.history(core, GenerationOutcome(plan.generation, value, reason=plan.reason, config=plan.config,
+                                                     world_size=len(plan.members), cause=plan.cause))
+    core.change(current=world)
+    core.liveness.expect(took.holders, now, core.adoption_grace + core.heartbeat_timeout, world.generation)
+    for m, why in took.lost:
+        death = core.liveness.declare(m, why, LOST_PROCESS)
+        if death is not None:
+            out.append(MarkDead(m, death.incarnation))
+    out += [Publish(world), WriteOutcome(world.generation, COMMITTED)]
+    planning.history(core, GenerationOutcome(world.generation, COMMITTED, reason="adopted after a coordinator restart",
+                                             config=world.config, world_size=len(world.members)))
+    log.info("adopted running world of generation %d (%s)", world.generation, world.config)
+    if took.reissue is not None:
+        core.change(reissue=(*core.state.reissue, took.reissue))
+    for m, incarnation in took.stale:
+        # a process holding a world the job went past, outside the running one: it must drop
+        # that state and come back as a new process (it learns it from ``Keys.dead``)
+        if core.liveness.declare(m, "holds a world the job went past", incarnation) is not None:
+            out.append(MarkDead(m, incarnation))
+    if took.reopened is not None:
+        core.change(pending=Generation(took.reopened, now, reopened=True))
+        out.append(Publish(took.reopened))  # its plan, in this store too
+    if core.stragglers is not None:
+        core.stragglers.committed(world)
+    return [*out, Report(), *switching.precompute_action(core)]

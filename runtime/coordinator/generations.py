@@ -32,6 +32,9 @@ class Generation:
     # member -> (the newest training step seen from it while it had taken up this plan, when that
     # step was first seen): a member training towards the switch step is slow, not stuck (``waited``)
     advanced: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # The last tick's reads of its commit point, for the reason it waits (``phases``)
+    ready: frozenset[str] = frozenset()
+    decision: str | None = None
 
     def saw_step(self, member: str, step: int, now: float) -> None:
         """A heartbeat of ``member`` training in the running world at ``step``. The first one is

@@ -659,7 +659,7 @@ def test_a_join_waiting_for_its_worker_is_asked_again_after_a_recovery_not_dropp
     assert c.core.deferred_members() == ("w0", "w1", "w2", "w3", "w9")
     _lose(c, "w3", ("w0", "w1", "w2"))  # the recovery plans the survivors
     assert c.pending is not None and "w3" not in c.pending.plan.members
-    assert not c.core.deferred_members() and c.core._reissue and c.core._reissue[0].reason == "w9 joins"
+    assert not c.core.deferred_members() and c.core.state.reissue and c.core.state.reissue[0].reason == "w9 joins"
     _commit(c)
     _beat(c, "w0", "w1", "w2", "w9")  # w9 registered meanwhile
     c.tick()

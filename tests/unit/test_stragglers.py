@@ -285,18 +285,18 @@ def test_the_loop_requests_a_switch_once_every_member_has_a_window():
     for step in range(1, 16):
         for m, r in rates.items():
             loop.observe(m, {"compute": [[step, r, 1.0]]})
-        loop.update(world.members)
+        loop.update(world.members, now=0.0)
         if step in (3, 7, 8, 15):
             # 7: no full window; 8: the first full one below the threshold; 15: not yet for another
-            assert loop.consider(world, step, 10.0, []) is None
+            assert loop.consider(world, step, 10.0, [], now=0.0) is None
     for m, r in rates.items():
         loop.observe(m, {"compute": [[16, r, 1.0]]})
-    loop.update(world.members)
-    request = loop.consider(world, 16, 10.0, [{"outcome": "committed", "downtime": 0.4}])
+    loop.update(world.members, now=0.0)
+    request = loop.consider(world, 16, 10.0, [{"outcome": "committed", "downtime": 0.4}], now=0.0)
     assert request is not None and request["cause"] == "straggler" and "layers=" in request["config"]
     assert request["members"] == ("w0", "w1", "w2", "w3")
     assert loop.switches == 0 and loop.baseline is None  # nothing counts before the plan is published
-    loop.taken(1)
+    loop.taken(1, now=0.0)
     assert loop.baseline == ParallelConfig(pp=4) and loop.switches == 1
     assert loop.decisions[-1]["switch"] and loop.decisions[-1]["switchCostSeconds"] == 0.4
     loop.committed(plan(1, request["config"], request["members"]))
@@ -317,8 +317,8 @@ def test_a_sharp_slowdown_is_switched_around_within_five_steps_of_it():
         for m in world.members:
             r = (2.86 if m == "w1" and step >= 20 else 1.0) * (1 + rng.uniform(-0.35, 0.35))
             loop.observe(m, {"compute": [[step, r, 1.0]]})
-        loop.update(world.members)
-        request = loop.consider(world, step, 10.0, [{"outcome": "committed", "downtime": 0.4}])
+        loop.update(world.members, now=0.0)
+        request = loop.consider(world, step, 10.0, [{"outcome": "committed", "downtime": 0.4}], now=0.0)
         if request is not None:
             break
     assert request is not None and 20 <= step <= 20 + 4, step
@@ -331,8 +331,8 @@ def test_the_loop_does_nothing_when_disabled():
     for step in range(1, 9):
         for m, r in {"w0": 1.0, "w1": 5.0, "w2": 1.0, "w3": 1.0}.items():
             loop.observe(m, {"compute": [[step, r, 1.0]]})
-        loop.update(world.members)
-    assert loop.consider(world, 8, 10.0, []) is None
+        loop.update(world.members, now=0.0)
+    assert loop.consider(world, 8, 10.0, [], now=0.0) is None
     assert loop.summary(world.members)["stragglers"] == ["w1"]  # measured and reported all the same
 
 
@@ -369,7 +369,7 @@ def _feed(loop: StragglerLoop, world: WorldPlan, rates: dict[str, float], steps:
         for m, r in rates.items():
             loop.observe(m, {"compute": [[step, r, 1.0]], "generation": world.generation, "step": step,
                              "step_seconds": step_seconds})
-        loop.update(world.members)
+        loop.update(world.members, now=0.0)
 
 
 @pytest.mark.parametrize("after, undone", [(0.6, False), (1.05, True)])
@@ -379,21 +379,21 @@ def test_a_switch_is_kept_only_if_the_measured_step_gets_faster(after, undone):
     loop.committed(world)
     slow = {"w0": 1.0, "w1": 2.0, "w2": 1.0, "w3": 1.0}
     _feed(loop, world, slow, range(1, 10), 1.0)
-    request = loop.consider(world, 9, 1.0, [])
+    request = loop.consider(world, 9, 1.0, [], now=0.0)
     assert request is not None
-    loop.taken(1)
+    loop.taken(1, now=0.0)
     new = plan(1, request["config"], request["members"])
     loop.committed(new)
     _feed(loop, new, slow, range(10, 16), after)
-    judged = loop.consider(new, 15, after, [])
+    judged = loop.consider(new, 15, after, [], now=0.0)
     if undone:
         assert judged is not None and judged["config"] == "tp=1,pp=4,dp=1" and "did not pay" in judged["reason"]
-        loop.taken(2)
+        loop.taken(2, now=0.0)
         assert loop.decisions[-1]["kind"] == "undo" and loop.switches == 2
         back = plan(2, judged["config"], judged["members"])
         loop.committed(back)
         _feed(loop, back, slow, range(16, 30), 1.0)
-        assert loop.consider(back, 29, 1.0, []) is None  # on hold for a probation
+        assert loop.consider(back, 29, 1.0, [], now=0.0) is None  # on hold for a probation
     else:
         assert judged is None and loop.decisions[-1]["kind"] == "kept"
     # the next switch must promise more than the last prediction missed by
@@ -406,11 +406,11 @@ def test_a_refused_request_counts_nothing_and_waits_a_window():
     world = plan(0, "tp=1,pp=4,dp=1", ("w0", "w1", "w2", "w3"))
     loop.committed(world)
     _feed(loop, world, {"w0": 1.0, "w1": 2.0, "w2": 1.0, "w3": 1.0}, range(1, 10), 1.0)
-    assert loop.consider(world, 9, 1.0, []) is not None
-    loop.rejected()
+    assert loop.consider(world, 9, 1.0, [], now=0.0) is not None
+    loop.rejected(now=0.0)
     assert loop.switches == 0 and loop.baseline is None and not loop.probation
     assert loop.decisions[-1]["kind"] == "refused" and not loop.decisions[-1]["switch"]
-    assert loop.consider(world, 10, 1.0, []) is None  # not again before a window has passed
+    assert loop.consider(world, 10, 1.0, [], now=0.0) is None  # not again before a window has passed
 
 
 def test_malformed_heartbeats_are_skipped_never_raised():
