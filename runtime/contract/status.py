@@ -437,3 +437,28 @@ class RuntimeFailure:
         if not isinstance(f, Mapping) or not f.get("reason"):
             raise InvalidStatus("runtimeFailure", f"has no reason: {f!r}")
         return cls(str(f["reason"]), str(f.get("message") or ""), parse_time(f.get("time")))
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What the coordinator waits for, in words, with how long of its bound (``status.waiting``,
+    e.g. "generation 5: waiting for w3's ready vote, 4.2 s of 20 s"; the coordinator's report's
+    ``waiting``); None while it waits for nothing. Its seconds move at every report: a writer
+    that patches the job's status rates it like ``status.progress``."""
+
+    reason: str | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        return {"waiting": self.reason}  # None removes the field (a merge patch)
+
+    @classmethod
+    def from_coordinator(cls, report: Mapping[str, Any]) -> Waiting:
+        reason = report.get("waiting")
+        return cls(str(reason) if reason else None)
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> Waiting:
+        reason = status.get("waiting")
+        if reason is not None and not isinstance(reason, str):
+            raise InvalidStatus("waiting", f"is not a string: {reason!r}")
+        return cls(reason or None)

@@ -32,6 +32,8 @@ class CoordinatorStatus:
     checkpoints: dict  # latest, failed, unavailable
     contested: list[str] = field(default_factory=list)  # members whose heartbeat key was tampered with
     tampering: dict[str, int] = field(default_factory=dict)  # store values refused, by kind
+    # what the coordinator waits for, in words (``CoordinatorCore.waiting``); the job's ``status.waiting``
+    waiting: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
