@@ -265,6 +265,40 @@ def decide(spec: ModelSpec, current: ParallelConfig, members: Sequence[str], sta
     scale = min(1.0, measured_step / predicted_now) if predicted_now > 0 else 1.0
     predicted_now *= scale
 
+    candidates = _candidates(spec, current, members, standbys, full, total=total, out_units=out_units,
+                             granularity=granularity, slow_standbys=slow_standbys, layer_caps=layer_caps,
+                             baseline=baseline, allowed_pp=allowed_pp, max_world=max_world)
+    priced = _priced(spec, candidates, full, total=total, out_units=out_units, layer_caps=layer_caps, scale=scale,
+                     overhead=overhead)
+    current_total = predicted_now + overhead
+    if not priced:
+        return Decision(False, now_layout, now_layout, current_total, current_total, measured_step, switch_cost,
+                        policy.horizon, "no other layout is valid for this model and batch")
+    # Fastest first; on a tie the simplest (even before uneven, more devices before fewer).
+    t_best, _, best = min(priced, key=lambda x: (round(x[0], 9), -len(x[2].members), x[1]))
+    same = best.config == current and best.members == tuple(members)
+    gain = current_total - t_best
+    if same or gain <= 0:
+        return Decision(False, now_layout, now_layout, current_total, current_total, measured_step, switch_cost,
+                        policy.horizon, "the running plan is the fastest at the measured speeds")
+    if gain < policy.min_gain * current_total:
+        return Decision(False, now_layout, best, current_total, t_best, measured_step, switch_cost, policy.horizon,
+                        f"a {gain / current_total:.1%} saving is below the {policy.min_gain:.0%} worth a switch")
+    if gain * policy.horizon <= switch_cost:
+        return Decision(False, now_layout, best, current_total, t_best, measured_step, switch_cost, policy.horizon,
+                        f"saving {gain * policy.horizon:.2f} s over {policy.horizon} steps does not pay for a "
+                        f"{switch_cost:.2f} s switch")
+    return Decision(True, now_layout, best, current_total, t_best, measured_step, switch_cost, policy.horizon,
+                    f"{best.kind}: predicted {current_total:.4f} -> {t_best:.4f} s/step, saving "
+                    f"{gain * policy.horizon:.2f} s over {policy.horizon} steps against a {switch_cost:.2f} s switch")
+
+
+def _candidates(spec: ModelSpec, current: ParallelConfig, members: Sequence[str], standbys: Sequence[str],
+                full: Mapping[str, float], *, total: int, out_units: float, granularity: int,
+                slow_standbys: Sequence[str], layer_caps: LayerCaps | None, baseline: ParallelConfig | None,
+                allowed_pp: Sequence[int] | None, max_world: int | None) -> list[Layout]:
+    """Every layout ``decide`` compares: each shape of the devices that may work (with and without
+    the slowest member's pod), evenly and unevenly laid out (``_relaid``)."""
     candidates: list[Layout] = []
     probation = [s for s in standbys if s in set(slow_standbys)]
     # Every device that may work: the members, and standbys that are not on probation ...
@@ -295,7 +329,14 @@ def decide(spec: ModelSpec, current: ParallelConfig, members: Sequence[str], sta
                 elif len(using) > len(members):
                     kind = "rejoin" if kind == "even" else f"rejoin+{kind}"
                 candidates.append(Layout(cfg, using, tuple(aside), kind))
+    return candidates
 
+
+def _priced(spec: ModelSpec, candidates: Sequence[Layout], full: Mapping[str, float], *, total: int,
+            out_units: float, layer_caps: LayerCaps | None, scale: float,
+            overhead: float) -> list[tuple[float, int, Layout]]:
+    """(predicted step seconds, index, layout) of each valid candidate that fits in memory, on
+    the running plan's calibration (``scale``, ``overhead``)."""
     priced: list[tuple[float, int, Layout]] = []
     for i, lay in enumerate(candidates):
         try:
@@ -308,27 +349,7 @@ def decide(spec: ModelSpec, current: ParallelConfig, members: Sequence[str], sta
             continue  # a stage that would not fit in its GPUs' memory
         t = predict_compute(lay.config, lay.members, full, spec.num_layers, out_units, total) * scale + overhead
         priced.append((t, i, lay))
-    current_total = predicted_now + overhead
-    if not priced:
-        return Decision(False, now_layout, now_layout, current_total, current_total, measured_step, switch_cost,
-                        policy.horizon, "no other layout is valid for this model and batch")
-    # Fastest first; on a tie the simplest (even before uneven, more devices before fewer).
-    t_best, _, best = min(priced, key=lambda x: (round(x[0], 9), -len(x[2].members), x[1]))
-    same = best.config == current and best.members == tuple(members)
-    gain = current_total - t_best
-    if same or gain <= 0:
-        return Decision(False, now_layout, now_layout, current_total, current_total, measured_step, switch_cost,
-                        policy.horizon, "the running plan is the fastest at the measured speeds")
-    if gain < policy.min_gain * current_total:
-        return Decision(False, now_layout, best, current_total, t_best, measured_step, switch_cost, policy.horizon,
-                        f"a {gain / current_total:.1%} saving is below the {policy.min_gain:.0%} worth a switch")
-    if gain * policy.horizon <= switch_cost:
-        return Decision(False, now_layout, best, current_total, t_best, measured_step, switch_cost, policy.horizon,
-                        f"saving {gain * policy.horizon:.2f} s over {policy.horizon} steps does not pay for a "
-                        f"{switch_cost:.2f} s switch")
-    return Decision(True, now_layout, best, current_total, t_best, measured_step, switch_cost, policy.horizon,
-                    f"{best.kind}: predicted {current_total:.4f} -> {t_best:.4f} s/step, saving "
-                    f"{gain * policy.horizon:.2f} s over {policy.horizon} steps against a {switch_cost:.2f} s switch")
+    return priced
 
 
 def _pod(member: str, granularity: int) -> str:
