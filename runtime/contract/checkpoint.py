@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 MARKER = "liveshard.json"  # written last: a directory without it is an incomplete save
 # Files are hashed in pieces of this size (a shard may be many GiB).
@@ -22,10 +23,10 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def file_manifest(directory: str | os.PathLike) -> dict[str, dict]:
+def file_manifest(directory: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """``{file: {size, sha256}}`` for every file a save wrote (the marker itself excepted): every
     byte, whatever the file's size."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     root = Path(directory)
     for entry in sorted(root.rglob("*")):
         if not entry.is_file() or entry.name in (MARKER, ".liveshard.json.partial"):

@@ -270,9 +270,10 @@ class AdaptiveReport:
         last = None
         if decisions:
             d = decisions[-1]
+            when = parse_time(d.get("time"))  # None: absent or garbled
             last = {"switch": bool(d.get("switch")), "kind": str(d.get("kind") or ""),
                     "config": str(d.get("config") or ""), "step": d.get("step"),
-                    "time": iso(parse_time(d.get("time"))) if d.get("time") else None,
+                    "time": iso(when) if when is not None else None,
                     "predictedStepSeconds": d.get("predictedStepSeconds"),
                     "predictedStepSecondsAfter": d.get("predictedStepSecondsAfter"),
                     "measuredStepSeconds": d.get("measuredStepSeconds"),

@@ -17,7 +17,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from liveshard.runtime.contract.env import Env
 from liveshard.runtime.errors import ConfigError
@@ -211,6 +211,16 @@ def _section(parent: dict[str, Any], key: str, path: str) -> dict[str, Any]:
     return value
 
 
+@overload
+def int_field(section: dict[str, Any], key: str, path: str, default: int, minimum: int = 1,
+              maximum: int | None = None, fix: str = "", too_big: str = "") -> int: ...
+
+
+@overload
+def int_field(section: dict[str, Any], key: str, path: str, default: int | None, minimum: int = 1,
+              maximum: int | None = None, fix: str = "", too_big: str = "") -> int | None: ...
+
+
 def int_field(section: dict[str, Any], key: str, path: str, default: int | None, minimum: int = 1,
               maximum: int | None = None, fix: str = "", too_big: str = "") -> int | None:
     """``section[key]`` as an integer in ``minimum..maximum`` (``default`` when absent); ConfigError
@@ -263,7 +273,7 @@ def _float(section: dict[str, Any], key: str, path: str, default: float, *, low:
 
 
 def _choice(section: dict[str, Any], key: str, path: str, default: str, choices: tuple[str, ...]) -> str:
-    value = section.get(key, default)
+    value: str = section.get(key, default)
     if value not in choices:
         raise ConfigError(f"{path}.{key}", f"unknown value {value!r}", f"use one of: {', '.join(choices)}")
     return value

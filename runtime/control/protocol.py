@@ -104,7 +104,7 @@ class OpenGeneration:
     ready: bool = False
     decision: str | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """As it goes into a worker's registration (``members/<id>``, a JSON object)."""
         return {"generation": self.generation, "plan": asdict(self.plan), "ready": self.ready,
                 "decision": self.decision}
@@ -117,7 +117,7 @@ class OpenGeneration:
         return cls.from_dict(json.loads(text))
 
     @classmethod
-    def from_dict(cls, data: dict) -> OpenGeneration:
+    def from_dict(cls, data: dict[str, Any]) -> OpenGeneration:
         plan = data["plan"]
         plan = WorldPlan.from_json(plan if isinstance(plan, str) else json.dumps(plan))
         if int(data["generation"]) != plan.generation:
@@ -376,5 +376,5 @@ class GenerationOutcome:
     def committed(self) -> bool:
         return self.outcome == Outcome.COMMITTED
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -25,6 +25,7 @@ import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from liveshard.runtime.contract.causes import Cause
 from liveshard.runtime.control.protocol import WorldPlan
@@ -50,18 +51,18 @@ class StragglerLoop:
         self.layer_caps = layer_caps
         self.allowed_pp, self.max_world = allowed_pp, max_world  # the job's constraints
         self.tracker = SpeedTracker(policy.threshold, policy.window)
-        self.decisions: list[dict] = []  # every switch taken, and each new reason not to
+        self.decisions: list[dict[str, Any]] = []  # every switch taken, and each new reason not to
         self.baseline: ParallelConfig | None = None  # the job's layout before its first adaptive switch
         self.adaptive_generations: set[int] = set()
         self.probation: dict[str, int] = {}  # device -> the step it was set aside at
         self.switches = 0
-        self._proposed: dict | None = None  # a switch requested, not yet published
+        self._proposed: dict[str, Any] | None = None  # a switch requested, not yet published
         self._evaluated_at = -1
         self._last_reason: str | None = None
         # step times per generation: {generation: {step: seconds of its slowest member}}
         self._step_seconds: dict[int, dict[int, float]] = {}
         # the switch on trial: the layout it left, the step time measured before, its generation
-        self._trial: dict | None = None
+        self._trial: dict[str, Any] | None = None
         self._hold_until = -1  # no new switch before this step (after one that did not pay)
         # how far the newest switch's measured step was from its prediction (share of the step):
         # a later switch must promise more than that
@@ -75,7 +76,7 @@ class StragglerLoop:
             device.rates = deque(device.rates, maxlen=policy.window)
 
     # ---- measurements --------------------------------------------------------------------
-    def observe(self, member: str, heartbeat: dict) -> None:
+    def observe(self, member: str, heartbeat: dict[str, Any]) -> None:
         self.tracker.observe(member, heartbeat)
         gen, step, seconds = heartbeat.get("generation"), heartbeat.get("step"), heartbeat.get("step_seconds")
         if (isinstance(gen, int) and isinstance(step, int) and isinstance(seconds, int | float)
@@ -107,7 +108,7 @@ class StragglerLoop:
         ``now``: the observation's unix time (a straggler's ``slow_since``)."""
         self.tracker.update(members, now)
 
-    def summary(self, members: Iterable[str]) -> dict:
+    def summary(self, members: Iterable[str]) -> dict[str, Any]:
         out = self.tracker.summary(members)
         out["adaptive"] = {"enabled": self.policy.enabled, "switches": self.switches,
                            "decisions": self.decisions[-MAX_DECISIONS:],
@@ -116,7 +117,7 @@ class StragglerLoop:
 
     # ---- the decision --------------------------------------------------------------------
     def consider(self, current: WorldPlan, step: int, measured_step: float | None,
-                 history: Sequence[dict], steps_left: int | None = None, *, now: float) -> dict | None:
+                 history: Sequence[dict[str, Any]], steps_left: int | None = None, *, now: float) -> dict[str, Any] | None:
         """A plan request (``PlanRequest`` fields) when a switch pays, else None. ``steps_left``:
         the steps training has left (a switch must pay for itself before the end); ``now``: the
         observation's unix time (each decision record's ``time``)."""
@@ -203,10 +204,11 @@ class StragglerLoop:
                           "reason": f"the coordinator refused {proposed['record']['config']}"}, now)
             self._evaluated_at = proposed["step"] + self.policy.window
 
-    def _judge(self, current: WorldPlan, step: int, measured: float, now: float) -> dict | None:
+    def _judge(self, current: WorldPlan, step: int, measured: float, now: float) -> dict[str, Any] | None:
         """A switch on trial, measured: kept if the step got faster, else undone (the model was
         wrong for this job: no new switch for a probation)."""
         trial, self._trial = self._trial, None
+        assert trial is not None  # judged only with a switch on trial
         self._evaluated_at = step
         before = trial["before"]
         self.model_error = abs(measured - trial["predicted"]) / measured
@@ -226,13 +228,13 @@ class StragglerLoop:
         return {"members": (*trial["members"], *trial["standbys"]), "config": trial["config"],
                 "reason": f"straggler policy: {reason}", "cause": Cause.STRAGGLER.value, "ordered": True}
 
-    def _record(self, decision: dict, now: float) -> None:
+    def _record(self, decision: dict[str, Any], now: float) -> None:
         self.decisions.append({"time": now, "stragglers": [], **decision})
         del self.decisions[:-MAX_DECISIONS]
         self._last_reason = decision.get("reason")
 
     @staticmethod
-    def switch_cost(history: Sequence[dict]) -> float:
+    def switch_cost(history: Sequence[dict[str, Any]]) -> float:
         """What the last committed live switches paused training for (their median)."""
         pauses = [float(h["downtime"]) for h in history[-5:]
                   if h.get("outcome") == "committed" and h.get("downtime")]
