@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from liveshard.operator import signals
-from liveshard.runtime.contract.causes import Cause
-from liveshard.runtime.contract.status import JobPhase, StatusPlan
+from liveshard.operator.signals import Signal
+from liveshard.runtime.contract.causes import RUNTIME_JUDGED, WITHOUT_NOTICE, Cause
+from liveshard.runtime.contract.status import CommittedWorld, JobPhase, StatusPlan
 from liveshard.runtime.contract.times import iso
 from liveshard.runtime.planner.pods import Candidate, PodAssignment, micro_batches, plan_for
 from liveshard.runtime.planner.search import NoFeasiblePlan
@@ -35,10 +36,23 @@ class Planning:
     def _next_plan(self, plan: StatusPlan | None, members: list[str], candidates: list[Candidate],
                    acked: bool, aborted: bool) -> _NextPlan:
         by_name = self.by_name
-        leaving = [(m, self._leaving(by_name[m])) for m in members if m in by_name and self._leaving(by_name[m])]
+        leaving = [(m, why) for m in members if m in by_name and (why := self._departure(by_name[m]))]
         lost = [m for m in members if m not in by_name]
         if members and (leaving or lost):
-            return self._plan_departures(plan, candidates, leaving, lost)
+            unnoticed = [m for m, why in leaving if why.kind in WITHOUT_NOTICE] + lost
+            if not unnoticed:
+                return self._plan_departures(plan, candidates, leaving, [])
+            if not acked:
+                # A plan the runtime does not run yet that names a pod lost since: it cannot run
+                # as written. Replaced (it is a wish, not a world: no other authority is involved).
+                return self._attempt(plan, candidates, Cause.RETRY,
+                                     f"retry: generation {plan.generation} names {', '.join(unnoticed)}, "
+                                     "lost without notice")
+            # One authority per event: a loss without notice is the runtime's. It recovers on its
+            # own (it sees the loss first) and the world it commits is recorded when reported
+            # (``status.world``, which wakes this loop); nothing is planned for it here, and
+            # nothing else either until then: any plan now would race that recovery.
+            return _NextPlan()
         if not members:
             return self._plan_start(plan, candidates)
         if aborted and self._abort_backoff_over(plan.generation):
@@ -128,7 +142,17 @@ class Planning:
 
     def _plan_scale_up(self, plan: StatusPlan, members: list[str], candidates: list[Candidate]) -> _NextPlan:
         key = (tuple(c.pod for c in candidates), plan.generation)
-        wait = self._cooldown_left(plan, self.spec.elasticity.scale_up_cooldown_seconds)
+        # Growing back after the runtime shrank alone (a loss without notice: ``plan`` records its
+        # world) is not a scale-up to batch: the pods standing by run already, and the job may be
+        # below spec.parallelism.minDataParallel, one more loss from losing state. So no cooldown.
+        # The operator is the one authority for it, not the runtime's recovery: which pods may
+        # join is a capacity decision made from what only the operator sees (node signals, e.g.
+        # a standby on a node with a spot notice or a cordon; spec.workers.replicas; each node's
+        # GPU memory), the recovery itself must stay on its short path (survivors only: no
+        # joiner's bootstrap while the world is broken), and the runtime's world never holds the
+        # operator's standby pods (a plan's members are all it is given).
+        regrow = plan.observed_world is not None
+        wait = 0.0 if regrow else self._cooldown_left(plan, self.spec.elasticity.scale_up_cooldown_seconds)
         if wait > 0:
             self.d.requeue_after = min(self.d.requeue_after, wait + 0.1)
             return _NextPlan()
@@ -138,8 +162,59 @@ class Planning:
         proposal, _ = self._try_plan(candidates, plan)
         if proposal is not None and proposal.world_size > plan.world_size:
             joining = [m for m in proposal.members if m not in members]
+            if regrow:
+                return _NextPlan(proposal, None, Cause.SCALE_UP,
+                                 f"scale-up: grow back after the runtime's recovery ({plan.reason}): "
+                                 f"{', '.join(joining)} join")
             return _NextPlan(proposal, None, Cause.SCALE_UP, f"scale-up: {', '.join(joining)} joined")
         return _NextPlan()
+
+    def _departure(self, w) -> Signal | None:
+        """Why a member leaves, as far as plans go: a member on a node that stopped answering the
+        API server (not-ready, unreachable) may train on, and only the runtime's liveness judge
+        says it is gone (then its world without it is recorded)."""
+        why = self._leaving(w)
+        return None if why is not None and why.kind in RUNTIME_JUDGED and not w.dead else why
+
+    # -- the world the runtime runs --
+    def _unrecorded(self, world: CommittedWorld, plan: StatusPlan | None) -> bool:
+        """Whether ``world`` is one the runtime made on its own that the status does not show yet:
+        no operator plan is it (``planGeneration``), the current plan is not it, and it was not
+        recorded before (``observedWorld`` of the plan or of a past one in the history)."""
+        if world.plan_generation is not None or world.runs(plan):
+            return False
+        recorded = {h.get("runtimeGeneration") for h in self.history}
+        return world.generation not in recorded and (plan is None or plan.observed_world != world.generation)
+
+    def _record_observed(self, old: StatusPlan | None, world: CommittedWorld) -> StatusPlan:
+        """Record the world the runtime committed on its own as the job's plan, applied: the
+        status shows what runs. A record, not a request: the coordinator acks it as the world it
+        runs and never makes it a transition (``observedWorld``)."""
+        old_members = list(old.members) if old is not None and not old.is_stop else []
+        gen = (old.generation if old else self.last_generation) + 1
+        at = world.committed_at or self.now
+        why = world.reason or "the runtime changed its world"
+        plan = StatusPlan(
+            generation=gen, config=world.config, members=world.members,
+            gpus_per_worker=self.spec.workers.gpus_per_worker, cause=world.cause or Cause.LOST_WITHOUT_NOTICE,
+            reason=f"observed: {why}", created_at=at,
+            leaving=tuple(m for m in old_members if m not in world.members),
+            joining=tuple(m for m in world.members if m not in old_members),
+            explanation=(f"the world the runtime committed on its own (runtime generation {world.generation})",),
+            observed_world=world.generation)
+        self.d.status.update(plan.to_status())
+        if old is not None:
+            for h in self.history:
+                if h.get("generation") == old.generation and not h.get("outcome"):
+                    h["outcome"] = "Superseded"
+        self.history.append({"generation": gen, "reason": plan.reason, "from": old.config if old else "",
+                             "to": plan.config, "worldSize": world.world_size, "createdAt": iso(at),
+                             "appliedAt": iso(at), "seconds": 0.0, "outcome": "Observed",
+                             "runtimeGeneration": world.generation})
+        self.event("Normal", "RuntimeReconfigured",
+                   f"generation {gen}: the runtime runs {world.config or 'nothing (stopped)'} on {world.world_size} "
+                   f"GPUs ({why})")
+        return plan
 
     # -- phase 5: pods --
     def _try_plan(self, candidates: list[Candidate], current: StatusPlan | None
@@ -169,7 +244,8 @@ class Planning:
             micro_batches=micro_batches(self.spec, new.plan),
             step_seconds=round(float(new.plan.step_seconds), 6),
             tokens_per_second=round(float(new.plan.tokens_per_second), 3),
-            explanation=tuple(new.plan.explanation)[:12])
+            explanation=tuple(new.plan.explanation)[:12],
+            member_uids={m: self.by_name[m].uid for m in new.members if m in self.by_name and self.by_name[m].uid})
         self._record_plan(old, plan)
         standby = f"; {len(new.standby)} pod(s) stand by: {new.standby_reason}" if new.standby_reason else ""
         self.event("Normal", "Replanned", f"generation {gen}: {new.config} on {new.world_size} GPUs "

@@ -32,6 +32,7 @@ from liveshard.runtime.contract.jobspec import JobSpec, deprecated_fields, read_
 from liveshard.runtime.contract.status import (
     AdaptiveReport,
     CheckpointReport,
+    CommittedWorld,
     ConditionType,
     Finished,
     InvalidStatus,
@@ -174,7 +175,8 @@ class _Reconciler(Planning, Endings):
         self._checkpoint_conditions()
         self._adaptive_event()
         plan = self.plan
-        acked = plan is None or self.ack.generation >= plan.generation
+        # an observed plan records a world that runs already: applied when written
+        acked = plan is None or self.ack.generation >= plan.generation or plan.observed_world is not None
         members = list(plan.members) if plan else []
         st["worldSize"] = int(self.status.get("worldSize") or 0)
         # 1. the runtime's answer to the current plan
@@ -184,9 +186,23 @@ class _Reconciler(Planning, Endings):
         aborted = plan is not None and not acked and self.abort.generation >= plan.generation
         if aborted:
             self._note_abort(plan)
+        # 1b. the world the runtime runs (status.world, the coordinator's at each commit) is what
+        # the status shows: its size at once, and a world the runtime made on its own (a recovery
+        # from a loss without notice, a straggler switch) recorded as the plan once no plan of the
+        # operator's is on its way (an answered one was acked only if it runs, so never hides it)
+        world = self.world
+        if world is not None:
+            st["worldSize"] = world.world_size
+            if (plan is None or acked or aborted) and self._unrecorded(world, plan):
+                plan = self._record_observed(plan, world)
+                members, acked, aborted = list(plan.members), True, False
+        # the pods of the world that runs (as far as the status knows): one in neither it nor the
+        # next plan holds nothing anyone copies from
+        applied = set(members) if acked else None
         # 2. who is leaving, who can take part; 3. a new plan?
         candidates = [Candidate(w.name, w.node or "", w.gpu_memory_bytes, float(self.speeds.get(w.name, 1.0)))
-                      for w in workers if w.running and self._leaving(w) is None]
+                      for w in workers if w.running and (self._leaving(w) is None
+                                                         or (w.name in members and self._departure(w) is None))]
         nxt = self._next_plan(plan, members, candidates, acked, aborted)
         # 4. write it
         if nxt.assignment is not None:
@@ -196,7 +212,7 @@ class _Reconciler(Planning, Endings):
             new = self._write_stop(plan, nxt, members)
             plan, members, acked = new, [], False
         # 5. pods: delete leavers once it is safe, create what is missing
-        self._pods(workers, members, acked)
+        self._pods(workers, members, acked, applied)
         # 6. phase and conditions
         self._conditions(plan, members, acked, self.ack.generation, self.spec.workers.replicas)
         st["conditions"] = self.conditions
@@ -263,6 +279,7 @@ class _Reconciler(Planning, Endings):
         self.ack = self._status_part(PlanAck.from_status, PlanAck(0))
         self.abort = self._status_part(PlanAbort.from_status, PlanAbort(0))
         self.speeds = self._status_part(Telemetry.from_status, Telemetry()).speeds
+        self.world = self._status_part(CommittedWorld.from_status, None)
         return True
 
     def _status_part(self, read: Callable[[dict[str, Any]], Any], default: Any) -> Any:
@@ -301,7 +318,7 @@ class _Reconciler(Planning, Endings):
         return w is None or w.dead or (why is not None and why.kind in LOSSES)
 
     # -- phase 3: a new plan? --
-    def _pods(self, workers: list[Worker], members: list[str], acked: bool) -> None:
+    def _pods(self, workers: list[Worker], members: list[str], acked: bool, applied: set[str] | None = None) -> None:
         d, st = self.d, self.d.status
         counted = list(self.tracking[tracking.COUNTED])
         crashed = {w.uid for w in self.crashed}
@@ -313,7 +330,8 @@ class _Reconciler(Planning, Endings):
             why = self._leaving(w)
             if w.deleting or why is None:
                 continue
-            if not (w.dead or (acked and w.name not in members)):
+            outside = w.name not in members and (acked or (applied is not None and w.name not in applied))
+            if not (w.dead or outside):
                 continue
             d.delete_pods.append(w.name)
             if why.failure and w.uid not in counted:

@@ -51,11 +51,28 @@ ALWAYS_ACT: tuple[Cause, ...] = (Cause.NODE_GONE, Cause.POD_DISRUPTION, Cause.PO
 WITHDRAWABLE: frozenset[Cause] = frozenset({
     Cause.REBALANCE_RECOMMENDATION, Cause.CORDON, Cause.NOT_READY, Cause.UNREACHABLE, Cause.SCALE_IN})
 
-# Causes after which the leaving members may already be dead: the coordinator's heartbeat
-# watch may see the loss first, and a plan for it waits a moment for that recovery.
+# Causes after which the leaving members may already be dead: a plan that names them gets no
+# copy of their state from them (the planner's ``lost``).
 LOSSES: frozenset[Cause] = frozenset({
     Cause.NODE_GONE, Cause.UNREACHABLE, Cause.NOT_READY, Cause.POD_FAILED, Cause.MEMBER_LOST,
     Cause.POD_DELETION, Cause.POD_DISRUPTION, Cause.OUT_OF_SERVICE})
+
+
+# One authority per event: losses *without notice* are the runtime's alone. The worker process
+# is gone (a pod failed, deleted or evicted: the kubelet's SIGTERM ends it at once; its node
+# deleted or out of service) and the coordinator sees it first (missing heartbeats, a failed
+# collective), recovers on its own and reports the world it committed (``status.world``); the
+# operator plans no departure for them and records that world as observed. The operator plans
+# the announced departures (spot notices, maintenance, scale-in, Karpenter's disruption, cordon:
+# the node's taint or condition comes while the workers still run), scaling and spec changes.
+WITHOUT_NOTICE: frozenset[Cause] = frozenset({
+    Cause.NODE_GONE, Cause.POD_FAILED, Cause.MEMBER_LOST, Cause.POD_DELETION, Cause.POD_DISRUPTION,
+    Cause.OUT_OF_SERVICE, Cause.NOT_READY, Cause.UNREACHABLE})
+
+# A node that stopped answering the API server says nothing certain about its workers: they may
+# train on. Whether a member there is alive is the runtime's liveness judge's call alone (its
+# heartbeats); the operator keeps such a member in its plans and adds no new pod from there.
+RUNTIME_JUDGED: frozenset[Cause] = frozenset({Cause.NOT_READY, Cause.UNREACHABLE})
 
 
 def cause_of(value: object) -> Cause | None:

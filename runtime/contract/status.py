@@ -109,6 +109,12 @@ class StatusPlan:
     step_seconds: float | None = None  # the planner's prediction
     tokens_per_second: float | None = None
     explanation: tuple[str, ...] = ()
+    # pod -> uid of each member when the plan was written: the coordinator hands the plan on only
+    # once each member's worker registered from that pod, not from an earlier pod of its name
+    member_uids: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # A plan the operator wrote to record a world the runtime made on its own (``status.world``,
+    # its runtime generation): already running, never a transition to make
+    observed_world: int | None = None
 
     @property
     def is_stop(self) -> bool:
@@ -135,6 +141,7 @@ class StatusPlan:
             "leaving": list(self.leaving), "joining": list(self.joining),
             "microBatches": self.micro_batches, "stepSeconds": self.step_seconds,
             "tokensPerSecond": self.tokens_per_second, "explanation": list(self.explanation),
+            "memberUids": dict(self.member_uids) or None, "observedWorld": self.observed_world,
         }}
 
     @classmethod
@@ -158,6 +165,9 @@ class StatusPlan:
                 raise InvalidStatus("plan.config", str(e)) from None
         gpw = _int(plan, "gpusPerWorker", "plan.gpusPerWorker", 1) or 1
         explanation = plan.get("explanation") or ()
+        uids = plan.get("memberUids") or {}
+        if not isinstance(uids, Mapping):
+            raise InvalidStatus("plan.memberUids", f"must map pod names to uids, got {uids!r}")
         return cls(
             generation=_int(plan, "generation", "plan.generation") or 0,
             config=config,
@@ -173,7 +183,89 @@ class StatusPlan:
             step_seconds=_float(plan.get("stepSeconds"), "plan.stepSeconds"),
             tokens_per_second=_float(plan.get("tokensPerSecond"), "plan.tokensPerSecond"),
             explanation=tuple(str(x) for x in explanation),
+            member_uids={str(k): str(v) for k, v in uids.items() if v},
+            observed_world=_int(plan, "observedWorld", "plan.observedWorld", None),
         )
+
+
+def same_config(a: str | None, b: str | None) -> bool:
+    """Whether two parallel config strings name the same config (spellings differ: ``ep=1``
+    written out or not); False when either is empty or unreadable."""
+    if not a or not b:
+        return False
+    from liveshard.runtime.errors import ConfigError
+    from liveshard.runtime.parallel import ParallelConfig
+
+    try:
+        return str(ParallelConfig.parse(a)) == str(ParallelConfig.parse(b))
+    except ConfigError:
+        return False
+
+
+def pods_of(workers: Iterable[str]) -> tuple[str, ...]:
+    """The pods of runtime worker ids, in rank order (a pod's GPUs are consecutive ranks)."""
+    return tuple(dict.fromkeys(pod_of(w) for w in workers))
+
+
+@dataclass(frozen=True)
+class CommittedWorld:
+    """``status.world``: the world the runtime committed and trains in now, written by the
+    coordinator at each commit, whoever planned it (the operator, or the runtime alone after a
+    loss without notice). ``status.worldSize`` and ``kubectl get etj`` show this world, never a
+    plan that was acked but not run.
+
+    ``generation`` is the runtime's own numbering (not ``status.plan.generation``);
+    ``plan_generation`` the operator plan it is, when it is exactly one (None: a world the runtime
+    made, which the operator records as observed)."""
+
+    generation: int
+    config: str  # "" when the job is stopped
+    members: tuple[str, ...]  # pods in rank order
+    world_size: int  # GPUs (ranks)
+    plan_generation: int | None = None
+    cause: Cause | None = None
+    reason: str = ""
+    committed_at: datetime | None = None
+
+    @property
+    def is_stop(self) -> bool:
+        return not self.config or not self.members
+
+    def runs(self, plan: StatusPlan | None) -> bool:
+        """Whether this world is ``plan``: the same pods in the same rank order, the same config
+        (a stop runs a stop plan)."""
+        if plan is None:
+            return False
+        if self.is_stop or plan.is_stop:
+            return self.is_stop and plan.is_stop
+        return tuple(plan.members) == self.members and same_config(plan.config, self.config)
+
+    def to_status(self) -> dict[str, Any]:
+        return {"world": {
+            "generation": self.generation, "config": self.config, "members": list(self.members),
+            "worldSize": self.world_size, "planGeneration": self.plan_generation,
+            "cause": str(self.cause) if self.cause else None, "reason": self.reason[:500],
+            "committedAt": iso(self.committed_at) if self.committed_at else None,
+        }}
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> CommittedWorld | None:
+        """The committed world in ``status`` (None before the coordinator wrote one); raises
+        ``InvalidStatus``."""
+        world = status.get("world")
+        if not world:
+            return None
+        if not isinstance(world, Mapping):
+            raise InvalidStatus("world", f"must be an object, got {world!r}")
+        config = world.get("config") or ""
+        if not isinstance(config, str):
+            raise InvalidStatus("world.config", f"must be a parallel config string, got {config!r}")
+        return cls(generation=_int(world, "generation", "world.generation") or 0, config=config,
+                   members=_names(world.get("members"), "world.members"),
+                   world_size=_int(world, "worldSize", "world.worldSize") or 0,
+                   plan_generation=_int(world, "planGeneration", "world.planGeneration", None),
+                   cause=cause_of(world.get("cause")), reason=str(world.get("reason") or ""),
+                   committed_at=parse_time(world.get("committedAt")))
 
 
 @dataclass(frozen=True)

@@ -15,16 +15,33 @@ Two generation counters meet here and are kept apart:
 
 The mapping: each operator plan handed to the coordinator becomes exactly one runtime
 generation (the one the coordinator publishes right after ``poll`` returns it), remembered in
-``runtime_of``. When that runtime generation commits, the operator generation is acked; when it
-aborts (or the coordinator rejects the request), the operator generation is reported aborted.
-An operator plan whose members and config equal the world already running (typically the
-operator catching up with a recovery the runtime already made) needs no new world: it is acked
-at once. Runtime-only generations are never written to the job.
+``runtime_of``. When that runtime generation commits *as the plan says* (its config, its number
+of GPUs: the coordinator never re-orders an operator plan, it may only leave out members that
+are not up), the operator generation is acked; when it aborts, the coordinator rejects the
+request, or it commits a different world, the operator generation is reported aborted. An ack
+always means "this plan runs". An operator plan whose members and config equal the world already
+running needs no new world: it is acked at once. Runtime-only generations are never acked.
+
+**The world that runs** (``status.world``, ``contract.CommittedWorld``) is written at every
+commit the coordinator reports, whoever planned it: the runtime's own recovery after a loss
+without notice, the straggler policy's switch, an operator plan. ``planGeneration`` names the
+operator plan it is, when it is one; a world the runtime made has none, and the operator records
+it as observed (a plan with ``observedWorld``, never handed on as a transition: it runs already).
+
+One authority per event: a loss without notice (a node deleted, a pod failed or gone, a node not
+ready) is the runtime's alone: the coordinator sees it first (heartbeats, a failed collective)
+and recovers from it; the operator plans no departure for it, and nothing here waits for or
+weighs one authority's plan against the other's. The operator plans announced departures,
+scaling and spec changes, and every such plan is a transition from whatever world runs then.
 
 A pod the operator sees ``Running`` may still be importing torch and megatron: a plan is handed
-on only when every member has registered in the store and heartbeats (a joiner that is not up
-would stall the other members' preparation). A plan whose members do not all come up within
-``REGISTER_TIMEOUT`` is reported aborted; the operator then plans again.
+on only when every member is *up*: registered in the store from the pod the plan names (the
+uid it announces, ``status.plan.memberUids``; the store keeps the registration of an earlier pod
+of the same name, e.g. one deleted by a scale-down), heartbeating as the process that registered
+(its heartbeat key carries the registration's incarnation and does not say it ended), and not
+judged dead by the coordinator (``status.dead``). None of this weighs time: the liveness judge
+is the coordinator's. A plan whose members do not all come up within ``REGISTER_TIMEOUT`` is
+reported aborted; the operator then plans again.
 
 A stop plan (``config: ""``, no members) becomes a stop request: the running world saves a
 checkpoint to the job's checkpoint directory and every worker waits; it is acked once saved. The
@@ -34,8 +51,7 @@ A worker id is ``<pod>/<local rank>``: a member pod with ``gpusPerWorker = g`` s
 workers ``<pod>/0 .. <pod>/g-1``, so rank ``r`` is local GPU ``r % g`` of pod ``members[r // g]``.
 
 When the coordinator must plan alone (a member lost without notice), it plans from the job's
-spec and measured speeds (``planning``), exactly as the operator does, so the operator's own plan
-for the same loss finds the world already running and is acked at once.
+spec and measured speeds (``planning``), exactly as the operator does.
 """
 
 from __future__ import annotations
@@ -45,13 +61,14 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from liveshard.runtime.contract.causes import LOSSES
+from liveshard.runtime.contract.causes import cause_of
 from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 from liveshard.runtime.contract.jobspec import read_spec
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.contract.status import (
     AdaptiveReport,
     CheckpointReport,
+    CommittedWorld,
     Finished,
     InvalidStatus,
     PlanAbort,
@@ -62,12 +79,14 @@ from liveshard.runtime.contract.status import (
     Straggler,
     Telemetry,
     pod_of,
+    pods_of,
+    same_config,
 )
 from liveshard.runtime.contract.times import parse_time
+from liveshard.runtime.control.protocol import Heartbeat, Registration
 from liveshard.runtime.control.store import JobStore
 from liveshard.runtime.coordinator.requests import PlanningInputs, PlanRequest
 from liveshard.runtime.errors import ConfigError
-from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner.pods import constraints_for
 
 log = logging.getLogger("liveshard.kube_source")
@@ -75,15 +94,8 @@ log = logging.getLogger("liveshard.kube_source")
 SPEEDS_INTERVAL = 30.0  # seconds between speed reports (they feed the next plan, not this one)
 PROGRESS_INTERVAL = 10.0  # seconds between status.progress updates (kubectl get etj's Step and Loss)
 REGISTER_TIMEOUT = 300.0  # how long a plan waits for its joining workers to come up
-# Plans for a loss the operator saw (node gone, unreachable, pod failed) may arrive before the
-# coordinator's heartbeat timeout: wait this long for it to declare the leavers dead and recover.
-LOSS_GRACE = 8.0
 
-
-def same_config(a: str | None, b: str | None) -> bool:
-    if not a or not b:
-        return False
-    return str(ParallelConfig.parse(a)) == str(ParallelConfig.parse(b))
+__all__ = ["KubePlanSource", "api_client", "pod_speeds", "same_config"]  # same_config: contract.status's
 
 
 def pod_speeds(health: dict) -> dict[str, float]:
@@ -121,6 +133,10 @@ class KubePlanSource:
         self.runtime_of: dict[int, int] = {}  # operator generation -> runtime generation
         self.answered: set[int] = set()  # operator generations whose ack or abort the API accepted
         self.current: dict[str, Any] = {}  # the committed world, from the coordinator's last report
+        self._handed: dict[int, StatusPlan] = {}  # operator generation -> the plan handed on
+        self._plan_of: dict[int, int] = {}  # runtime generation -> the operator plan it runs exactly
+        self._world_written: CommittedWorld | None = None  # status.world as last written
+        self._committed_at: dict[int, float] = {}  # runtime generation -> when a report first showed it
         self._next_poll = 0.0
         self._next_speeds = 0.0
         self._next_progress = 0.0
@@ -199,16 +215,24 @@ class KubePlanSource:
                 self._ack(gen, time.time())
                 return None
             self.awaiting = gen
+            self._handed[gen] = plan
             log.info("operator plan %d: stop (%s)", gen, plan.reason)
             return PlanRequest(members=(), config="", reason=reason, deadline=deadline, cause=cause)
         members = plan.worker_ids()
+        idle = self.current.get("pending") is None
+        running = tuple(self.current.get("members") or ())
+        if plan.observed_world is not None:
+            # The operator recording a world the runtime made: it runs already (acked), or the
+            # runtime has moved on since (the operator records that world next): never a transition.
+            self.handled = gen
+            if idle and running == members and same_config(self.current.get("config"), plan.config):
+                self._ack(gen, time.time(), runtime=self.current.get("generation"))
+            else:
+                log.info("operator plan %d records runtime generation %s, which no longer runs: nothing to do",
+                         gen, plan.observed_world)
+            return None
         first = self._waiting_since.setdefault(gen, now)
-        missing = self.not_up(members)
-        if not missing and plan.cause in LOSSES and now - first < LOSS_GRACE:
-            dead = set(self.current.get("dead") or ())
-            running = set(self.current.get("members") or ())
-            if any(w not in dead for w in plan.leaving_worker_ids() if w in running):
-                return None
+        missing = self.not_up(members, plan)
         if missing:
             if now - first < REGISTER_TIMEOUT:
                 return None
@@ -216,33 +240,45 @@ class KubePlanSource:
             self._abort(gen, f"worker(s) {', '.join(missing[:3])} did not come up in {REGISTER_TIMEOUT:.0f} s")
             return None
         self.handled = gen
-        running = tuple(self.current.get("members") or ())
-        leaving = set(plan.leaving_worker_ids())
-        if plan.cause in LOSSES and self.current.get("pending") is None and running and leaving \
-                and not leaving & set(running):
-            # One authority per event: a loss without notice is the runtime's to recover (it sees
-            # it first), and it already did. The operator's plan for the same loss is recorded as
-            # that world, never made a second transition.
-            log.info("operator plan %d (%s): the runtime already recovered from the loss (generation %s, %s): "
-                     "acked as observed", gen, plan.cause, self.current.get("generation"), self.current.get("config"))
-            self._ack(gen, time.time())
-            return None
-        if (self.current.get("pending") is None and running == members
-                and same_config(self.current.get("config"), plan.config)):
+        if idle and running == members and same_config(self.current.get("config"), plan.config):
             log.info("operator plan %d matches the running world (runtime generation %s): acked",
                      gen, self.current.get("generation"))
-            self._ack(gen, time.time())
+            self._ack(gen, time.time(), runtime=self.current.get("generation"))
             return None
         self.awaiting = gen
+        self._handed[gen] = plan
         log.info("operator plan %d: %s on %d workers (%s)", gen, plan.config, len(members), plan.reason)
         return PlanRequest(members=members, config=plan.config, reason=reason, deadline=deadline, cause=cause)
 
-    def not_up(self, members: tuple[str, ...]) -> list[str]:
-        """Members that have not registered with the coordinator, or that it judges dead (its
-        liveness verdict, ``status.dead``: nobody here judges heartbeats again)."""
+    def not_up(self, members: tuple[str, ...], plan: StatusPlan | None = None) -> list[str]:
+        """Members that are not up yet: not registered from the pod the plan names (a registration
+        of an earlier pod of the same name stays in the store; ``plan.member_uids``), not yet
+        heartbeating as the process that registered (the key still holds an earlier process's
+        beats, or beats that say it ended), or judged dead by the coordinator (its liveness
+        verdict, ``status.dead``). A plan handed on before would have its joiner judged by a
+        predecessor's beats: "died during the transition". Identity only, no clock: liveness is
+        the coordinator's to judge."""
         assert self.store is not None
         dead = set(self.current.get("dead") or ())
-        return [m for m in members if m in dead or not self.store.has(Keys.member(m))]
+        uids = plan.member_uids if plan is not None else {}
+        out = []
+        for m in members:
+            reg = None if m in dead else Registration.parse(m, self.store.get_json(Keys.member(m)))
+            if reg is None:
+                out.append(m)
+                continue
+            uid = uids.get(pod_of(m))
+            if uid and reg.pod_uid and reg.pod_uid != uid:
+                out.append(m)  # an earlier pod's registration: this pod's process has not registered yet
+                continue
+            try:
+                beat = Heartbeat.parse(self.store.get_json(Keys.heartbeat(m)))
+            except ValueError:  # not JSON: tampering, read as absent
+                beat = None
+            if beat is None or beat.ended or (reg.incarnation and beat.incarnation
+                                              and beat.incarnation != reg.incarnation):
+                out.append(m)
+        return out
 
     def report(self, status: dict) -> None:
         self.current = status
@@ -257,14 +293,30 @@ class KubePlanSource:
                 self._abort(self.awaiting, history[-1].get("outcome", "rejected"))
                 self.awaiting = None
         by_runtime = {h["generation"]: h for h in history if h.get("generation") is not None}
+        answers: list[tuple[int, str | None]] = []  # (operator generation, None: ack / why it is aborted)
         for op_gen, rt_gen in sorted(self.runtime_of.items()):
             entry = by_runtime.get(rt_gen)
             if op_gen in self.answered or op_gen in self._unwritten or entry is None:
                 continue
-            if entry["outcome"] == "committed":
+            if entry["outcome"] != "committed":
+                answers.append((op_gen, entry["outcome"]))
+                continue
+            plan = self._handed.get(op_gen)
+            if plan is None or self._ran(entry, plan):
+                self._plan_of[rt_gen] = op_gen
+                answers.append((op_gen, None))
+            else:
+                # Never acked as applied: the status would show a world that does not run.
+                answers.append((op_gen, f"the runtime committed {entry.get('config') or 'a stop'} on "
+                                        f"{entry.get('world_size') or 0} GPUs (generation {rt_gen}), not the plan's "
+                                        f"{plan.config} on {plan.world_size}"))
+        # The world first, then the answers: the operator never sees an ack with the world before it.
+        self._report_world(status, by_runtime)
+        for op_gen, why in answers:
+            if why is None:
                 self._ack(op_gen, time.time())
             else:
-                self._abort(op_gen, entry["outcome"])
+                self._abort(op_gen, why)
         for op_gen, patch in sorted(self._unwritten.items()):  # answers the API refused before
             if self._write(patch):
                 self.answered.add(op_gen)
@@ -325,7 +377,39 @@ class KubePlanSource:
                                  parse_time(m.get("slow_since") or now), evidence))
         return tuple(out)
 
-    def _ack(self, op_gen: int, at: float) -> None:
+    @staticmethod
+    def _ran(entry: dict, plan: StatusPlan) -> bool:
+        """Whether a committed runtime generation (its history entry) is ``plan`` as written: the
+        same config on as many GPUs (the coordinator keeps an operator plan's rank order and may
+        only leave out members that are not up, so the same count is the same members)."""
+        if plan.is_stop:
+            return not entry.get("config")
+        return same_config(entry.get("config"), plan.config) and int(entry.get("world_size") or 0) == plan.world_size
+
+    def _report_world(self, status: dict, by_runtime: dict[int, dict]) -> None:
+        """``status.world``: the world the coordinator reports it runs, written when it changes
+        (a commit, or an operator plan acked as that world)."""
+        gen = status.get("generation")
+        if gen is None:
+            return
+        gen = int(gen)
+        workers = tuple(status.get("members") or ())
+        entry = by_runtime.get(gen) or {}
+        at = self._committed_at.setdefault(gen, time.time())
+        world = CommittedWorld(generation=gen, config=str(status.get("config") or ""), members=pods_of(workers),
+                               world_size=len(workers), plan_generation=self._plan_of.get(gen),
+                               cause=cause_of(entry.get("cause")), reason=str(entry.get("reason") or ""),
+                               committed_at=parse_time(at))
+        if world != self._world_written and self._write(world.to_status()):
+            self._world_written = world
+
+    def _ack(self, op_gen: int, at: float, runtime: int | None = None) -> None:
+        """Ack ``op_gen``; ``runtime``: the running runtime generation it is (acked without a
+        transition), which ``status.world`` then names as that plan."""
+        if runtime is not None:
+            self._plan_of[int(runtime)] = op_gen
+            self._report_world(self.current, {h["generation"]: h for h in self.current.get("history") or ()
+                                              if h.get("generation") is not None})
         self._answer(op_gen, PlanAck(op_gen, parse_time(at)).to_status())
 
     def _abort(self, op_gen: int, reason: str) -> None:

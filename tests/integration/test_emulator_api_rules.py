@@ -392,6 +392,7 @@ def test_kubectl_get_shows_the_printer_columns_and_describe_only_this_jobs_event
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job_body("cols", ns))
     custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, "cols", {"status": {
         "phase": "Running", "worldSize": 4, "plan": {"generation": 3, "config": "tp=1,pp=1,dp=4"},
+        "world": {"generation": 5, "config": "tp=1,pp=1,dp=4", "members": ["a", "b", "c", "d"], "worldSize": 4},
         "appliedGeneration": 3, "progress": {"step": 17, "loss": 3.25}}})
     done = kubectl(kubeconfig, "get", "etj", "-n", ns)
     assert done.stderr == ""  # no short-name warnings, no version-skew warning

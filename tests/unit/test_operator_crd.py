@@ -74,7 +74,8 @@ def test_crd_identity_subresources_and_columns():
     assert "status" in VERSION["subresources"]
     columns = {c["name"]: c["jsonPath"] for c in VERSION["additionalPrinterColumns"]}
     assert columns["Phase"] == ".status.phase" and columns["World"] == ".status.worldSize"
-    assert columns["Plan"] == ".status.plan.config" and columns["Generation"] == ".status.plan.generation"
+    # World and Plan show what the runtime committed and runs (status.world), never a plan acked but not run
+    assert columns["Plan"] == ".status.world.config" and columns["Generation"] == ".status.plan.generation"
     assert columns["Age"] == ".metadata.creationTimestamp"
 
 

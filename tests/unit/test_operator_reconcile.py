@@ -175,13 +175,14 @@ def test_a_policy_that_ignores_cordons_keeps_the_pod():
     assert d.replan_reason is None
 
 
-def test_a_crashed_member_is_replaced_and_counted_as_a_failure_but_a_preempted_one_is_not():
+def test_a_crashed_member_is_deleted_and_counted_as_a_failure_but_a_preempted_one_is_not():
+    """A loss without notice: the runtime plans it (tests/unit/test_operator_one_authority.py);
+    the operator deletes the dead pod and counts it."""
     job, pods = running_job()
     crashed = copy.deepcopy(pods)
     crashed[1]["status"] = {"phase": "Failed", "reason": "Error"}
     d, job2 = step(job, crashed, healthy(4), T0 + timedelta(seconds=20))
-    assert d.replan_reason == Cause.POD_FAILED
-    assert "train-worker-1" not in d.status["plan"]["members"]
+    assert d.replan_reason is None and "plan" not in d.status
     assert d.delete_pods == ["train-worker-1"]  # dead: nothing to copy from it
     assert d.new_failures == 1 and job2["status"]["failures"] == 1
 
@@ -193,20 +194,15 @@ def test_a_crashed_member_is_replaced_and_counted_as_a_failure_but_a_preempted_o
     assert "failures" not in job3["status"]
 
 
-def test_a_vanished_node_counts_its_pod_as_leaving():
+def test_a_vanished_node_or_pod_is_the_runtimes_to_plan():
     job, pods = running_job()
     nodes = healthy(4)
     del nodes["node-3"]
     d, _ = step(job, pods, nodes, T0 + timedelta(seconds=20))
-    assert d.replan_reason == Cause.NODE_GONE
-    assert "train-worker-3" not in d.status["plan"]["members"]
-
-
-def test_a_member_pod_that_disappeared_triggers_a_plan():
-    job, pods = running_job()
+    assert d.replan_reason is None and "plan" not in d.status
     d, _ = step(job, pods[1:], healthy(4), T0 + timedelta(seconds=20))
-    assert d.replan_reason == "member-lost" and "train-worker-0" not in d.status["plan"]["members"]
-    assert d.create_workers == [0]
+    assert d.replan_reason is None and "plan" not in d.status
+    assert d.create_workers == [0]  # a missing pod is created at once
 
 
 # ---- not enough GPUs --------------------------------------------------------------------------
@@ -307,15 +303,17 @@ def test_an_unacked_plan_past_its_deadline_degrades_the_job():
 
 def test_an_aborted_plan_is_retried_after_a_backoff():
     job, pods = running_job()
-    d, job = step(job, pods[1:], healthy(4), T0 + timedelta(seconds=10))
+    nodes = healthy(4)
+    nodes["node-0"] = signals.classify_node({"metadata": {}, "spec": {"taints": [SPOT]}}, T0)
+    d, job = step(job, pods, nodes, T0 + timedelta(seconds=10))
     gen = job["status"]["plan"]["generation"]
     job["status"]["abortedGeneration"] = gen
     job["status"]["abortReason"] = "transfer checksum mismatch"
-    d, job = step(job, pods[1:], healthy(4), T0 + timedelta(seconds=11))
+    d, job = step(job, pods, nodes, T0 + timedelta(seconds=11))
     assert d.replan_reason is None
     assert job["status"]["history"][-1]["outcome"] == "Aborted"
     assert {c["type"]: c["reason"] for c in job["status"]["conditions"]}["Degraded"] == "ReconfigurationAborted"
-    d, job = step(job, pods[1:], healthy(4), T0 + timedelta(seconds=45))
+    d, job = step(job, pods, nodes, T0 + timedelta(seconds=45))
     assert d.replan_reason == "retry" and job["status"]["plan"]["generation"] == gen + 1
 
 
@@ -522,25 +520,27 @@ def test_each_straggler_switch_is_one_event(crd_validator):
     assert not [e for e in d.events if e[1] == "StragglerReplan"]  # announced once
 
 
-def test_a_member_already_gone_gets_the_reconfiguration_timeout_not_a_past_deadline():
-    """A worker pod deleted with no grace (its node deleted): its signal's deadline is now. The
-    plan without it must not carry a deadline already reached (the ack would be overdue at once):
-    it gets spec.elasticity.reconfigurationTimeoutSeconds, as a plan with no notice does."""
+def test_a_notice_already_past_gets_the_reconfiguration_timeout_not_a_past_deadline():
+    """A spot notice first seen after its deadline (the operator was down): the plan without the
+    pod must not carry a deadline already reached (the ack would be overdue at once): it gets
+    spec.elasticity.reconfigurationTimeoutSeconds, as a plan with no notice does."""
     from liveshard.runtime.contract.times import iso, parse_time
 
     job, pods = running_job()
     t1 = T0 + timedelta(seconds=30)
-    gone = [*pods[:1], make_pod(1, deletionTimestamp=iso(t1)), *pods[2:]]
-    d, job = step(job, gone, healthy(4), t1)
+    nodes = healthy(4)
+    old = {**SPOT, "timeAdded": iso(t1 - timedelta(minutes=3))}
+    nodes["node-1"] = signals.classify_node({"metadata": {}, "spec": {"taints": [old]}}, t1)
+    d, job = step(job, pods, nodes, t1)
     plan = d.status["plan"]
     assert "train-worker-1" not in plan["members"]
     timeout = job["spec"]["elasticity"].get("reconfigurationTimeoutSeconds", 300)
     assert parse_time(plan["deadline"]) == t1 + timedelta(seconds=timeout)
     # a notice with time left keeps its own deadline
     job2, pods2 = running_job()
-    soon = [*pods2[:1], make_pod(1, deletionTimestamp=iso(t1 + timedelta(seconds=20))), *pods2[2:]]
-    d, _ = step(job2, soon, healthy(4), t1)
-    assert parse_time(d.status["plan"]["deadline"]) == t1 + timedelta(seconds=20)
+    nodes["node-1"] = signals.classify_node({"metadata": {}, "spec": {"taints": [{**SPOT, "timeAdded": iso(t1)}]}}, t1)
+    d, _ = step(job2, pods2, nodes, t1)
+    assert parse_time(d.status["plan"]["deadline"]) == t1 + timedelta(minutes=2)
 
 
 def test_workers_the_planner_leaves_standing_by_are_not_a_degraded_job():
