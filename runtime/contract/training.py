@@ -334,20 +334,44 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
     if not isinstance(section, dict):
         raise ConfigError(path, f"must be a mapping, got {type(section).__name__}")
     data = _read_data(_section(section, "data", path), f"{path}.data")
+    tokenizer = _read_tokenizer(section, path, data)
+    train_iters, global_batch, micro_batch, seq_length, seed = _read_steps(section, path, default_seq_length)
+    optimizer = _read_optimizer(_section(section, "optimizer", path), f"{path}.optimizer")
+    schedule = _read_schedule(_section(section, "schedule", path), f"{path}.schedule", train_iters)
+    precision = _choice(section, "precision", path, "bf16", PRECISIONS)
+    loss_scale = _float(section, "initialLossScale", path, 2.0**16, open_low=True, high=2.0**40, fix="e.g. 65536")
+    evaluation = _read_eval(_section(section, "eval", path), f"{path}.eval", data, global_batch)
+    lg = _section(section, "logging", path)
+    logging_spec = LoggingSpec(interval=int_field(lg, "interval", f"{path}.logging", 10, maximum=MAX_TRAIN_ITERS) or 10,
+                               tensorboard_dir=_text(lg, "tensorboardDir", f"{path}.logging"),
+                               wandb_project=_text(lg, "wandbProject", f"{path}.logging"))
+    initial_weights, resume = _read_start(section, path)
+    return TrainingSpec(initial_weights=initial_weights, resume=resume, data=data, train_iters=train_iters, global_batch=global_batch, micro_batch=micro_batch,
+                        seq_length=seq_length or default_seq_length, seed=seed if seed is not None else 1234, tokenizer=tokenizer,
+                        optimizer=optimizer, schedule=schedule, precision=precision,
+                        initial_loss_scale=loss_scale, eval=evaluation, logging=logging_spec)
 
+
+def _read_tokenizer(section: dict[str, Any], path: str, data: DataSpec) -> TokenizerSpec | None:
+    """``tokenizer``: required with real data (its end-of-document id and vocabulary size)."""
     tok = _section(section, "tokenizer", path)
-    tokenizer = None
     if tok:
         kind = _choice(tok, "type", f"{path}.tokenizer", "huggingface", TOKENIZER_TYPES)
         tpath = _text(tok, "path", f"{path}.tokenizer")
         if tpath is None:
             raise ConfigError(f"{path}.tokenizer.path", "is required",
                               "a directory with tokenizer.json (huggingface) or a .model file (sentencepiece)")
-        tokenizer = TokenizerSpec(kind, tpath)
-    elif not data.mock:
+        return TokenizerSpec(kind, tpath)
+    if not data.mock:
         raise ConfigError(f"{path}.tokenizer", "is required with real data (its end-of-document id and "
                           "vocabulary size)", "set {type: huggingface, path: DIR with tokenizer.json}")
+    return None
 
+
+def _read_steps(section: dict[str, Any], path: str,
+                default_seq_length: int) -> tuple[int, int, int, int | None, int | None]:
+    """(trainIters, globalBatch, microBatch, seqLength, seed): the run's length (trainIters, or
+    trainSamples in whole steps) and batch, within a sane horizon."""
     horizon = "a sane horizon is far shorter: give the steps this run really takes"
     train_iters = int_field(section, "trainIters", path, None, maximum=MAX_TRAIN_ITERS, too_big=horizon,
                             fix="optimizer steps of the whole run, e.g. 10000")
@@ -382,9 +406,10 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
         raise ConfigError(f"{path}.{field_name}", f"{train_iters:,} steps of globalBatch={global_batch} are "
                           f"{samples:,} samples, beyond a sane horizon of {MAX_TRAIN_SAMPLES:,} samples and "
                           f"{MAX_TRAIN_TOKENS:,} tokens (megatron indexes every sample in memory)", horizon)
+    return train_iters, global_batch, micro_batch, seq_length, seed
 
-    o = _section(section, "optimizer", path)
-    op = f"{path}.optimizer"
+
+def _read_optimizer(o: dict[str, Any], op: str) -> OptimizerSpec:
     optimizer = OptimizerSpec(
         lr=_float(o, "lr", op, 3e-4, open_low=True, high=1.0, fix="Adam learning rates are about 1e-5 .. 1e-2"),
         min_lr=_float(o, "minLr", op, 0.0, high=1.0, fix="a floor at or below lr, e.g. lr / 10"),
@@ -395,9 +420,11 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
         clip_grad=_float(o, "clipGrad", op, 1.0, fix="e.g. 1.0 (0: no clipping)"))
     if optimizer.min_lr > optimizer.lr:
         raise ConfigError(f"{op}.minLr", f"{optimizer.min_lr} is above lr={optimizer.lr}", "make minLr <= lr")
+    return optimizer
 
-    s = _section(section, "schedule", path)
-    sp = f"{path}.schedule"
+
+def _read_schedule(s: dict[str, Any], sp: str, train_iters: int) -> ScheduleSpec:
+    """The learning-rate schedule; its warm-up must leave a decay (``decayIters``, else the run)."""
     warmup = int_field(s, "warmupIters", sp, None, minimum=0, maximum=MAX_TRAIN_ITERS)
     fraction = s.get("warmupFraction")
     if fraction is not None:
@@ -418,22 +445,22 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
     if schedule.decay_style == "WSD" and not 0 < schedule.wsd_decay_iters <= decay_iters:
         raise ConfigError(f"{sp}.wsdDecayIters", f"must be in 1..{decay_iters} with decayStyle WSD",
                           "set the length of WSD's final decay, e.g. 10% of trainIters")
+    return schedule
 
-    precision = _choice(section, "precision", path, "bf16", PRECISIONS)
-    loss_scale = _float(section, "initialLossScale", path, 2.0**16, open_low=True, high=2.0**40, fix="e.g. 65536")
 
-    ev = _section(section, "eval", path)
-    evaluation = EvalSpec(interval=int_field(ev, "interval", f"{path}.eval", 0, minimum=0, maximum=MAX_TRAIN_ITERS) or 0,
-                          iters=int_field(ev, "iters", f"{path}.eval", 10, maximum=MAX_TRAIN_SAMPLES // global_batch)
+def _read_eval(ev: dict[str, Any], ep: str, data: DataSpec, global_batch: int) -> EvalSpec:
+    """Evaluation every ``interval`` steps needs a validation split (or mock data)."""
+    evaluation = EvalSpec(interval=int_field(ev, "interval", ep, 0, minimum=0, maximum=MAX_TRAIN_ITERS) or 0,
+                          iters=int_field(ev, "iters", ep, 10, maximum=MAX_TRAIN_SAMPLES // global_batch)
                           or 10)
     if evaluation.interval and data.split_weights[1] <= 0 and not data.mock:
-        raise ConfigError(f"{path}.eval.interval", f"is set but data.split {data.split!r} has no validation part",
+        raise ConfigError(f"{ep}.interval", f"is set but data.split {data.split!r} has no validation part",
                           'give the validation split a weight, e.g. "969,30,1", or set eval.interval: 0')
+    return evaluation
 
-    lg = _section(section, "logging", path)
-    logging_spec = LoggingSpec(interval=int_field(lg, "interval", f"{path}.logging", 10, maximum=MAX_TRAIN_ITERS) or 10,
-                               tensorboard_dir=_text(lg, "tensorboardDir", f"{path}.logging"),
-                               wandb_project=_text(lg, "wandbProject", f"{path}.logging"))
+
+def _read_start(section: dict[str, Any], path: str) -> tuple[WeightsRef | None, str | None]:
+    """(initialWeights, resume.path): what the run starts from; at most one of them."""
     iw = _section(section, "initialWeights", path)
     initial_weights = None
     if iw:
@@ -450,10 +477,7 @@ def read_training(section: Any, path: str = "spec.training", *, default_seq_leng
     if initial_weights is not None and resume is not None:
         raise ConfigError(f"{path}.resume", "is set together with initialWeights",
                           "resume continues a run (weights, optimizer, step); initialWeights starts one: set one")
-    return TrainingSpec(initial_weights=initial_weights, resume=resume, data=data, train_iters=train_iters, global_batch=global_batch, micro_batch=micro_batch,
-                        seq_length=seq_length or default_seq_length, seed=seed if seed is not None else 1234, tokenizer=tokenizer,
-                        optimizer=optimizer, schedule=schedule, precision=precision,
-                        initial_loss_scale=loss_scale, eval=evaluation, logging=logging_spec)
+    return initial_weights, resume
 
 
 def check_against_model(training: TrainingSpec, max_sequence_length: int,
