@@ -302,6 +302,8 @@ class KubePlanSource:
                 answers.append((op_gen, entry["outcome"]))
                 continue
             plan = self._handed.get(op_gen)
+            if entry.get("config") is None and status.get("generation") == rt_gen:  # an entry without the world
+                entry = {**entry, "config": status.get("config") or "", "world_size": len(status.get("members") or ())}
             if plan is None or self._ran(entry, plan):
                 self._plan_of[rt_gen] = op_gen
                 answers.append((op_gen, None))

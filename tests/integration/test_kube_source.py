@@ -18,7 +18,7 @@ NS, JOB = "default", "j"
 
 @pytest.fixture
 def env(kube):
-    store = JobStore(serve_store("127.0.0.1", 0), JOB)
+    store = JobStore(serve_store("127.0.0.1", 0), JOB, b"test-secret")
     custom = k8s.CustomObjectsApi(kube.api_client())
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ElasticTrainingJob", "metadata": {"name": JOB},
             "spec": {"model": {"preset": "tiny-gpt"}, "image": "x", "workers": {"max": 4, "gpusPerWorker": 2},
@@ -96,24 +96,90 @@ def test_runtime_generations_stay_apart_and_a_matching_plan_is_acked_at_once(env
     assert source.runtime_of == {3: 0}
 
 
-def test_the_operators_plan_for_a_loss_the_runtime_recovered_is_recorded_not_made_again(env):
-    """One authority per event: a loss without notice is the runtime's; the operator's plan for
-    it, even with another config (it plans from what it sees), is acked as the world the runtime
-    already made, never handed on as a second transition."""
+def test_a_plan_for_a_loss_the_runtime_recovered_is_never_acked_as_a_world_that_does_not_run(env):
+    """A node deleted under a worker: the runtime recovered on its own (dp=1 on what survived),
+    then an operator plan for the loss arrives with another world (dp=2 with a pod that stood
+    by). It is not "acked as observed": the status shows the world the runtime committed, and
+    the plan is handed on as a transition from that world (a grow back), acked only once it runs."""
     source, store, custom = env
     world = ["j-worker-0/0", "j-worker-0/1", "j-worker-1/0", "j-worker-1/1"]
-    alive(store, *world)
+    alive(store, *world, "j-worker-2/0", "j-worker-2/1")
     source.report({"pending": None, "generation": 5, "config": "tp=2,pp=1,dp=1", "members": world[:2],
-                   "dead": world[2:], "history": [{"generation": 5, "outcome": "committed"}]})
-    write_plan(custom, 7, ["j-worker-0"], config="tp=1,pp=2,dp=1", cause="node-gone", reason="node-gone: x",
+                   "dead": world[2:], "history": [{"generation": 5, "outcome": "committed", "config": "tp=2,pp=1,dp=1",
+                                                   "world_size": 2, "cause": "lost-without-notice",
+                                                   "reason": "lost j-worker-1/0, j-worker-1/1 without notice"}]})
+    st = status(custom)
+    assert st["world"]["generation"] == 5 and st["world"]["members"] == ["j-worker-0"]
+    assert st["world"]["worldSize"] == 2 and st["world"].get("planGeneration") is None
+    assert st["world"]["cause"] == "lost-without-notice" and st["world"]["committedAt"].endswith("Z")
+    write_plan(custom, 7, ["j-worker-0", "j-worker-2"], cause="node-gone", reason="node-gone: x",
                leaving=["j-worker-1"])
-    assert source.poll() is None
-    assert status(custom)["appliedGeneration"] == 7
-    # a plan for an announced signal (a spot notice) is the operator's: handed on as usual
-    write_plan(custom, 8, ["j-worker-0"], config="tp=1,pp=2,dp=1", cause="spot-interruption",
-               reason="spot", leaving=["j-worker-1"])
     req = source.poll()
-    assert req is not None and req.members == ("j-worker-0/0", "j-worker-0/1")
+    assert req is not None and req.members == ("j-worker-0/0", "j-worker-0/1", "j-worker-2/0", "j-worker-2/1")
+    assert "appliedGeneration" not in status(custom)
+    source.report({"pending": 6, "generation": 5, "config": "tp=2,pp=1,dp=1", "members": world[:2], "history": []})
+    source.report({"pending": None, "generation": 6, "config": "tp=2,pp=1,dp=2", "members": list(req.members),
+                   "history": [{"generation": 6, "outcome": "committed", "config": "tp=2,pp=1,dp=2,ep=1",
+                                "world_size": 4}]})
+    st = status(custom)
+    assert st["appliedGeneration"] == 7
+    assert st["world"]["generation"] == 6 and st["world"]["planGeneration"] == 7
+    assert st["world"]["members"] == ["j-worker-0", "j-worker-2"]
+
+
+def test_a_plan_the_runtime_ran_otherwise_is_aborted_not_acked(env):
+    """The coordinator may leave out a member that is not up; the world it commits is then not
+    the plan: the plan is reported aborted, and status.world says what runs."""
+    source, store, custom = env
+    alive(store, "j-worker-0/0", "j-worker-0/1", "j-worker-1/0", "j-worker-1/1")
+    write_plan(custom, 3, ["j-worker-0", "j-worker-1"])
+    req = source.poll()
+    source.report({"pending": 0, "history": []})
+    source.report({"pending": None, "generation": 0, "config": "tp=2,pp=1,dp=1", "members": list(req.members[:2]),
+                   "history": [{"generation": 0, "outcome": "committed", "config": "tp=2,pp=1,dp=1", "world_size": 2}]})
+    st = status(custom)
+    assert "appliedGeneration" not in st and st["abortedGeneration"] == 3
+    assert "not the plan's" in st["abortReason"]
+    assert st["world"]["worldSize"] == 2 and st["world"].get("planGeneration") is None
+
+
+def test_an_observed_plan_is_acked_as_the_running_world_and_never_made_a_transition(env):
+    source, store, custom = env
+    world = ["j-worker-0/0", "j-worker-0/1"]
+    alive(store, *world)
+    source.report({"pending": None, "generation": 4, "config": "tp=2,pp=1,dp=1", "members": world,
+                   "history": [{"generation": 4, "outcome": "committed", "config": "tp=2,pp=1,dp=1", "world_size": 2}]})
+    assert status(custom)["world"].get("planGeneration") is None
+    write_plan(custom, 9, ["j-worker-0"], config="tp=2,pp=1,dp=1,ep=1", observedWorld=4, cause="lost-without-notice")
+    assert source.poll() is None
+    st = status(custom)
+    assert st["appliedGeneration"] == 9 and st["world"]["planGeneration"] == 9
+    # the runtime moved on before the operator's record of an older world arrived: nothing to do
+    source.report({"pending": None, "generation": 5, "config": "tp=1,pp=1,dp=1", "members": world[:1], "dead": world[1:],
+                   "history": [{"generation": 5, "outcome": "committed", "config": "tp=1,pp=1,dp=1", "world_size": 1}]})
+    write_plan(custom, 10, ["j-worker-0"], config="tp=2,pp=1,dp=1", observedWorld=4)
+    assert source.poll() is None and status(custom)["appliedGeneration"] == 9
+    assert status(custom)["world"]["generation"] == 5
+
+
+def test_a_joiner_is_up_only_once_the_pod_the_plan_names_registered_and_beats(env):
+    """Scaling 1 -> 4: the store still holds the registration and last heartbeat of an earlier
+    pod of the same name (scaled down before). Handed on now, the plan's joiner would be judged
+    by its predecessor's beats ("died during the transition"): it waits for the new pod."""
+    source, store, custom = env
+    alive(store, "j-worker-0/0", "j-worker-0/1")
+    for w in ("j-worker-1/0", "j-worker-1/1"):  # the earlier pod's process, killed by the scale-down
+        store.register_member(w, {"pid": 1, "incarnation": "old", "pod_uid": "uid-old"})
+        store.set_json(Keys.heartbeat(w), {"time": time.time() - 60, "state": "waiting", "incarnation": "old"})
+    write_plan(custom, 2, ["j-worker-0", "j-worker-1"], memberUids={"j-worker-0": "uid-0", "j-worker-1": "uid-new"})
+    assert source.poll() is None
+    for w in ("j-worker-1/0", "j-worker-1/1"):  # the new pod's processes register ...
+        store.register_member(w, {"pid": 2, "incarnation": f"new-{w}", "pod_uid": "uid-new"})
+    assert source.poll() is None  # ... but the heartbeat key still holds the earlier process's beats
+    for w in ("j-worker-1/0", "j-worker-1/1"):
+        store.set_json(Keys.heartbeat(w), {"time": time.time(), "state": "waiting", "incarnation": f"new-{w}"})
+    req = source.poll()
+    assert req is not None and req.members[2:] == ("j-worker-1/0", "j-worker-1/1")
 
 
 def test_a_rejected_or_aborted_plan_is_reported_aborted(env):
