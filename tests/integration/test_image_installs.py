@@ -358,7 +358,7 @@ def test_worker_image_plan_source_reads_the_job(venvs, kube, tmp_path):
         from liveshard.runtime.control.store import JobStore, serve_store
 
         url, namespace, job = sys.argv[1:]
-        store = JobStore(serve_store("127.0.0.1", 0), job)
+        store = JobStore(serve_store("127.0.0.1", 0), job, b"image-test-secret")
         source = KubePlanSource(store, job, namespace, api=make_api_client(server=url), poll_interval=0.0)
         obj = source.read_job()
         before = source.poll()  # its workers have not registered: nothing to hand on yet
@@ -382,7 +382,7 @@ def test_worker_image_coordinator_reads_the_job_and_publishes_its_plan(venvs, ku
     place of the service account): it reads the job, serves the store, and publishes the plan the
     job's status carries once its workers (played by this test) have registered."""
     from liveshard.dev.ports import free_port
-    from liveshard.runtime.contract.keys import Keys
+    from liveshard.runtime.contract.keys import SECRET_ENV, Keys
     from liveshard.runtime.control.store import JobStore, connect_store
 
     venv = venvs["worker"].result()
@@ -394,7 +394,7 @@ def test_worker_image_coordinator_reads_the_job_and_publishes_its_plan(venvs, ku
     proc = subprocess.Popen(
         [str(venv / "bin" / "liveshard"), "coordinator", "--source", "kubernetes", "--kubeconfig", str(kubeconfig),
          "--namespace", NS, "--job-name", job, "--model", "tiny-gpt", "--host", "127.0.0.1", "--port", str(port)],
-        env=venv_env(venv), cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+        env={**venv_env(venv), SECRET_ENV: "image-test-secret"}, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
 
     def output() -> str:
         log.flush()
@@ -410,7 +410,7 @@ def test_worker_image_coordinator_reads_the_job_and_publishes_its_plan(venvs, ku
                     break  # it serves the store only after reading the job
             assert time.monotonic() < deadline, f"the coordinator's store did not come up:\n{output()}"
             time.sleep(0.5)
-        store = JobStore(connect_store("127.0.0.1", port), job)
+        store = JobStore(connect_store("127.0.0.1", port), job, b"image-test-secret")
         workers = (f"{job}-worker-0/0", f"{job}-worker-0/1")
 
         def beat() -> None:

@@ -110,7 +110,7 @@ def test_a_save_that_fails_at_finalize_costs_the_checkpoint_not_the_run():
     from liveshard.runtime.control.store import JobStore
 
     class Clients:
-        store = JobStore(dist.HashStore())
+        store = JobStore(dist.HashStore(), secret=b"test-secret")
 
     class Failing:
         def __init__(self, error):

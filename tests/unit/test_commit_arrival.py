@@ -23,7 +23,7 @@ def _agent(store: JobStore) -> SimpleNamespace:
 
 
 def test_a_member_whose_world_was_built_ahead_counts_in_without_waiting():
-    store = JobStore(dist.HashStore())
+    store = JobStore(dist.HashStore(), secret=b"test-secret")
     start = time.monotonic()
     arrive(_agent(store), PLAN, wait=False)  # w2 has not arrived: nothing to wait for
     assert time.monotonic() - start < 1.0
@@ -31,7 +31,7 @@ def test_a_member_whose_world_was_built_ahead_counts_in_without_waiting():
 
 
 def test_a_member_that_waits_stops_when_the_generation_is_decided():
-    store = JobStore(dist.HashStore())
+    store = JobStore(dist.HashStore(), secret=b"test-secret")
     store.decide(Keys.decision(PLAN.generation), "aborted: w2 died")
     with pytest.raises(RuntimeError, match="decided while members were arriving"):
         arrive(_agent(store), PLAN, wait=True)

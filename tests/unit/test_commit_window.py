@@ -17,13 +17,21 @@ import pytest
 from liveshard.runtime.agent import live_switch
 from liveshard.runtime.agent.connection import StoreClients, reannounce
 from liveshard.runtime.agent.control import ControlThread
-from liveshard.runtime.contract.keys import COMMITTED, Keys
+from liveshard.runtime.contract.keys import COMMITTED, SECRET_ENV, Keys
 from liveshard.runtime.control.protocol import OpenGeneration, WorldPlan
 from liveshard.runtime.control.store import JobStore, connect_store, serve_store
 from liveshard.runtime.coordinator import Registration
 
 OLD = WorldPlan(generation=3, config="tp=2,pp=1,dp=1", members=("w0", "w1"))
 PLAN = WorldPlan(generation=4, config="tp=1,pp=1,dp=2", members=("w0", "w1"), previous=3, reason="test")
+
+SECRET = b"commit-window-secret"
+
+
+@pytest.fixture(autouse=True)
+def _job_secret(monkeypatch):
+    """The job's secret, as a worker reads it (``StoreClients``) and as the test's clients use it."""
+    monkeypatch.setenv(SECRET_ENV, SECRET.decode())
 
 
 class Coordinator:
@@ -34,7 +42,7 @@ class Coordinator:
         self.port = self.server.port
 
     def client(self) -> JobStore:
-        return JobStore(connect_store("127.0.0.1", self.port, timeout=5.0))
+        return JobStore(connect_store("127.0.0.1", self.port, timeout=5.0), secret=SECRET)
 
     def kill(self) -> None:
         self.server = None

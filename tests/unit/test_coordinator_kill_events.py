@@ -13,10 +13,12 @@ import pytest
 from liveshard.dev.localrun.events import parse_events
 from liveshard.dev.localrun.held_worker import HeldPhases
 from liveshard.dev.ports import free_port
-from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.contract.keys import SECRET_ENV, Keys
 from liveshard.runtime.control.protocol import PHASES
 from liveshard.runtime.control.store import JobStore, connect_store, serve_store
 from liveshard.runtime.errors import ConfigError
+
+SECRET = b"test-secret"
 
 
 def test_a_coordinator_kill_names_a_phase_and_a_change_to_kill_in():
@@ -31,14 +33,15 @@ def test_a_coordinator_kill_names_a_phase_and_a_change_to_kill_in():
             parse_events(bad)
 
 
-def test_a_member_held_at_a_phase_goes_on_once_the_restarted_coordinators_store_names_none():
+def test_a_member_held_at_a_phase_goes_on_once_the_restarted_coordinators_store_names_none(monkeypatch):
+    monkeypatch.setenv(SECRET_ENV, SECRET.decode())  # the held worker's client reads it
     port = free_port()
     server = serve_store("127.0.0.1", port)
-    JobStore(connect_store("127.0.0.1", port)).set(Keys.hold_phase("w0"), "commit-window")
+    JobStore(connect_store("127.0.0.1", port), secret=SECRET).set(Keys.hold_phase("w0"), "commit-window")
     gate = HeldPhases("127.0.0.1", port, "job", "w0", timeout=60.0, poll=0.05)
     done = threading.Event()
     threading.Thread(target=lambda: (gate("commit-window", 4), done.set()), daemon=True).start()
-    store = JobStore(connect_store("127.0.0.1", port))
+    store = JobStore(connect_store("127.0.0.1", port), secret=SECRET)
     end = time.monotonic() + 20
     while store.get(Keys.at_phase("w0")) != "commit-window:4":
         assert time.monotonic() < end

@@ -68,7 +68,7 @@ def job(tmp_path, monkeypatch, request):
 
 
 def _script(job: LocalRun, monkeypatch, outcomes: list[str], dead_polls: int = 0) -> tuple[JobStore, Scripted]:
-    store = JobStore(dist.HashStore())
+    store = JobStore(dist.HashStore(), secret=b"test-secret")
     coordinator = Scripted(job, store, outcomes, dead_polls)
     monkeypatch.setattr(job, "_wait_generation", coordinator.wait_generation)
     monkeypatch.setattr(job, "_status", coordinator.status)

@@ -92,7 +92,7 @@ def _scenario(precompute: bool, inputs: PlanningInputs, event: str, change_input
     node 1 (w2, w3) without notice, or "join" w6 and w7. Returns the coordinator and the plan it
     published for the event (None: it published none)."""
     source = Source(inputs)
-    c = Coordinator(JobStore(dist.HashStore()), PRESETS[model], source, inputs, heartbeat_timeout=1.0,
+    c = Coordinator(JobStore(dist.HashStore(), secret=b"test-secret"), PRESETS[model], source, inputs, heartbeat_timeout=1.0,
                     precompute=precompute, clock=Clock())
     workers = tuple(f"w{i}" for i in range(6))
     _register(c, *workers, "w6", "w7")

@@ -18,6 +18,8 @@ from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.control.protocol import Heartbeat
 from liveshard.runtime.control.store import JobStore
 
+SECRET = b"pulse-test-secret"
+
 
 class Running:
     returncode = None
@@ -34,8 +36,8 @@ def _pulse(tmp_path) -> Pulse:
 
 def _pulsing(tmp_path, pid: int | None = None) -> Pulsing:
     pulsing = Pulsing(pid or os.getpid(), "127.0.0.1", 1, "job", "w0", str(tmp_path), interval=0.5,
-                      stale_after=60.0, secret=None)
-    pulsing.store = JobStore(dist.HashStore())  # connected (epoch 0)
+                      stale_after=60.0, secret=SECRET)
+    pulsing.store = JobStore(dist.HashStore(), secret=SECRET)  # connected (epoch 0)
     return pulsing
 
 

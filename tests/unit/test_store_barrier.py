@@ -146,7 +146,7 @@ def test_a_store_that_fails_ends_the_wait_with_its_error():
 
 
 def test_the_job_store_waits_for_a_key_through_the_barrier():
-    store = JobStore(dist.HashStore())
+    store = JobStore(dist.HashStore(), secret=b"test-secret")
     store.set("k", "v")
     assert store.wait_for("k", timeout=1.0) == "v"
     assert store.wait_for("absent", timeout=0.05) is None
