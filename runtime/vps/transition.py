@@ -481,7 +481,7 @@ def _copies_and_demands(inters: list[Inter], groups: tuple[StateGroup, ...],
     demands: list[BoundDemand] = []
     forced = [0] * devices.num_devices
     alive = [devices.holds_old_state(d) for d in range(devices.num_devices)]
-    new_copy = new_demand = tuple.__new__
+    new_copy = tuple.__new__  # a NamedTuple built without its keyword-parsing ``__new__``: this loop is hot
     pooled: dict[tuple, list] = {}
     holder_sets: dict[int, tuple] = {}
     pools: dict[tuple[int, ...], tuple[int, ...]] = {}
@@ -530,6 +530,16 @@ def _copies_and_demands(inters: list[Inter], groups: tuple[StateGroup, ...],
         if entry is None:
             entry = pooled[geometry, holders] = []
         entry.append(((gi, key, off), (gi, key, off, lshape, srel, drel, nbytes, npre, views, isum), dests))
+    shares = _share_pools(pooled, groups, devices, forced, copies)
+    return copies, demands, forced, shares
+
+
+def _share_pools(pooled: dict[tuple, list], groups: tuple[StateGroup, ...], devices: DeviceMap, forced: list[int],
+                 copies: list[Copy]) -> dict[tuple, PoolShares]:
+    """The pieces several holders can send, shared over each holder set's pool (``sources``:
+    ``targets`` then ``split``); their copies are appended to ``copies``. Returns how each pool
+    was shared."""
+    new_copy = new_demand = tuple.__new__  # NamedTuples built without keyword parsing: this loop is hot
     shares: dict[tuple, PoolShares] = {}
     nodes = devices.nodes
     for (geometry, holders), pieces in pooled.items():
@@ -554,7 +564,7 @@ def _copies_and_demands(inters: list[Inter], groups: tuple[StateGroup, ...],
                     else:
                         copies.extend(part_copies(c, npre, first, count))
                 q += 1
-    return copies, demands, forced, shares
+    return shares
 
 
 def object_moves(old_cfg: ParallelConfig, new_cfg: ParallelConfig, rank_to_device: tuple[int, ...],
