@@ -387,3 +387,59 @@ def test_an_operator_restarted_mid_reconfiguration_finishes_it_from_the_status(t
             second.stop()
 
 
+
+
+# ---- one authority per event ------------------------------------------------------------------
+def commit(cluster: Cluster, name: str, runtime_generation: int) -> dict:
+    """Play the coordinator committing the job's current plan: the world it runs, then the ack
+    (``kube_source`` writes them in that order)."""
+    plan = cluster.status(name)["plan"]
+    world = {"generation": runtime_generation, "config": plan["config"], "members": plan["members"],
+             "worldSize": plan["worldSize"], "planGeneration": plan["generation"]}
+    cluster.custom.patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, name, {"status": {"world": world}})
+    cluster.ack(name)
+    return plan
+
+
+def test_a_node_lost_without_notice_shows_the_runtimes_world_and_the_standby_takes_over(cluster):
+    """kubectl delete node under a worker. The runtime recovers on its own (it sees the loss
+    first): the operator plans nothing for the loss, the status shows the world the runtime
+    committed as soon as it is reported, and the job, now below minDataParallel with a pod
+    standing by, grows back with it at once (no scale-up cooldown)."""
+    nodes = ["kilo-a", "kilo-b", "kilo-c"]
+    cluster.add_nodes(*nodes)
+    cluster.create_job("kilo", {"min": 1, "max": 3, "gpusPerWorker": 1},
+                       parallelism={"minDataParallel": 2, "distributedOptimizer": False},
+                       elasticity={"scaleUpCooldownSeconds": 300})
+    wait_for(lambda: len(cluster.workers("kilo")) == 3, what="worker pods")
+    cluster.schedule("kilo", nodes)
+    first = wait_for(lambda: cluster.status("kilo").get("plan"), what="a first plan")
+    assert len(first["members"]) == 2 and ",dp=2," in first["config"]  # the third stands by
+    commit(cluster, "kilo", 0)
+    wait_for(lambda: (s := cluster.status("kilo")).get("phase") == "Running" and s["worldSize"] == 2, what="Running")
+    lost, kept = first["members"][1], first["members"][0]
+    standby = next(n for n in cluster.workers("kilo") if n not in first["members"])
+
+    cluster.core.delete_node(cluster.workers("kilo")[lost].spec.node_name)
+    time.sleep(1.5)  # the operator has seen it: it must plan nothing (the runtime's loss)
+    assert cluster.status("kilo")["plan"]["generation"] == first["generation"]
+
+    dp1 = first["config"].replace("dp=2", "dp=1")
+    cluster.custom.patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, "kilo", {"status": {"world": {
+        "generation": 1, "config": dp1, "members": [kept], "worldSize": 1, "planGeneration": None,
+        "cause": "lost-without-notice", "reason": f"lost {lost}/0 without notice"}}})
+    regrow = wait_for(lambda: (s := cluster.status("kilo"))["plan"]["generation"] > first["generation"] + 1 and s,
+                      what="the recovery recorded and a grow-back plan")
+    assert regrow["worldSize"] == 1  # the world that runs, never the plan that was acked
+    observed = next(h for h in regrow["history"] if h.get("outcome") == "Observed")
+    assert observed["runtimeGeneration"] == 1 and observed["to"] == dp1 and observed["worldSize"] == 1
+    plan = regrow["plan"]
+    assert plan["cause"] == "scale-up" and plan["members"] == [kept, standby] and ",dp=2," in plan["config"]
+    assert plan["memberUids"][standby] == cluster.workers("kilo")[standby].metadata.uid
+    wait_for(lambda: lost not in cluster.workers("kilo") or cluster.workers("kilo")[lost].spec.node_name is None,
+             what="the lost pod deleted (it is in no world)")
+
+    commit(cluster, "kilo", 2)
+    done = wait_for(lambda: (s := cluster.status("kilo")).get("phase") == "Running" and s["worldSize"] == 2 and s,
+                    what="Running on dp=2 again")
+    assert done["history"][-1]["outcome"] == "Applied" and done["world"]["members"] == [kept, standby]
