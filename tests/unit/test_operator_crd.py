@@ -73,7 +73,7 @@ def test_crd_identity_subresources_and_columns():
                      "labelSelectorPath": ".status.selector"}
     assert "status" in VERSION["subresources"]
     columns = {c["name"]: c["jsonPath"] for c in VERSION["additionalPrinterColumns"]}
-    assert columns["Phase"] == ".status.phase" and columns["World"] == ".status.worldSize"
+    assert columns["Phase"] == ".status.phase" and columns["World"] == ".status.world.worldSize"
     # World and Plan show what the runtime committed and runs (status.world), never a plan acked but not run
     assert columns["Plan"] == ".status.world.config" and columns["Generation"] == ".status.plan.generation"
     assert columns["Age"] == ".metadata.creationTimestamp"
