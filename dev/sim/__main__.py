@@ -1,5 +1,8 @@
 """``python -m liveshard.dev.sim``: exit 0 when every schedule holds, 1 with the first violating
-schedule's seed and trace, 2 on bad arguments."""
+schedule's seed and trace, 2 on bad arguments, 3 when ``--mutant``'s text is not in its module.
+
+``--mutant NAME`` plants one of ``sim.mutants.MUTANTS`` in the shipped code first (exit 1: the
+simulator caught it)."""
 
 from __future__ import annotations
 
@@ -7,8 +10,8 @@ import argparse
 import json
 import sys
 
-from liveshard.dev.sim.run import run_schedules
-from liveshard.dev.sim.world import FAULTS
+from liveshard.dev.sim import mutants
+from liveshard.dev.sim.kinds import FAULTS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="the first schedule's seed (the others follow)")
     p.add_argument("--faults", default="all", help=f"'all' or a comma list of: {', '.join(FAULTS)}")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--mutant", choices=sorted(mutants.BY_NAME), help="plant this bug in the shipped code first")
     args = p.parse_args(argv)
     faults = frozenset(FAULTS) if args.faults == "all" else frozenset(f.strip() for f in args.faults.split(",") if f)
     unknown = sorted(faults - set(FAULTS))
@@ -24,7 +28,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--faults: unknown {', '.join(unknown)}; use 'all' or some of {', '.join(FAULTS)}" if unknown
               else "--schedules: give a positive number", file=sys.stderr)
         return 2
-    report = run_schedules(args.schedules, args.seed, faults)
+    if args.mutant:
+        mutants.install(mutants.BY_NAME[args.mutant])
+    from liveshard.dev.sim.run import run_schedules
+
+    try:
+        report = run_schedules(args.schedules, args.seed, faults)
+    except mutants.NotPlanted as e:
+        print(e, file=sys.stderr)
+        return 3
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
     else:

@@ -5,9 +5,12 @@ uncommitted, nobody dead while heartbeating validly, samples once, no unverified
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
-from liveshard.runtime.contract.keys import Keys
+from liveshard.dev.sim.store import ATTACKER, Link, SimClient, full
+from liveshard.runtime.contract.keys import COMMITTED, Keys
+from liveshard.runtime.control.protocol import MemberResult, Registration
 from liveshard.runtime.coordinator.requests import PlanRequest
 
 if TYPE_CHECKING:
@@ -31,7 +34,7 @@ class Faults:
         return [w for w in self.workers.values() if w.alive]
 
     def _fault(self: Simulation, kind: str) -> None:
-        rng, store, core = self.rng, self.store, self.core
+        rng, server, core = self.rng, self.server, self.core
         alive = self._alive()
         if kind.startswith("request:"):
             if core is None or core.current is None or not core.current.members:
@@ -56,8 +59,10 @@ class Faults:
         elif kind.startswith("respawn:"):
             w = self.workers[kind.split(":", 1)[1]]
             w.incarnation += 1
-            w.alive, w.phase, w.world, w.state_step, w.target, w.cp = True, "waiting", None, None, None, None
-            w.reader, w.frozen_until, w.torn_down, w.broken_at, w.handled = None, 0.0, False, None, -1
+            w.alive, w.phase, w.world, w.state_step, w.target, w.driver = True, "waiting", None, None, None, None
+            w.building = None
+            w.link, w.frozen_until, w.torn_down, w.broken_at, w.handled = Link(), 0.0, False, None, -1
+            w.latest_seen, w.clock_skew = -1, 0.0
             self.log(f"{w.inc} starts (a restarted pod)")
             self.at(self.now + 0.1, "wake", w.id)
         elif kind == "coordinator":
@@ -69,30 +74,19 @@ class Faults:
                 return
             self._kill_coordinator(f"pending {core.pending.plan.generation if core.pending else None}")
         elif kind == "forge":
-            target = rng.choice(alive).id if alive else "w0"
-            what = rng.choice(("hb", "decision", "latest", "result", "dead", "member"))
-            if what == "hb":
-                self.forged_beats.add(target)
-                self.at(self.now + rng.uniform(2.0, 8.0), "fault", f"unforge:{target}")
-            elif core is not None:
-                gen = core.next_generation
-                key = {"decision": Keys.decision(gen), "latest": Keys.LATEST, "result": Keys.result(gen, target),
-                       "dead": Keys.dead(target), "member": Keys.member(target)}[what]
-                store.forge(key)
-            self.log(f"FAULT forge {what} {target}")
+            self._forge(rng.choice(alive) if alive else self.workers["w0"])
         elif kind.startswith("unforge:"):
             self.forged_beats.discard(kind.split(":", 1)[1])
         elif kind == "replay":
-            keys = [k for k in store.history if k.startswith(("hb/", "plan/latest", "members/"))]
-            if keys:
-                key = rng.choice(sorted(keys))
-                if store.replay(key):
+            prefix = rng.choice(("hb/", "hb/", "members/", "gen/", "plan/", "dead/"))
+            keys = [k for k in server.keys((prefix,)) if server.history.get(full(k))]
+            for key in rng.sample(keys, min(len(keys), rng.choice((1, 1, 2, 5)))):
+                if server.replay(key):
                     self.log(f"FAULT replay {key}")
         elif kind == "delete":
-            keys = [k for k in store.data if k.startswith(("gen/", "hb/", "plan/"))]
-            if keys:
-                key = rng.choice(sorted(keys))
-                store.delete(key)
+            keys = server.keys(("gen/", "hb/", "plan/", "dead/", "members/"))
+            for key in rng.sample(keys, min(len(keys), rng.choice((1, 1, 3, 50)))):
+                server.delete(key)
                 self.log(f"FAULT delete {key}")
         elif kind == "slow" and alive:
             w = rng.choice(alive)
@@ -109,20 +103,46 @@ class Faults:
         elif kind == "counter":
             # the store's counters are gone from the protocol; what stands in for them is sealed:
             # a bumped old counter and a forged count-in must change nothing
-            store.bump(Keys.MEMBER_COUNT)
+            if server.up:
+                SimClient(server, ATTACKER).add(Keys.MEMBER_COUNT, 1)
             target = rng.choice(sorted(self.workers))
             key = Keys.arrived(core.next_generation if core else 0, target)
-            store.forge(key)
+            server.forge(key, "1")
             self.log(f"FAULT counter {key}")
         elif kind == "damage" and self.checkpoints:
             self.checkpoints[-1]["verified"] = False
             self.log(f"FAULT damage {self.checkpoints[-1]['path']}")
 
+    def _forge(self: Simulation, target: Worker) -> None:
+        """Values an attacker without the secret writes: well-formed, and harmful if taken as valid."""
+        rng, server, core = self.rng, self.server, self.core
+        what = rng.choice(("hb", "decision", "latest", "result", "dead", "member", "index", "garbage"))
+        if what == "hb":
+            self.forged_beats.add(target.id)
+            self.at(self.now + rng.uniform(2.0, 8.0), "fault", f"unforge:{target.id}")
+        elif core is not None:
+            gen = core.pending.plan.generation if core.pending is not None and rng.random() < 0.7 \
+                else core.next_generation
+            info = Registration(node=target.id, incarnation=f"{target.id}.forged", latest_seen=10**6)
+            value = {"decision": (Keys.decision(gen), COMMITTED),
+                     "latest": (Keys.LATEST, str(gen + 5)),
+                     "result": (Keys.result(gen, target.id), MemberResult(ok=True).to_json()),
+                     "dead": (Keys.dead(target.id), target.inc),
+                     "member": (Keys.member(target.id), json.dumps(info.to_dict())),
+                     "index": (Keys.member_index(len(server.keys(("members/index",))) + rng.randint(0, 1)),
+                               target.id),
+                     "garbage": (Keys.decision(gen), "")}[what]
+            if what == "garbage":
+                server.garbage(value[0])
+            else:
+                server.forge(*value)
+        self.log(f"FAULT forge {what} {target.id}")
+
     def _kill_coordinator(self: Simulation, when: str) -> None:
         """The coordinator's process dies, and the store it serves with it; Kubernetes restarts
         its pod a little later (a new, empty store)."""
-        self.store.up = False
-        self.core = None
+        self.server.up = False
+        self.coordinator = None
         self.log(f"FAULT coordinator killed ({when})")
         self.at(self.now + self.rng.uniform(0.5, 4.0), "coord-up", "")
 

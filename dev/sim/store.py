@@ -1,131 +1,205 @@
-"""The job's store as the protocol sees it, for the simulator: values with or without a valid MAC,
-replays, deletions, compare-and-set, counters, and a server that dies with its coordinator.
+"""The simulated transport under the job's store: a c10d ``Store`` held in memory, per process.
 
-``SimStore`` is one incarnation of the coordinator's c10d store (a restarted coordinator serves a
-new, empty one). ``Reader`` is one process's authenticated view of it, with the rules of
-``control.store.JobStore``: a forged, replayed or deleted value is tampering, never "absent"; the
-last valid value stands; a write-once key keeps the first valid value read.
+The protocol's processes use the production ``control.store.JobStore`` (MACs, sequences,
+write-once keys, tamper accounting) over a ``SimClient``: one per process and store incarnation,
+as each process has its own TCP client. What is simulated is only the wire and the server:
+
+* ``SimServer`` is one incarnation of the coordinator's c10d store (a restarted coordinator
+  serves a new, empty one). It holds raw bytes, as a ``TCPStore`` does; when it is ``up`` False
+  every call fails (``DistStoreError``), except that a ``set`` may "return" and write nothing,
+  as a client of a dead server sometimes does.
+* Every write is entered in a ledger with its writer (a process's name, or ``ATTACKER``), so the
+  simulator's invariants know who wrote what without trusting the MAC code under test.
+* An attacker without the secret uses the server directly: ``forge`` (well-formed seals with a
+  wrong MAC and a payload that would do harm if accepted), ``replay`` (an older raw value the key
+  held), ``delete``.
+
+No rule of the protocol is here: what a value means, whether it is valid, and what a reader does
+about it are ``JobStore``'s.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from liveshard.runtime.control.store import JobStore
+
+ATTACKER = "attacker"
+JOB = "job"
+PREFIX = f"liveshard/{JOB}//"  # what ``JobStore``'s PrefixStore puts before each protocol key
 
 
-class StoreDown(Exception):
-    """The store's server is gone (its coordinator died)."""
+def full(key: str) -> str:
+    return PREFIX + key
+
+
+def protocol_key(key: str) -> str | None:
+    return key[len(PREFIX):] if key.startswith(PREFIX) else None
+
+
+def seal_parts(raw: bytes) -> tuple[str, str] | None:
+    """(flag, value) of a raw ``v2.<seq>.<flag>.<mac>.<value>`` (the writer is known: this is no
+    check of the seal, only its layout, for the invariants)."""
+    try:
+        parts = raw.decode().split(".", 4)
+    except UnicodeDecodeError:
+        return None
+    return (parts[2], parts[4]) if len(parts) == 5 else None
 
 
 @dataclass(frozen=True)
-class Entry:
-    value: object  # what the value decodes to (the simulator skips the encoding)
-    valid: bool  # the MAC verifies (written by a holder of the job's secret)
-    seq: int  # the writer's sequence, bound into the MAC
+class Write:
+    time: float
+    writer: str
+    key: str  # the protocol key (no prefix)
+    raw: bytes
 
 
-def write_once(key: str) -> bool:
-    """Keys whose first valid value is final (a later different one is tampering)."""
-    return key.endswith(("/decision", "/outcome")) or "/result/" in key or (key.startswith("plan/")
-                                                                           and key[5:].isdigit())
+def _b(v: str | bytes) -> bytes:
+    return v if isinstance(v, bytes) else v.encode()
 
 
-class SimStore:
-    def __init__(self, epoch: int) -> None:
+class SimServer:
+    """One incarnation of the coordinator's store. ``on_write(write)`` is the simulator's hook
+    for every write that lands (its invariants, and faults tied to a write)."""
+
+    def __init__(self, epoch: int, clock: Callable[[], float],
+                 on_write: Callable[[Write], None] = lambda w: None) -> None:
         self.epoch = epoch
         self.up = True
-        self.data: dict[str, Entry] = {}
-        self.history: dict[str, list[Entry]] = {}  # every valid value each key held (what a replay can use)
-        self.counters: dict[str, int] = {}
-        self.seq = 0
+        self.data: dict[str, bytes] = {}
+        self.history: dict[str, list[bytes]] = {}  # every raw a process wrote under each key
+        self.forged: set[bytes] = set()
+        self.clock = clock
+        self.on_write = on_write
 
-    # ---- the job's processes ------------------------------------------------------------------
-    def set(self, key: str, value: object) -> None:
-        """A ``TCPStore.set``: on a dead server it may return without error and write nothing."""
-        if not self.up:
-            return
-        self.seq += 1
-        e = Entry(value, True, self.seq)
-        self.data[key] = e
-        self.history.setdefault(key, []).append(e)
+    def _land(self, writer: str, key: str, raw: bytes) -> None:
+        self.data[key] = raw
+        pk = protocol_key(key)
+        if writer != ATTACKER:
+            self.history.setdefault(key, []).append(raw)
+        if pk is not None:
+            self.on_write(Write(self.clock(), writer, pk, raw))
 
-    def set_confirmed(self, key: str, value: object) -> None:
-        """A write read back (or an ``add``): fails at once on a dead server."""
+    def fail(self, key: str) -> None:
         if not self.up:
-            raise StoreDown(key)
-        self.set(key, value)
-
-    def get(self, key: str) -> Entry | None:
-        if not self.up:
-            raise StoreDown(key)
-        return self.data.get(key)
-
-    def add(self, key: str, n: int) -> int:
-        if not self.up:
-            raise StoreDown(key)
-        self.counters[key] = self.counters.get(key, 0) + n
-        return self.counters[key]
-
-    def decide(self, key: str, value: str) -> str:
-        """First *valid* writer wins: forged bytes under the key do not block the compare-and-set
-        (``JobStore.decide`` retries against them)."""
-        if not self.up:
-            raise StoreDown(key)
-        e = self.data.get(key)
-        if e is not None and e.valid:
-            return e.value
-        self.set(key, value)
-        return value
+            raise dist.DistStoreError(f"the store of epoch {self.epoch} is gone ({key})")
 
     # ---- an attacker without the secret ------------------------------------------------------
-    def forge(self, key: str) -> None:
+    def forge(self, key: str, value: str) -> bytes | None:
+        """A well-formed seal of ``value`` under a MAC made without the secret."""
+        if not self.up:
+            return None
+        raw = f"v2.{9 * 10**19 + len(self.forged)}.s.{'0' * 64}.{value}".encode()
+        self.forged.add(raw)
+        self._land(ATTACKER, full(key), raw)
+        return raw
+
+    def garbage(self, key: str) -> None:
         if self.up:
-            self.seq += 1
-            self.data[key] = Entry("forged", False, self.seq)
+            raw = b"\xff not a seal %d" % len(self.forged)
+            self.forged.add(raw)
+            self._land(ATTACKER, full(key), raw)
 
     def replay(self, key: str) -> bool:
-        """Write back the oldest valid value the key held (validly signed, out of date)."""
-        old = self.history.get(key)
-        if not self.up or not old or self.data.get(key) == old[0]:
+        """Write back the oldest value the key held (validly sealed, out of date)."""
+        old = self.history.get(full(key))
+        if not self.up or not old or self.data.get(full(key)) == old[0]:
             return False
-        self.data[key] = old[0]
+        self._land(ATTACKER, full(key), old[0])
         return True
 
-    def delete(self, key: str) -> None:
-        if self.up:
-            self.data.pop(key, None)
+    def delete(self, key: str) -> bool:
+        return self.up and self.data.pop(full(key), None) is not None
 
-    def bump(self, key: str) -> None:
-        if self.up:
-            self.counters[key] = self.counters.get(key, 0) + 1
+    def keys(self, prefixes: tuple[str, ...]) -> list[str]:
+        return sorted(pk for k in self.data if (pk := protocol_key(k)) is not None and pk.startswith(prefixes))
 
 
-class Reader:
-    """One process's view of one store incarnation (``JobStore``'s rules)."""
+class SimClient(dist.Store):
+    """One process's client of ``server``: a c10d ``Store`` the production ``JobStore`` wraps.
+    ``forged_read``: the forged raw values (key, raw) this client returned to its process (the
+    tamper-accounting invariant: every one must be counted by the ``JobStore`` above)."""
 
-    def __init__(self, store: SimStore) -> None:
-        self.store = store
-        self.last: dict[str, Entry] = {}
-        self.tampered = 0
+    def __init__(self, server: SimServer, who: str) -> None:
+        super().__init__()
+        self.server = server
+        self.who = who
+        self.forged_read: set[tuple[str, bytes]] = set()
 
-    def read(self, key: str) -> tuple[object, bool]:
-        """(the last valid value, whether this read saw tampering); raises ``StoreDown``."""
-        e = self.store.get(key)
-        kept = self.last.get(key)
-        if e is None or not e.valid or (kept is not None and (e.seq < kept.seq or (write_once(key)
-                                                                                   and e.value != kept.value))):
-            # deleted (the protocol never deletes what it reads), forged, replayed, or a write-once
-            # value rewritten: the last valid value stands, and a write-once one is put back
-            if kept is None:
-                if e is None:
-                    return None, False
-                self.tampered += 1
-                return None, True
-            self.tampered += 1
-            if write_once(key) and self.store.up:
-                self.store.data[key] = kept
-            return kept.value, True
-        self.last[key] = e
-        return e.value, False
+    def _seen(self, key: str, raw: bytes | None) -> bytes | None:
+        if raw is not None and raw in self.server.forged:
+            self.forged_read.add((key, raw))
+        return raw
 
-    def get(self, key: str) -> object:
-        return self.read(key)[0]
+    def set(self, key: str, value: str | bytes) -> None:
+        s = self.server
+        if not s.up:
+            return  # a c10d set to a dead server can return without error and write nothing
+        s._land(self.who, key, _b(value))
+
+    def get(self, key: str) -> bytes:
+        self.server.fail(key)
+        raw = self.server.data.get(key)
+        if raw is None:
+            raise dist.DistStoreError(f"key {key} not found (a real client would wait)")
+        return self._seen(key, raw) or b""
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        s = self.server
+        s.fail(key)
+        expected, desired = _b(expected), _b(desired)
+        current = s.data.get(key)
+        if current is None:
+            if expected == b"":
+                s._land(self.who, key, desired)
+                return desired
+            return expected  # c10d answers a compare-and-set on an absent key with the expected value
+        if current == expected:
+            s._land(self.who, key, desired)
+            return desired
+        return self._seen(key, current) or b""
+
+    def add(self, key: str, amount: int) -> int:
+        s = self.server
+        s.fail(key)
+        value = int(s.data.get(key, b"0")) + amount
+        s.data[key] = str(value).encode()
+        return value
+
+    def check(self, keys: list[str]) -> bool:
+        self.server.fail("check")
+        return all(k in self.server.data for k in keys)
+
+    def delete_key(self, key: str) -> bool:
+        self.server.fail(key)
+        return self.server.data.pop(key, None) is not None
+
+    def num_keys(self) -> int:
+        self.server.fail("num_keys")
+        return len(self.server.data)
+
+
+class Link:
+    """A worker's store clients (``commit_driver.StoreLink``): ``epoch`` counts the clients made
+    after the first, one per coordinator restart it reconnected to."""
+
+    def __init__(self) -> None:
+        self.epoch = -1
+        self.registration_slot: int | None = None
+        self.client: SimClient | None = None
+        self._store: JobStore | None = None
+
+    @property
+    def store(self) -> JobStore:
+        assert self._store is not None
+        return self._store
+
+    @property
+    def server(self) -> SimServer | None:
+        return self.client.server if self.client is not None else None

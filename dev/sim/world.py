@@ -1,43 +1,58 @@
-"""The simulated job: the real coordinator core and commit points, modelled workers, a store, a
-plan source, a clock — and the faults.
+"""The simulated job: the shipped protocol code over a simulated transport, clock and processes.
 
 Time is a number advanced by an event queue, so one schedule of a minute of a job's life runs in
-milliseconds. What runs for real: ``coordinator.core.CoordinatorCore`` (with its liveness judge
-and generation judgement) and each worker's ``agent.commit_point.CommitPoint``. What is modelled:
-the workers' training loop and switch (prepare, a step boundary, a transfer, the vote), the store
-(``sim.store``) and the planner (a world is its members in order; a "tp" world holds each of two
-shards on every other member, a "dp" world a full copy on each).
+milliseconds. What runs as shipped, unmodified:
+
+* the job's store: ``control.store.JobStore`` (MACs, sequences, write-once keys, tamper
+  accounting) in every process, over ``sim.store.SimClient`` (the wire);
+* the coordinator: ``coordinator.loop.Coordinator`` (its observe/apply, hence
+  ``CoordinatorCore``, the liveness judge and the generation judgement), ticked on the simulated
+  clock with the planner swapped for ``SimChooser`` (a world is its members in order);
+* each worker's commit point: ``agent.commit_driver.CommitDriver`` over ``CommitPoint``, and its
+  results through ``agent.connection.report_result``.
+
+What is modelled: the workers' training loop and switch (prepare, a step boundary, a transfer,
+arrival; a "tp" world holds each of two shards on every other member, a "dp" world a full copy
+on each), their heartbeats and registrations (the contract's ``Heartbeat``/``Registration``),
+the plan source and the checkpoints. The invariants are checked against the simulator's own
+ledger of who wrote what (``sim.store.Write``), never against the code under test.
 """
 
 from __future__ import annotations
 
 import contextlib
 import heapq
+import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from liveshard.dev.sim.faults import Faults
-from liveshard.dev.sim.store import Reader, SimStore, StoreDown
-from liveshard.runtime.agent.commit_point import CommitPoint, Failed, WriteAbort, WriteReady
+from liveshard.dev.sim.kinds import FAULTS
+from liveshard.dev.sim.store import ATTACKER, JOB, Link, SimClient, SimServer, Write, seal_parts
+from liveshard.runtime.agent.commit_driver import CommitDriver
+from liveshard.runtime.agent.commit_point import CommitPoint, Failed
+from liveshard.runtime.agent.connection import register_again_if_lost, report_result
+from liveshard.runtime.agent.control import REGISTRATION_CHECK
 from liveshard.runtime.contract.keys import COMMITTED, Keys
-from liveshard.runtime.control.protocol import Heartbeat, MemberResult, WorldPlan, transition_members
-from liveshard.runtime.coordinator.core import CoordinatorCore
-from liveshard.runtime.coordinator.events import (
-    CheckpointView,
-    Decide,
-    MarkDead,
-    Observation,
-    Publish,
+from liveshard.runtime.control.protocol import (
+    Heartbeat,
+    MemberResult,
+    OpenGeneration,
     Registration,
-    Stop,
-    WriteOutcome,
+    WorldPlan,
+    transition_members,
 )
-from liveshard.runtime.coordinator.membership import LOST_PROCESS, BeatRead
+from liveshard.runtime.control.store import JobStore
+from liveshard.runtime.coordinator.events import CheckpointView
+from liveshard.runtime.coordinator.loop import Coordinator
+from liveshard.runtime.coordinator.membership import LOST_PROCESS
 from liveshard.runtime.coordinator.requests import PlanningInputs, PlanRequest
 from liveshard.runtime.coordinator.world_choice import WorldChooser
 from liveshard.runtime.planner import Constraints
 from liveshard.runtime.planner.precompute import PlanCache
 
+SECRET = b"the job's secret (simulated)"
+INCARNATION = "sim-job"
 HB_INTERVAL = 1.0
 POLL = 0.5
 HB_TIMEOUT = 4.0
@@ -49,8 +64,7 @@ COMMIT_BOUND = 30.0  # a member waiting for a restarted coordinator to resolve i
 COLLECTIVE_TIMEOUT = 20.0  # a collective blocked on a frozen peer gives up
 CHECKPOINT_EVERY = 4
 
-FAULTS = ("kill", "restart", "coordinator", "forge", "replay", "delete", "slow", "freeze", "clock", "counter",
-          "damage", "lose-write")
+
 
 
 # ---- the planner, modelled ---------------------------------------------------------------------
@@ -108,10 +122,12 @@ class Worker:
     world: WorldPlan | None = None  # the committed world it belongs to
     state_step: int | None = None  # the step its training state is at (None: holds none)
     target: WorldPlan | None = None  # the plan being switched to
+    target_epoch: int = -1  # the store (link epoch) the plan was read from
     prep_done: float = 0.0
     torn_down: bool = False  # the old world's groups are gone (a member past the vote)
-    cp: CommitPoint | None = None
-    reader: Reader | None = None
+    driver: CommitDriver | None = None  # in its commit window (the shipped driver)
+    building: tuple[WorldPlan, str, str] | None = None  # a new member building its world: (plan, error, process)
+    link: Link = field(default_factory=Link)
     handled: int = -1
     latest_seen: int = -1
     seq: int = 0
@@ -120,11 +136,16 @@ class Worker:
     broken_at: float | None = None  # when its world's collective will fail
     switch_step: int | None = None  # the step the state it transfers is at
     next_beat: float = 0.0
+    next_registration_check: float = 0.0
     exit_reason: str | None = None
 
     @property
     def inc(self) -> str:
         return f"{self.id}.{self.incarnation}"
+
+    @property
+    def cp(self) -> CommitPoint | None:
+        return self.driver.cp if self.driver is not None else None
 
 
 @dataclass
@@ -164,12 +185,22 @@ class SimSource:
         self.sim = sim
         self.queue: list[PlanRequest] = []
         self.asked_join: set[str] = set()
+        self.handed_to: object = None  # the coordinator the job's plan was last handed to
 
     def poll(self) -> PlanRequest | None:
         if self.queue:
+            self.handed_to = self.sim.coordinator
             return self.queue.pop(0)
         core = self.sim.core
-        if core is None or core.current is None:
+        if core is None:
+            return None
+        if core.current is None:
+            # a restarted coordinator that found no world to adopt (every process restarted
+            # too): the operator's plan, which is in the job's status, is handed to it anew
+            alive = tuple(w.id for w in self.sim.workers.values() if w.alive and w.id not in core.dead)
+            if self.handed_to is not self.sim.coordinator and alive:
+                self.handed_to = self.sim.coordinator
+                return PlanRequest(members=alive, reason="the job's plan, handed to a restarted coordinator")
             return None
         world = set(core.current.members) | set(core.current.standbys)
         waiting = [w for w in self.sim.workers.values()
@@ -180,6 +211,22 @@ class SimSource:
             members = (*core.current.members, *core.current.standbys, *(w.id for w in waiting))
             return PlanRequest(members=members, reason="workers waiting")
         return None
+
+    def planning(self) -> PlanningInputs | None:
+        return None
+
+    def report(self, status: dict) -> None:
+        self.sim.reported = status
+
+
+@dataclass
+class Ledger:
+    """What the simulator saw written (by whom), for the safety invariants."""
+
+    votes: dict[int, set[str]] = field(default_factory=dict)  # generation -> members whose ready vote landed
+    decisions: dict[int, str] = field(default_factory=dict)  # generation -> the first decision a process wrote
+    outcomes: dict[int, set[str]] = field(default_factory=dict)  # generation -> outcomes coordinators wrote
+    fault_serial_at_publish: dict[int, int] = field(default_factory=dict)
 
 
 class Simulation(Faults):
@@ -194,21 +241,26 @@ class Simulation(Faults):
         n = workers or self.rng.randint(2, 5)
         self.workers = {f"w{i}": Worker(f"w{i}") for i in range(n)}
         self.epoch = 0
-        self.store = SimStore(0)
-        self.core: CoordinatorCore | None = None
-        self.creader: Reader | None = None
+        self.server = SimServer(0, lambda: self.now, self._on_write)
+        self.coordinator: Coordinator | None = None
+        self.cstore: JobStore | None = None
         self.source = SimSource(self)
+        self.reported: dict | None = None
+        self.clients: list[tuple[str, SimClient, JobStore]] = []  # every process's client, for accounting
         self.checkpoints: list[dict] = []
         self.tracks: dict[int, WorldTrack] = {}
         # generation -> {process: the decision it acted on}; a process declared dead is cut off,
         # and what it did no longer counts
         self.acted: dict[int, dict[str, str]] = {}
+        self.ledger = Ledger()
+        self.fault_serial = 0  # faults injected so far (non-triviality: none while a generation ran)
         self.violations: list[str] = []
         self.trace: list[str] = []
         self.fault_count: dict[str, int] = {}
         self.failure: dict | None = None  # the job ended Failed (kept by the plan source)
         self.published: dict[int, WorldPlan] = {}
         self.seen_plans: dict[int, WorldPlan] = {}  # what some worker read under each generation
+        self.seen_by: dict[int, set[str]] = {}  # the processes that read it
         self.forged_beats: set[str] = set()  # heartbeat keys overwritten by an attacker all along
         self._queue: list[tuple[float, int, str, str]] = []
         self._n = 0
@@ -223,6 +275,10 @@ class Simulation(Faults):
         self.at(COORD_TICK, "coord", "")
         self.at(STEP_TIME, "steps", "")
         self._plan_faults()
+
+    @property
+    def core(self):
+        return self.coordinator.core if self.coordinator is not None else None
 
     # ---- the event queue ----------------------------------------------------------------------
     def at(self, t: float, kind: str, target: str) -> None:
@@ -254,9 +310,13 @@ class Simulation(Faults):
                 self.faults_left -= 1
                 self.last_fault = self.now
                 self.step_at_last_fault = max((t.step for t in self.tracks.values()), default=0)
+                self.fault_serial += 1
                 self._fault(target)
+            elif kind == "vote":
+                self._vote(self.workers[target])
             elif kind == "coord-up":
                 self._start_coordinator()
+            self._check_tamper_accounting()
         if not self.violations:
             self._check_settled()
         steps = max((t.step for t in self.tracks.values()), default=0)
@@ -264,100 +324,153 @@ class Simulation(Faults):
         return SimResult(self.seed, not self.violations, self.violations, self.trace, dict(self.fault_count), outcome,
                          steps)
 
+    # ---- processes' store clients ---------------------------------------------------------------
+    def _connect(self, who: str, skew: float = 0.0) -> tuple[SimClient, JobStore]:
+        client = SimClient(self.server, who)
+        store = JobStore(client, JOB, SECRET, incarnation=INCARNATION,
+                         clock=lambda: int((self.now + skew) * 1e9))
+        self.clients.append((who, client, store))
+        return client, store
+
     # ---- the coordinator ----------------------------------------------------------------------
     def _start_coordinator(self) -> None:
-        if self.core is not None or self.failure is not None:
+        if self.coordinator is not None or self.failure is not None:
             return
-        if self.creader is not None:  # a restart: a new, empty store
+        if self.cstore is not None:  # a restart: a new, empty store
             self.epoch += 1
-            self.store = SimStore(self.epoch)
+            self.server = SimServer(self.epoch, lambda: self.now, self._on_write)
             self.log(f"coordinator up, store epoch {self.epoch}")
+        _, self.cstore = self._connect(f"coordinator.{self.epoch}")
         planning = PlanningInputs(Constraints(global_batch=8, micro_batch=1))
-        self.core = CoordinatorCore(SimChooser(), planning, heartbeat_timeout=HB_TIMEOUT,
-                                    transition_timeout=TRANSITION_TIMEOUT, checkpoints=SimCheckpoints(self),
-                                    precompute=False)
-        self.creader = Reader(self.store)
+        self.coordinator = Coordinator(self.cstore, None, self.source, planning, heartbeat_timeout=HB_TIMEOUT,
+                                       transition_timeout=TRANSITION_TIMEOUT, precompute=False,
+                                       clock=lambda: self.now, wall=lambda: self.now, chooser=SimChooser(),
+                                       checkpoints=SimCheckpoints(self))
 
     def _coord_tick(self) -> None:
-        core = self.core
-        self.at(self.now + (COORD_TICK if core is not None and core.pending is not None else 2 * COORD_TICK),
-                "coord", "")
-        if core is None or not self.store.up:
+        coordinator = self.coordinator
+        pending = coordinator is not None and coordinator.pending is not None
+        self.at(self.now + (COORD_TICK if pending else 2 * COORD_TICK), "coord", "")
+        if coordinator is None or not self.server.up:
             return
-        r, store = self.creader, self.store
-        beats, telemetry = {}, {}
-        for m in sorted(core.watched()):
-            key = Keys.heartbeat(m)
-            if m in self.forged_beats and self.rng.random() < 0.7:
-                store.forge(key)
-            text, tampered = r.read(key)
-            data = text
-            beat = Heartbeat.parse(data)
-            registered, inc = False, None
-            if beat is None:
-                info, _ = r.read(Keys.member(m))
-                if info:
-                    registered, inc = True, info.get("incarnation")
-            else:
-                telemetry[m] = data
-            beats[m] = BeatRead(beat, tampered, registered, inc)
-        results, decision, arrived, ready = {}, None, 0, frozenset()
-        if core.pending is not None:
-            g = core.pending.plan.generation
-            for m in core.involved_alive():
-                text = r.get(Keys.result(g, m))
-                if text is not None:
-                    results[m] = text
-            if core.current is not None and core.pending.plan.is_live_transition:
-                decision = r.get(Keys.decision(g))
-                arrived = sum(r.get(Keys.arrived(g, m)) == "1" for m in core.pending.plan.members)
-                if decision is None:
-                    ready = frozenset(m for m in core.pending.plan.members if r.get(Keys.ready(g, m)) == "1")
-        request = self.source.poll() if core.wants_request else None
-        regs = None
-        if core.wants_registrations or request is not None:
-            regs = {}
-            named = (*(request.members if request else ()), *core.deferred_members())
-            for m in dict.fromkeys((*self.workers, *named)):
-                text = r.get(Keys.member(m))
-                if text is not None:
-                    reg = Registration.parse(m, text)
-                    if reg is not None:
-                        regs[m] = reg
-        obs = Observation(now=self.now, wall=self.now, beats=beats, telemetry=telemetry, results=results,
-                          decision=decision, arrived=arrived, ready=ready, request=request, registrations=regs)
-        queue = list(core.step(obs))
-        while queue:
-            a = queue.pop(0)
-            if isinstance(a, Publish):
-                known = self.seen_plans.get(a.plan.generation)
-                if known is not None and (known.members, known.config, known.previous) != \
-                        (a.plan.members, a.plan.config, a.plan.previous):
-                    self.violate(f"generation {a.plan.generation}, which a worker saw, reused for another plan")
-                store.set(Keys.plan(a.plan.generation), a.plan)
-                self.published[a.plan.generation] = a.plan
-                store.set(Keys.LATEST, a.plan.generation)
-                self.log(f"publish {a.plan.generation} {a.plan.config} {a.plan.members} prev={a.plan.previous} "
-                         f"restore={a.plan.restore_from} ({a.plan.reason})")
-                if a.plan.restore_from is not None and a.plan.generation not in self.published:
-                    ck = next((c for c in self.checkpoints if c["path"] == a.plan.restore_from), None)
-                    if ck is None or not ck["verified"]:
-                        self.violate(f"plan {a.plan.generation} restores unverified checkpoint {a.plan.restore_from}")
-            elif isinstance(a, Decide):
-                stands = store.decide(Keys.decision(a.generation), a.value)
-                queue[:0] = core.decided(a.generation, stands, self.now)
-            elif isinstance(a, WriteOutcome):
-                store.set(Keys.outcome(a.generation), a.outcome)
-                if a.outcome == COMMITTED:
-                    store.set(Keys.CURRENT, a.generation)
-                self.log(f"outcome {a.generation}: {a.outcome}")
-            elif isinstance(a, MarkDead):
-                self._check_death(a.member, a.incarnation)
-                store.set(Keys.dead(a.member), a.incarnation or "")
-            elif isinstance(a, Stop):
-                store.set(Keys.STOP, "1")
-                self.failure = core.failure  # the operator records it in the job: terminal
-                self.log(f"stop: {core.failure}")
+        for m in sorted(self.forged_beats):
+            if self.rng.random() < 0.7:  # an attacker overwriting a heartbeat all along
+                w = self.workers.get(m)
+                self.server.forge(Keys.heartbeat(m), Heartbeat(time=self.now, state="training",
+                                                               incarnation=w.inc if w else None).to_json())
+        coordinator.tick()
+
+    def _on_write(self, w: Write) -> None:
+        """Every write that lands: who wrote what is the ground truth of the invariants."""
+        if w.writer == ATTACKER:
+            return
+        parts = seal_parts(w.raw)
+        if parts is None:
+            return  # a counter (``add``) or an unsealed c10d key
+        flag, value = parts
+        key = w.key
+        if flag == "d":
+            return
+        if key.startswith("plan/") and key[5:].isdigit():
+            self._published(WorldPlan.from_json(value))
+        elif key.startswith("gen/") and "/ready/" in key:
+            gen, member = int(key.split("/")[1]), key.split("/ready/")[1]
+            if value == "1" and w.writer.split(".")[0] == member:
+                self.ledger.votes.setdefault(gen, set()).add(member)
+        elif key.startswith("members/") and not key.startswith("members/index"):
+            # a member that re-announces itself inside the commit window of a generation, not
+            # having failed, votes ready there (the restarted coordinator may count it so)
+            reg = Registration.parse(key[8:], json.loads(value))
+            if reg is not None and reg.open is not None and reg.open.decision is None \
+                    and w.writer.split(".")[0] == key[8:]:
+                self.ledger.votes.setdefault(reg.open.generation, set()).add(key[8:])
+        elif key.startswith("gen/") and key.endswith("/decision"):
+            self._decision_written(int(key.split("/")[1]), value, w.writer)
+        elif key.startswith("gen/") and key.endswith("/outcome") and w.writer.startswith("coordinator"):
+            self._outcome_written(int(key.split("/")[1]), value)
+        elif key.startswith("dead/") and w.writer.startswith("coordinator"):
+            self._check_death(key[5:], value or None)
+        elif key == Keys.STOP and w.writer.startswith("coordinator"):
+            self.failure = self.core.failure if self.core is not None else {"reason": "stopped"}
+            self.log(f"stop: {self.failure}")
+        if key.startswith("gen/") and "/ready/" in key and "lose-write" in self.faults and self.coordinator \
+                and self.rng.random() < 0.03 and self.fault_count.get("lose-write", 0) < 2 and self.now < self.duration:
+            # the coordinator dies under the vote: the set landed, nothing confirms it
+            self.last_fault = self.now
+            self.fault_serial += 1
+            self._count("lose-write")
+            self._kill_coordinator("under a ready vote")
+
+    # ---- safety invariants ----------------------------------------------------------------------
+    def _published(self, plan: WorldPlan) -> None:
+        if self.published.get(plan.generation) == plan:
+            return  # the same plan written back (a reader repairing a deleted write-once key)
+        known = self.seen_plans.get(plan.generation)
+        readers = [w.inc for w in self.workers.values() if w.alive and w.inc in self.seen_by.get(plan.generation, ())]
+        if known is not None and readers and (known.members, known.config, known.previous) != \
+                (plan.members, plan.config, plan.previous):
+            self.violate(f"generation {plan.generation}, which {readers} read, reused for another plan")
+        if plan.generation in self.published:
+            self._forget(plan.generation)  # reused where no live process knew it: a new generation
+        if plan.generation not in self.published:
+            self.ledger.fault_serial_at_publish[plan.generation] = self.fault_serial
+            if plan.restore_from is not None:
+                ck = next((c for c in self.checkpoints if c["path"] == plan.restore_from), None)
+                if ck is None or not ck["verified"]:
+                    self.violate(f"plan {plan.generation} restores unverified checkpoint {plan.restore_from}")
+        self.published[plan.generation] = plan
+        self.log(f"publish {plan.generation} {plan.config} {plan.members} prev={plan.previous} "
+                 f"restore={plan.restore_from} ({plan.reason})")
+
+    def _forget(self, gen: int) -> None:
+        for book in (self.ledger.votes, self.ledger.decisions, self.ledger.outcomes, self.acted, self.tracks,
+                     self.published, self.seen_plans, self.seen_by):
+            book.pop(gen, None)
+
+    def _missing_votes(self, gen: int) -> list[str] | None:
+        plan = self.published.get(gen)
+        if plan is None or not plan.is_live_transition:
+            return None
+        votes = self.ledger.votes.get(gen, set())
+        return [m for m in plan.members if m not in votes]
+
+    def _decision_written(self, gen: int, value: str, writer: str) -> None:
+        """Validity: a commit only after every member's ready vote; non-triviality: no abort when
+        every member voted ready and nothing failed while the generation ran."""
+        missing = self._missing_votes(gen)
+        if value == COMMITTED and missing:
+            self.violate(f"generation {gen} committed by {writer} without the ready votes of {missing}")
+        first = self.ledger.decisions.setdefault(gen, value)
+        if first is value and value != COMMITTED and missing == [] \
+                and self.ledger.fault_serial_at_publish.get(gen) == self.fault_serial:
+            self.violate(f"generation {gen} aborted by {writer} although every member voted ready and nothing "
+                         f"failed: {value}")
+        self.log(f"decision {gen} by {writer}: {value}")
+
+    def _outcome_written(self, gen: int, outcome: str) -> None:
+        committed = outcome == COMMITTED
+        missing = self._missing_votes(gen)
+        if committed and missing:
+            self.violate(f"outcome of generation {gen} is committed without the ready votes of {missing}")
+        kinds = self.ledger.outcomes.setdefault(gen, set())
+        kinds.add("committed" if committed else "aborted")
+        if len(kinds) > 1:
+            self.violate(f"generation {gen} given both outcomes by coordinators")
+        acted = set(self.acted.get(gen, {}).values())
+        if acted and acted != {"committed" if committed else "aborted"}:
+            self.violate(f"generation {gen}: a coordinator resolved it {outcome} while live processes acted "
+                         f"on {self.acted[gen]}")
+        self.log(f"outcome {gen}: {outcome}")
+
+    def _check_tamper_accounting(self) -> None:
+        """Every forged value a process's store client returned was counted as tampering by its
+        ``JobStore`` (and so never taken as valid)."""
+        for who, client, store in self.clients:
+            if client.forged_read:
+                counted = sum(store.tampering_counts().values())
+                if counted < len(client.forged_read):
+                    self.violate(f"{who} read {len(client.forged_read)} forged values and counted {counted} "
+                                 f"as tampering")
 
     def _check_death(self, member: str, incarnation: str | None) -> None:
         w = self.workers[member]
@@ -365,13 +478,14 @@ class Simulation(Faults):
             for inc in [i for i in acts if i == incarnation or (incarnation == LOST_PROCESS and i.split(".")[0] == member)]:
                 del acts[inc]
         self.log(f"declared dead: {member} ({incarnation})")
-        cur = self.core.current if self.core else None
+        core = self.core
+        cur = core.current if core else None
         stale = (w.world is not None and cur is not None and w.world.generation < cur.generation
                  and member not in cur.members)
         holder = incarnation == LOST_PROCESS and w.world is not None and cur is not None \
             and w.world.generation == cur.generation and w.state_step is not None
         if w.alive and not stale and (w.inc == incarnation or holder) and self.now - w.last_valid_beat < HB_TIMEOUT / 2 \
-                and w.reader is not None and w.reader.store is self.store:
+                and w.link.server is self.server:
             self.violate(f"{member} declared dead while heartbeating validly (last beat "
                          f"{self.now - w.last_valid_beat:.2f} s ago)")
 
@@ -389,28 +503,31 @@ class Simulation(Faults):
             if self.now >= w.next_beat:
                 w.next_beat = self.now + HB_INTERVAL
                 self._beat(w)
+            if self.now >= w.next_registration_check:
+                w.next_registration_check = self.now + REGISTRATION_CHECK
+                if register_again_if_lost(w.link, w.id, lambda: self._registration(w, reconnected=True)):
+                    w.handled = -1
+                    self.log(f"{w.inc} registers again (its registration was deleted)")
             self._poll(w)
-        except StoreDown:
-            if w.cp is not None:
-                w.cp.store_lost(self.now)
-            self._commit_step(w)
+        except Exception as e:  # the store's server is gone (a DistStoreError)
+            if not self.server.up or w.link.server is not self.server:
+                self._commit_step(w)
+            else:
+                raise RuntimeError(f"{w.inc}: {e}") from e
 
     def _connected(self, w: Worker) -> bool:
         """Whether ``w`` talks to a live store; connects to a restarted coordinator's (and
         announces itself there) when the one it knew is gone."""
-        if w.reader is not None and w.reader.store is self.store and self.store.up:
+        server = w.link.server
+        if server is not None and server.up:
             return True
-        if w.reader is not None and w.reader.store.up:
-            return True
-        if not self.store.up or self.core is None:
-            if w.cp is not None:
-                w.cp.store_lost(self.now)
+        if not self.server.up or self.coordinator is None:
             return False
-        w.reader = Reader(self.store)
-        if w.cp is not None:
-            w.cp.reconnected()
-        self._register(w)
-        if w.target is not None and w.cp is None:
+        # a new client (as ``StoreClients.replace``): the commit driver sees the epoch change
+        w.link.client, w.link._store = self._connect(w.inc, w.clock_skew)
+        w.link.epoch += 1
+        self._register(w, reconnected=w.link.epoch > 0)
+        if w.target is not None and w.driver is None:
             # plans of the old store that never took effect are gone with it (reported above as
             # ``pending_plan``: the new coordinator asks for them again)
             w.target = None
@@ -418,28 +535,28 @@ class Simulation(Faults):
                 w.phase = "training" if w.state_step is not None else "waiting"
         return True
 
-    def _register(self, w: Worker) -> None:
-        info: dict = {"node": w.id, "incarnation": w.inc, "latest_seen": w.latest_seen}
-        if w.world is not None and w.state_step is not None:
-            info["plan"] = w.world
-        if w.cp is not None:  # in its commit window, or decided and not switched yet (as a real worker)
-            info["open"] = w.cp.report().to_dict()
-        elif w.target is not None and w.phase in ("preparing", "transfer"):
-            info["pending_plan"] = w.target
-        store = w.reader.store
-        store.set(Keys.member(w.id), info)
-        i = store.add(Keys.MEMBER_COUNT, 1) - 1
-        store.set(Keys.member_index(i), w.id)
+    def _register(self, w: Worker, reconnected: bool = False) -> None:
+        w.link.registration_slot = w.link.store.register_member(w.id, self._registration(w, reconnected).to_dict())
         w.handled = -1
-        self.log(f"{w.inc} registers in epoch {store.epoch} ({w.phase})")
+        self.log(f"{w.inc} registers in epoch {w.link.server.epoch} ({w.phase})")
+
+    def _registration(self, w: Worker, reconnected: bool) -> Registration:
+        return Registration(node=w.id, incarnation=w.inc, latest_seen=w.latest_seen, time=self.now,
+                           reconnected=reconnected,
+                           plan=w.world if w.world is not None and w.state_step is not None else None,
+                           # in its commit window, or decided and not switched yet (as a real worker)
+                           open=OpenGeneration.from_dict(w.cp.report().to_dict()) if w.cp is not None else None,
+                           pending_plan=w.target if w.cp is None and w.target is not None
+                           and w.phase in ("preparing", "transfer") else None)
 
     def _beat(self, w: Worker) -> None:
         w.seq += 1
-        beat = {"time": self.now + w.clock_skew, "seq": w.seq, "state": self._state(w), "incarnation": w.inc,
-                "generation": w.world.generation if w.world else None, "step": w.state_step,
-                "preparing": w.target.generation if w.target is not None and w.phase in ("preparing", "transfer") else None}
-        w.reader.store.set(Keys.heartbeat(w.id), beat)
-        if w.reader.store.up:
+        beat = Heartbeat(time=self.now + w.clock_skew, seq=w.seq, state=self._state(w), incarnation=w.inc,
+                         generation=w.world.generation if w.world else None, step=w.state_step,
+                         preparing=w.target.generation if w.target is not None
+                         and w.phase in ("preparing", "transfer") else None)
+        w.link.store.set(Keys.heartbeat(w.id), beat.to_json())
+        if w.link.server is not None and w.link.server.up:
             w.last_valid_beat = self.now
 
     @staticmethod
@@ -447,7 +564,7 @@ class Simulation(Faults):
         return {"preparing": "training", "transfer": "committing", "commit": "committing"}.get(w.phase, w.phase)
 
     def _poll(self, w: Worker) -> None:
-        r = w.reader
+        r = w.link.store
         if r.get(Keys.STOP) is not None:
             self._exit(w, "stopped by the job")
             return
@@ -455,9 +572,10 @@ class Simulation(Faults):
             self.log(f"{w.inc} finds itself declared dead: rejoins as a new process")
             self._rejoin(w)
             return
-        current = r.get(Keys.CURRENT)
-        if w.world is not None and w.cp is None and current is not None and current > w.world.generation:
-            plan = r.get(Keys.plan(current))
+        current_text = r.get(Keys.CURRENT)
+        current = None if current_text is None else int(current_text)
+        if w.world is not None and w.driver is None and current is not None and current > w.world.generation:
+            plan = r.plan(current)
             if plan is not None and (w.id in plan.dead or w.id not in (*plan.members, *plan.standbys)):
                 self.log(f"{w.inc}: generation {current} went on without it: rejoins as a new process")
                 self._rejoin(w)
@@ -465,62 +583,68 @@ class Simulation(Faults):
         if w.phase == "commit":
             self._commit_step(w)
             return
-        if w.target is not None and w.cp is None:
+        if w.target is not None and w.driver is None:
             outcome = r.get(Keys.outcome(w.target.generation))
             if outcome is not None:  # decided without this process's switch: dropped
                 self.log(f"{w.inc} drops its preparation of {w.target.generation} ({outcome})")
-                w.target = None
-                if w.phase == "preparing":
-                    w.phase = "training" if w.state_step is not None else "waiting"
-        latest = r.get(Keys.LATEST)
-        latest = -1 if latest is None else latest
+                self._drop_target(w)
+        latest = r.latest_generation()
         w.latest_seen = max(w.latest_seen, latest)
         if latest <= w.handled:
             return
-        if w.target is not None and w.cp is None and latest > w.target.generation:
+        if w.target is not None and w.driver is None and latest > w.target.generation:
             self.log(f"{w.inc} drops its preparation of {w.target.generation}: plan {latest} is newer")
-            w.target = None  # a newer plan supersedes it (it never switched)
-            if w.phase == "preparing":
-                w.phase = "training" if w.state_step is not None else "waiting"
-        ptext = r.get(Keys.plan(latest))
-        if ptext is None:
+            self._drop_target(w)  # a newer plan supersedes it (it never switched)
+        plan = r.plan(latest)
+        if plan is None:
             return
-        if r.get(Keys.outcome(latest)) is not None and w.cp is None:
+        if r.get(Keys.outcome(latest)) is not None and w.driver is None:
             w.handled = latest  # decided already: nothing to prepare
             return
-        plan = ptext
         self.seen_plans.setdefault(plan.generation, plan)
+        self.seen_by.setdefault(plan.generation, set()).add(w.inc)
         w.handled = latest
         if w.world is not None and plan.generation <= w.world.generation:
             return
         if plan.previous is None or plan.restore_from is not None:
             self._start_world(w, plan)
         elif w.phase in ("training", "broken", "standby", "waiting", "preparing") and self._involved(w, plan):
-            if w.world is not None and plan.previous != w.world.generation:
-                if plan.previous is not None and plan.previous > w.world.generation:
-                    # the job moved past this process's world: what it holds is stale
-                    self.log(f"{w.inc}: plan {plan.generation} follows {plan.previous}, past its world "
-                             f"{w.world.generation}: rejoins as a new process")
-                    w.handled = latest - 1
-                    self._rejoin(w)
-                return  # a plan about another world than ours
-            if w.phase == "waiting" and w.id not in plan.members:
-                return
-            if w.world is None:
-                prev = r.get(Keys.plan(plan.previous))
-                if prev is None or w.id in prev.members:
-                    return  # named as a process of the old world it does not hold: not this one
-            w.target, w.phase = plan, "preparing" if w.phase != "broken" else "broken"
-            w.prep_done = self.now + self.rng.uniform(0.2, 1.5)
-            r.store.set(Keys.prepared(plan.generation, w.id), "pending")
-            self.log(f"{w.inc} prepares {plan.generation}")
+            self._take_up(w, plan, latest)
+
+    def _drop_target(self, w: Worker) -> None:
+        w.target = None
+        if w.phase == "preparing":
+            w.phase = "training" if w.state_step is not None else "waiting"
+
+    def _take_up(self, w: Worker, plan: WorldPlan, latest: int) -> None:
+        """Prepare ``plan`` (a live transition this process is part of)."""
+        r = w.link.store
+        if w.world is not None and plan.previous != w.world.generation:
+            if plan.previous is not None and plan.previous > w.world.generation:
+                # the job moved past this process's world: what it holds is stale
+                self.log(f"{w.inc}: plan {plan.generation} follows {plan.previous}, past its world "
+                         f"{w.world.generation}: rejoins as a new process")
+                w.handled = latest - 1
+                self._rejoin(w)
+            return  # a plan about another world than ours
+        if w.phase == "waiting" and w.id not in plan.members:
+            return
+        if w.world is None:
+            prev = r.plan(plan.previous) if plan.previous is not None else None
+            if prev is None or w.id in prev.members:
+                return  # named as a process of the old world it does not hold: not this one
+        w.target, w.target_epoch = plan, w.link.epoch
+        w.phase = "preparing" if w.phase != "broken" else "broken"
+        w.prep_done = self.now + self.rng.uniform(0.2, 1.5)
+        r.set(Keys.prepared(plan.generation, w.id), "pending")
+        self.log(f"{w.inc} prepares {plan.generation}")
 
     def _rejoin(self, w: Worker) -> None:
         """The job went on without this process: whatever it holds is stale; it comes back as a
         new one (``WorkerAgent.rejoin``)."""
         w.incarnation += 1
-        w.phase, w.world, w.state_step, w.target, w.cp, w.torn_down = "waiting", None, None, None, None, False
-        w.broken_at = None
+        w.phase, w.world, w.state_step, w.target, w.driver, w.torn_down = "waiting", None, None, None, None, False
+        w.broken_at, w.building = None, None
         self._register(w)
 
     @staticmethod
@@ -541,10 +665,10 @@ class Simulation(Faults):
         if plan.restore_from is not None:
             ck = next((c for c in self.checkpoints if c["path"] == plan.restore_from), None)
             step = ck["step"] if ck else 0
-        w.world, w.phase, w.state_step, w.target, w.cp, w.torn_down = plan, "training", step, None, None, False
+        w.world, w.phase, w.state_step, w.target, w.driver, w.torn_down = plan, "training", step, None, None, False
         w.broken_at = None
         self._adopted(w, plan)
-        w.reader.store.set(Keys.result(plan.generation, w.id), MemberResult(ok=True))
+        report_result(w.link.store, w.id, plan.generation, MemberResult(ok=True))
 
     def _adopted(self, w: Worker, plan: WorldPlan) -> None:
         """``w`` trains in ``plan`` from now on: the samples invariant."""
@@ -589,19 +713,19 @@ class Simulation(Faults):
                 m.state_step = t.step
                 m.broken_at = None
             if t.step % CHECKPOINT_EVERY == 0:
-                self.checkpoints.append({"path": f"ckpt/{gen}/{t.step}", "step": t.step, "verified": True})
+                self.checkpoints.append({"path": f"ckpt/{self.epoch}.{gen}/{t.step}", "step": t.step, "verified": True})
         self._switches()
 
     def _is_declared(self, w: Worker, peer: Worker) -> bool:
         try:
-            return w.reader is not None and w.reader.get(Keys.dead(peer.id)) == peer.inc
-        except StoreDown:
+            return w.link.store.get(Keys.dead(peer.id)) == peer.inc
+        except Exception:  # its store is gone
             return False
 
     def _switches(self) -> None:
         """A prepared plan switches once every live process of its transition prepared."""
         targets = {w.target.generation: w.target for w in self.workers.values()
-                   if w.alive and w.target is not None and w.phase in ("preparing", "broken") and w.cp is None}
+                   if w.alive and w.target is not None and w.phase in ("preparing", "broken") and w.driver is None}
         for gen, plan in targets.items():
             old = next((w.world for w in self.workers.values() if w.world is not None
                         and w.world.generation == plan.previous), None)
@@ -619,76 +743,75 @@ class Simulation(Faults):
                        and p.state_step is not None]
             step = max((p.state_step for p in sources), default=None)
             for p in procs:
-                p.phase = "commit"
-                p.torn_down = p.id in plan.members and p.world is not None and p.world.generation == old.generation
-                error = "" if ok and step is not None else "transfer failed"
-                p.cp = CommitPoint(plan, p.id, error=error, now=self.now, timeout=COMMIT_TIMEOUT, bound=COMMIT_BOUND)
-                p.switch_step = step
-                self._cp_actions(p, p.cp.start())
-                if p.id in plan.members:
-                    with contextlib.suppress(StoreDown):
-                        p.reader.store.set_confirmed(Keys.arrived(gen, p.id), "1")
+                self._enter_commit_point(p, plan, "" if ok and step is not None else "transfer failed", step)
 
-    def _cp_actions(self, w: Worker, actions: list) -> None:
-        store = w.reader.store if w.reader else None
-        for a in actions:
-            try:
-                if isinstance(a, WriteReady):
-                    if "lose-write" in self.faults and self.core is not None and self.rng.random() < 0.03 \
-                            and self.fault_count.get("lose-write", 0) < 2 and self.now < self.duration:
-                        # the coordinator dies under the vote: the set returns, nothing confirms it
-                        self.last_fault = self.now
-                        self._count("lose-write")
-                        store.set(Keys.ready(w.cp.generation, w.id), "1")
-                        self._kill_coordinator("under a ready vote")
-                        w.cp.voted(True, False)
-                        continue
-                    store.set_confirmed(Keys.ready(w.cp.generation, w.id), "1")
-                    w.cp.voted(True, True)
-                    plan = w.cp.plan
-                    if all(store.data.get(Keys.ready(plan.generation, m)) is not None for m in plan.members):
-                        w.cp.decision_read(store.decide(Keys.decision(plan.generation), COMMITTED))
-                elif isinstance(a, WriteAbort):
-                    plan = w.cp.plan
-                    value = a.value
-                    if not w.cp.error and all(w.reader.get(Keys.ready(plan.generation, m)) == "1"
-                                              for m in plan.members):
-                        value = COMMITTED  # every vote is yes: the decision was written (and lost)
-                    w.cp.decision_read(store.decide(Keys.decision(w.cp.generation), value))
-            except (StoreDown, AttributeError):
-                w.cp.store_lost(self.now)
+    def _enter_commit_point(self, p: Worker, plan: WorldPlan, error: str, step: int | None) -> None:
+        """Past the transfer and the vote's all-reduce: a new member arrives (``live_switch.arrive``)
+        and builds; then every process of the transition runs the shipped commit driver."""
+        gen = plan.generation
+        p.phase = "commit"
+        p.torn_down = p.id in plan.members and p.world is not None and p.world.generation == plan.previous
+        p.switch_step = step
+        if p.id in plan.members and not error:
+            if p.link.epoch != p.target_epoch:
+                error = f"the coordinator restarted during the switch to generation {gen}"
+            else:
+                try:
+                    p.link.store.set(Keys.arrived(gen, p.id), "1")
+                    p.link.store.store.add(Keys.arrivals(gen), 1)
+                except Exception as e:  # the store is gone: it cannot build the world
+                    error = f"arrive: {e}"
+        if p.id in plan.members:
+            # building the new world takes each member its own time: the votes come apart
+            p.building = (plan, error, p.inc)
+            self.at(self.now + self.rng.uniform(0.05, 1.5), "vote", p.id)
+        else:
+            self._open_commit_point(p, plan, error)
+
+    def _vote(self, p: Worker) -> None:
+        if p.building is None or not p.alive or p.building[2] != p.inc:
+            return
+        if self.now < p.frozen_until:
+            self.at(p.frozen_until, "vote", p.id)
+            return
+        plan, error, _ = p.building
+        p.building = None
+        self._open_commit_point(p, plan, error)
+
+    def _open_commit_point(self, p: Worker, plan: WorldPlan, error: str) -> None:
+        timeout = COMMIT_TIMEOUT * (1 if p.id in plan.members else 3)
+        cp = CommitPoint(plan, p.id, error=error, now=self.now, timeout=timeout, bound=COMMIT_BOUND)
+        p.driver = CommitDriver(cp, p.link, p.target_epoch, clock=lambda: self.now)
+        p.driver.open()
+        self._commit_step(p)
 
     def _commit_step(self, w: Worker) -> None:
-        cp = w.cp
-        if cp is None or not w.alive:
+        driver = w.driver
+        if driver is None or not w.alive:
             return
-        r = w.reader
-        try:
-            if cp.polls_old_store and r is not None:
-                cp.decision_read(r.get(Keys.decision(cp.generation)))
-            elif cp.polls_resolution and r is not None and r.store.up:
-                cp.resolution_read(r.get(Keys.decision(cp.generation)) or r.get(Keys.outcome(cp.generation)))
-        except StoreDown:
-            cp.store_lost(self.now)
-        self._cp_actions(w, cp.tick(self.now))
+        if not driver.poll():
+            return
+        cp = driver.cp
         verdict = cp.verdict()
-        if verdict is None:
-            return
         plan = cp.plan
-        if r is not None and r.store.up and verdict == COMMITTED:
-            with contextlib.suppress(StoreDown):
-                r.get(Keys.decision(plan.generation))  # read once more: puts a deleted decision back
+        if verdict == COMMITTED:
+            with contextlib.suppress(Exception):  # read once more: puts a deleted decision back
+                w.link.store.get(Keys.decision(plan.generation))
         if not isinstance(verdict, Failed):
             acts = self.acted.setdefault(plan.generation, {})
             acts[w.inc] = "committed" if verdict == COMMITTED else "aborted"
             if len(set(acts.values())) > 1:
                 self.violate(f"generation {plan.generation}: live processes acted on different decisions {acts}")
-        w.cp = None
+            resolved = self.ledger.outcomes.get(plan.generation)
+            if resolved and resolved != {acts[w.inc]}:
+                self.violate(f"generation {plan.generation}: {w.inc} acted on {verdict} after a coordinator "
+                             f"resolved it {resolved}")
+        w.driver = None
         w.target = None
         if isinstance(verdict, Failed):
             self._exit(w, verdict.reason)
             return
-        result = MemberResult(ok=verdict == COMMITTED, error="" if verdict == COMMITTED else verdict,
+        result = MemberResult(ok=verdict == COMMITTED, error="" if verdict == COMMITTED else str(verdict),
                               step=w.switch_step if w.switch_step is not None else -1)
         if verdict == COMMITTED:
             if w.id in plan.members:
@@ -708,17 +831,21 @@ class Simulation(Faults):
             self.log(f"{w.inc}: {plan.generation} {verdict}; back to {w.phase}")
         w.torn_down = False
         try:
-            if r is not None and r.store.up:
-                r.store.set(Keys.result(plan.generation, w.id), result)
-        except StoreDown:
+            if w.link.server is not None and w.link.server.up:
+                report_result(w.link.store, w.id, plan.generation, result)
+        except Exception:
             pass
 
     def _exit(self, w: Worker, why: str) -> None:
         w.phase = "exited"
-        if w.reader is not None and w.reader.store.up:
+        if w.link.server is not None and w.link.server.up:
             self._beat(w)  # its last word: gone on purpose
         w.alive, w.exit_reason = False, why
         self.log(f"{w.inc} exits: {why}")
 
     def _count(self, fault: str) -> None:
         self.fault_count[fault] = self.fault_count.get(fault, 0) + 1
+
+
+def _json(text: str | None) -> object:
+    return None if text is None else json.loads(text)

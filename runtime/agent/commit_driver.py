@@ -90,6 +90,17 @@ class CommitDriver:
     def _cas(self, value: str) -> Callable[[JobStore], None]:
         return lambda store: self.cp.decision_read(store.decide(self.key, value) or NOT_AUTHENTIC)
 
+    def _timeout_decision(self, abort: str) -> Callable[[JobStore], None]:
+        """No decision within the timeout: the abort, unless every member's ready vote is in the
+        store (then nothing can have aborted the generation but a decision since deleted, and
+        the commit is the decision to write: atomic commitment's validity holds, and a member
+        that read the deleted "committed" is not contradicted)."""
+        def write(store: JobStore) -> None:
+            keys = [Keys.ready(self.gen, m) for m in self.cp.plan.members]
+            every_vote = bool(keys) and all(store.get(k) == "1" for k in keys)
+            self.cp.decision_read(store.decide(self.key, COMMITTED if every_vote else abort) or NOT_AUTHENTIC)
+        return write
+
     def _vote_ready(self, store: JobStore) -> None:
         confirmed = False
         ready = Keys.ready(self.gen, self.cp.member)
@@ -133,7 +144,7 @@ class CommitDriver:
         if cp.decided:
             return True
         for action in cp.tick(self.clock()):
-            self._in_plan_store(self._cas(action.value))
+            self._in_plan_store(self._timeout_decision(action.value))
         if cp.verdict() is not None:
             return True
         if cp.polls_resolution:

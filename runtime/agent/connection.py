@@ -54,6 +54,7 @@ class StoreClients:
         self.secret = job_secret()
         self.control_thread: threading.Thread | None = None  # whose calls get the "control" client
         self.epoch = 0  # clients made so far after the first: the pulse connects anew when it changes
+        self.registration_slot: int | None = None  # where this worker's registration is listed
         self.replaced_at = float("-inf")  # time.monotonic() of the last replace
         self._stores = self.connect(timeout)
 
@@ -113,7 +114,7 @@ def register(clients: StoreClients, worker_id: str, incarnation: str, timeout: f
     end = time.monotonic() + timeout
     while True:
         try:
-            clients.store.register_member(worker_id, member_info(incarnation).to_dict())
+            clients.registration_slot = clients.store.register_member(worker_id, member_info(incarnation).to_dict())
             return
         except Exception as e:
             if time.monotonic() > end:
@@ -142,13 +143,33 @@ def reannounce(clients: StoreClients, worker_id: str, state: WorkerState,
     except Exception:
         return False
     with guard() if guard is not None else contextlib.nullcontext():
-        checkpoint = last_checkpoint()
-        open_generation, pending_plan = in_flight() if in_flight is not None else (None, None)
-        info = replace(member_info(state.incarnation, reconnected=True, latest_seen=latest_seen),
-                       plan=state.plan, checkpoint=checkpoint, open=open_generation,
-                       pending_plan=pending_plan)
-        stores["control"].register_member(worker_id, info.to_dict())
+        info = announcement(state, last_checkpoint, latest_seen, in_flight)
+        slot = stores["control"].register_member(worker_id, info.to_dict())
         clients.replace(stores)
+        clients.registration_slot = slot
+    return True
+
+
+def announcement(state: WorkerState, last_checkpoint: Callable[[], dict | None], latest_seen: int,
+                 in_flight: Callable[[], tuple[OpenGeneration | None, WorldPlan | None]] | None) -> Registration:
+    """What this worker announces when it registers again (to a restarted coordinator, or
+    because its registration was deleted): its world, its newest checkpoint, the newest plan
+    generation it saw and what is in flight (``reannounce``)."""
+    open_generation, pending_plan = in_flight() if in_flight is not None else (None, None)
+    return replace(member_info(state.incarnation, reconnected=True, latest_seen=latest_seen),
+                   plan=state.plan, checkpoint=last_checkpoint(), open=open_generation, pending_plan=pending_plan)
+
+
+def register_again_if_lost(clients: StoreClients, worker_id: str, announce: Callable[[], Registration],
+                           guard: Callable[[], contextlib.AbstractContextManager] | None = None) -> bool:
+    """Register again on the current store when this worker's registration is gone or not
+    authentic (``JobStore.registration_intact``); True if it did."""
+    store, slot = clients.store, clients.registration_slot
+    if slot is None or store.registration_intact(worker_id, slot):
+        return False
+    with guard() if guard is not None else contextlib.nullcontext():
+        clients.registration_slot = store.register_member(worker_id, announce().to_dict())
+    log.warning("this worker's registration was deleted or overwritten in the store: registered again")
     return True
 
 

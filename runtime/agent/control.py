@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from liveshard.runtime.agent.connection import StoreClients, reannounce
+from liveshard.runtime.agent.connection import StoreClients, announcement, reannounce, register_again_if_lost
 from liveshard.runtime.agent.cutoff import PeerWatch
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.control.protocol import OpenGeneration, WorldPlan
@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from liveshard.runtime.agent.worker import WorkerOptions, WorkerState
 
 log = logging.getLogger("liveshard.worker")
+
+# Seconds between checks that this worker's registration is still in the store (two reads).
+REGISTRATION_CHECK = 5.0
 
 
 def involved(worker_id: str, plan: WorldPlan, current: WorldPlan | None) -> bool:
@@ -65,6 +68,7 @@ class ControlThread:
         self.excluded: int | None = None  # set when the coordinator declared this process dead
         self.preparing: WorldPlan | None = None  # the newest plan this thread started to prepare
         self.peers = PeerWatch(worker_id, options, state)  # cuts the world off when a peer is declared dead
+        self._registration_checked = time.monotonic()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"control-{worker_id}", daemon=True)
 
@@ -132,6 +136,15 @@ class ControlThread:
                     self.prepare(plan)
                     handled = latest
         self.peers.poll(store)
+        now = time.monotonic()
+        if now - self._registration_checked > REGISTRATION_CHECK:
+            self._registration_checked = now
+            commit = self.state.commit_point
+            register_again_if_lost(
+                self.clients, self.id,
+                lambda: announcement(self.state, lambda: self.checkpoints.last, self.latest_seen,
+                                     lambda: self._in_flight(commit)),
+                guard=(lambda: commit.lock) if commit is not None else None)
         return handled
 
     def _left_behind(self, store) -> bool:

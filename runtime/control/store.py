@@ -410,10 +410,12 @@ class JobStore:
                     break
             else:
                 seq, sealed = self._seal(key, value)
-                if self.store.compare_set(key, "", sealed) == sealed:
+                held = self.store.compare_set(key, "", sealed)
+                if held == sealed:
                     with self._lock:
                         self._accepted[key] = _Accepted(seq, value, sealed, None)
                     break
+                self._judge(key, held)  # another's entry, or a planted one: counted, passed over
             i += 1
         self._slot_hint[slot(0)] = i + 1
         return i
@@ -433,9 +435,22 @@ class JobStore:
             i += 1
 
     # ---- membership -------------------------------------------------------------------------
-    def register_member(self, worker: str, info: dict) -> None:
+    def register_member(self, worker: str, info: dict) -> int:
+        """Announce ``worker`` (``members/<id>``, and its id in the list of registrations);
+        returns its slot in that list (``registration_intact``)."""
         self.set_json(Keys.member(worker), info)
-        self.append(Keys.member_index, worker)
+        return self.append(Keys.member_index, worker)
+
+    def registration_intact(self, worker: str, slot: int) -> bool:
+        """Whether ``worker``'s registration (written by this ``JobStore`` in ``slot``) is still
+        there and authentic. A client without the secret can delete it before the coordinator
+        read it (a coordinator that never read a key sees its deletion as absence): the worker
+        then registers again."""
+        for key, value in ((Keys.member(worker), None), (Keys.member_index(slot), worker)):
+            r = self.read(key)
+            if r.tampered or r.value is None or (value is not None and r.value != value):
+                return False
+        return True
 
     def members(self) -> list[str]:
         """Registered workers, in registration order (a worker that registered twice, twice)."""

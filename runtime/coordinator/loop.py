@@ -64,12 +64,18 @@ class _StoreCheckpoints(CheckpointView):
 class Coordinator:
     """Hosts nothing itself (the command serves the store); ticks the core over ``store``."""
 
-    def __init__(self, store: JobStore, spec: ModelSpec, source: PlanSource, planning: PlanningInputs, *,
+    def __init__(self, store: JobStore, spec: ModelSpec | None, source: PlanSource, planning: PlanningInputs, *,
                  heartbeat_timeout: float = Defaults.HEARTBEAT_TIMEOUT,
                  transition_timeout: float = Defaults.TRANSITION_TIMEOUT,
                  training: TrainingSpec | None = None, metrics: JobMetrics | None = None,
                  checkpoint_dir: str | None = None, stragglers: StragglerLoop | None = None,
-                 precompute: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+                 precompute: bool = True, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, chooser: WorldChooser | None = None,
+                 checkpoints: CheckpointView | None = None) -> None:
+        """``clock`` (monotonic seconds, every judgement of time), ``wall`` (epoch seconds, for
+        what is reported), ``chooser`` (the planner; by default ``WorldChooser(spec)``) and
+        ``checkpoints`` (by default the store's record and ``checkpoint_dir``) are the seams a
+        simulator swaps; ``spec`` None: no straggler loop (a simulator's modelled world)."""
         self.store = store
         self.spec = spec
         self.source = source
@@ -77,16 +83,25 @@ class Coordinator:
         self.metrics = metrics  # Prometheus gauges of the job (None: not exported)
         self.checkpoint_dir = checkpoint_dir  # the job's checkpoints (the first world continues the newest)
         self.clock = clock
-        self.core = CoordinatorCore(WorldChooser(spec), planning, heartbeat_timeout=heartbeat_timeout,
-                                    transition_timeout=transition_timeout, checkpoints=_StoreCheckpoints(self),
-                                    stragglers=stragglers or self._straggler_loop(planning), precompute=precompute)
+        self.wall = wall
+        if stragglers is None and spec is not None:
+            stragglers = self._straggler_loop(planning)
+        self.core = CoordinatorCore(chooser or WorldChooser(spec), planning, heartbeat_timeout=heartbeat_timeout,
+                                    transition_timeout=transition_timeout,
+                                    checkpoints=checkpoints or _StoreCheckpoints(self),
+                                    stragglers=stragglers, precompute=precompute)
         self.core.train_iters = training.train_iters if training else None
         self.precomputed: dict | None = None  # the last precomputation: generation, events, seconds
         self.report_interval = 2.0
         self._last_report = float("-inf")
         self._observed_history = 0
+        # The pointers this coordinator wrote that steer the workers (``Keys.dead``, ``CURRENT``,
+        # ``LATEST``, ``STOP``), each with its value: re-written when found deleted or tampered
+        # with (``_reassert``). The write-once keys need no entry: every reader puts them back.
+        self._asserted: dict[str, str] = {}
 
     def _straggler_loop(self, planning: PlanningInputs) -> StragglerLoop:
+        assert self.spec is not None
         c, t = planning.constraints, self.training
         return StragglerLoop(self.spec, planning.adaptive or AdaptivePolicy(),
                              global_batch=t.global_batch if t else c.global_batch,
@@ -175,6 +190,7 @@ class Coordinator:
         if core.failure is not None:
             return
         now = self.clock()
+        self._reassert()
         actions = core.step(self._observe(now))
         self._apply(actions, now)
         if self.metrics is not None and self.current is not None and self.current.members:
@@ -242,7 +258,7 @@ class Coordinator:
         finished = None
         if core.finished is None and core.pending is None:
             finished = store.get_json(Keys.FINISHED)
-        return Observation(now=now, wall=time.time(), beats=beats, telemetry=telemetry, results=results,
+        return Observation(now=now, wall=self.wall(), beats=beats, telemetry=telemetry, results=results,
                            decision=decision, arrived=arrived, ready=ready, request=request,
                            registrations=registrations,
                            finished=finished, inputs=inputs)
@@ -258,6 +274,28 @@ class Coordinator:
         return out
 
     # ---- writes ------------------------------------------------------------------------------
+    def _assert(self, key: str, value: str) -> None:
+        self.store.set(key, value)
+        self._asserted[key] = value
+
+    def _reassert(self) -> None:
+        """A client without the secret can delete or overwrite any key. A worker that never read
+        a pointer before sees its deletion as absence (``JobStore``): a process declared dead
+        would never learn it, and train on in a world the job left. So what this coordinator
+        wrote is read back each tick and written again where it is gone or not authentic: a
+        bounded number of reads (the dead and three pointers) per tick."""
+        read = getattr(self.store, "read", None)
+        if read is None:
+            return
+        dead = {Keys.dead(m) for m in self.core.dead}
+        for key, value in list(self._asserted.items()):
+            if key.startswith(Keys.dead("")) and key not in dead:
+                del self._asserted[key]  # back as a new process: the old one's death is history
+                continue
+            r = read(key)
+            if r.tampered or r.value != value:
+                self.store.set(key, value)
+
     def _apply(self, actions: Iterable[Action], now: float) -> None:
         report = False
         queue = list(actions)
@@ -265,18 +303,19 @@ class Coordinator:
             a = queue.pop(0)
             if isinstance(a, Publish):
                 self.store.publish_plan(a.plan)
+                self._asserted[Keys.LATEST] = str(a.plan.generation)
             elif isinstance(a, Decide):
                 stands = self.store.decide(Keys.decision(a.generation), a.value)
                 queue[:0] = self.core.decided(a.generation, stands, now)
             elif isinstance(a, WriteOutcome):
                 self.store.set(Keys.outcome(a.generation), a.outcome)
                 if a.outcome == COMMITTED:
-                    self.store.set(Keys.CURRENT, str(a.generation))
+                    self._assert(Keys.CURRENT, str(a.generation))
             elif isinstance(a, MarkDead):
                 # the process itself learns it from here (it may be only frozen): it rejoins as new
-                self.store.set(Keys.dead(a.member), a.incarnation or "")
+                self._assert(Keys.dead(a.member), a.incarnation or "")
             elif isinstance(a, Stop):
-                self.store.set(Keys.STOP, "1")
+                self._assert(Keys.STOP, "1")
             elif isinstance(a, Report):
                 report = True
             elif isinstance(a, Precompute):
@@ -339,7 +378,7 @@ class Coordinator:
             dead=sorted(core.dead),
             history=core.history,
             telemetry=core.telemetry,
-            health=core.stragglers.summary(current.members if current else ()),
+            health=core.stragglers.summary(current.members if current else ()) if core.stragglers else {},
             progress=self.progress(),
             finished=core.finished,
             failure=core.failure,

@@ -43,6 +43,11 @@ def collect(core: CoordinatorCore, obs: Observation) -> list[Action]:
         value = resolve_open(gen.plan, votes, regs.keys(), core.dead, adopted)
         return [] if value is None else [Decide(gen.plan.generation, value)]
     _progress_of_members(core, gen, obs.now)
+    if gen.plan.is_live_transition and obs.decision is None and _trains_in_it(core, gen):
+        # A member trains in the new world: it read "committed" there. The decision's key can be
+        # deleted by anyone on the network before this coordinator read it; the member's sealed
+        # beats keep coming, and a commit is the only decision it can have read.
+        return [Decide(gen.plan.generation, COMMITTED)]
     verdict = judge(gen, core.current, core.dead, decision=obs.decision, arrived=obs.arrived, ready=obs.ready,
                     now=obs.now, timeout=core.transition_timeout)
     if verdict.decide is not None:
@@ -50,6 +55,14 @@ def collect(core: CoordinatorCore, obs: Observation) -> list[Action]:
     if verdict.finish is not None:
         return finish(core, gen, verdict.finish, obs.now)
     return []
+
+
+def _trains_in_it(core: CoordinatorCore, gen: Generation) -> bool:
+    for m in gen.plan.members:
+        b = core.liveness.latest(m)
+        if b is not None and b.generation == gen.plan.generation and b.state == WorkerPhase.TRAINING:
+            return True
+    return False
 
 
 def _progress_of_members(core: CoordinatorCore, gen: Generation, now: float) -> None:

@@ -1,0 +1,119 @@
+"""Bugs planted in the shipped protocol code, to show the simulator catches them.
+
+Each ``Mutant`` names a shipped module and one edit of its source (a rule weakened the way a
+careless change would weaken it). ``install(mutant)`` makes the next import of that module load
+the edited source instead (an import hook: nothing on disk changes), so it must run in a fresh
+process before anything imports the module: ``python -m liveshard.dev.sim --mutant NAME`` does
+that, and exits 1 when the simulator finds a violation (the mutant is caught), 0 when every
+schedule held (it survived). ``tests/unit/test_sim_mutants.py`` runs every mutant on a fixed
+budget in CI.
+
+An edit whose ``old`` text is no longer in the module is an error (exit 3), never a silent
+pass: the mutants move with the code they plant bugs in.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    module: str  # the shipped module, as imported
+    old: str  # the text replaced (exactly once)
+    new: str
+    why: str  # what the planted bug breaks
+
+
+R = "liveshard.runtime."
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("mac-accepted", R + "control.store",
+           "        if not hmac.compare_digest(mac.encode(), self._mac(key, seq, flag, value).encode()):\n"
+           "            return None\n",
+           "",
+           "JobStore takes a value whose MAC does not verify for valid: forgeries steer the job"),
+    Mutant("worker-commits-on-one-vote", R + "agent.commit_driver",
+           "if self.cp.ready and store.store.check(keys) and all(store.get(k) == \"1\" for k in keys):",
+           "if self.cp.ready:",
+           "a new member writes the commit after its own ready vote, before the others voted"),
+    Mutant("judge-commits-on-one-vote", R + "coordinator.generations",
+           "if plan.members and all(m in ready for m in plan.members):",
+           "if plan.members and any(m in ready for m in plan.members):",
+           "the coordinator writes the commit once one member's ready vote is in"),
+    Mutant("resolution-always-commits", R + "coordinator.generations",
+           "    if any(True for _ in adopted):\n        return COMMITTED\n",
+           "    return COMMITTED\n",
+           "a restarted coordinator resolves every open generation as committed"),
+    Mutant("resolution-without-every-member", R + "coordinator.generations",
+           "    if plan.members and all(m in mine and m not in dead for m in plan.members):",
+           "    if plan.members and any(m in mine and m not in dead for m in plan.members):",
+           "a restarted coordinator commits an open generation one member reported, without the others"),
+    Mutant("dead-kept-alive", R + "coordinator.membership",
+           "            if now - w.fresh_at > limit:",
+           "            if now - w.fresh_at > 1e9:",
+           "the liveness judge never declares a silent member dead"),
+    Mutant("sender-clock", R + "coordinator.membership",
+           "            if now - w.fresh_at > limit:",
+           "            if now - (w.beat.time if w.beat is not None else w.fresh_at) > limit:",
+           "a heartbeat's age is judged against the sender's clock, not the reader's"),
+    Mutant("tampering-uncounted", R + "control.store",
+           "            self.tampering[seen] += 1\n",
+           "",
+           "JobStore ignores tampering silently (it is neither counted nor exported)"),
+    Mutant("replay-accepted", R + "control.store",
+           "                            seq <= accepted.seq\n                            or ",
+           "                            ",
+           "JobStore accepts an older validly sealed value over a newer one (a replay)"),
+)
+
+BY_NAME = {m.name: m for m in MUTANTS}
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, mutant: Mutant, origin: str) -> None:
+        self.mutant, self.origin = mutant, origin
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        with open(self.origin, encoding="utf-8") as f:
+            source = f.read()
+        if source.count(self.mutant.old) != 1:
+            raise NotPlanted(f"mutant {self.mutant.name}: its text is not in {self.origin} exactly once")
+        code = compile(source.replace(self.mutant.old, self.mutant.new), self.origin, "exec")
+        exec(code, module.__dict__)
+
+
+class NotPlanted(Exception):
+    """The mutant's text is not in the module (the code moved on): update the mutant."""
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self, mutant: Mutant) -> None:
+        self.mutant = mutant
+
+    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+        if name != self.mutant.module:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None and spec.origin:
+                return importlib.util.spec_from_loader(name, _Loader(self.mutant, spec.origin), origin=spec.origin)
+        return None
+
+
+def install(mutant: Mutant) -> None:
+    """Plant ``mutant``: the next import of its module loads the edited source."""
+    if mutant.module in sys.modules:
+        raise RuntimeError(f"{mutant.module} is imported already: plant {mutant.name} in a fresh process")
+    sys.meta_path.insert(0, _Finder(mutant))
