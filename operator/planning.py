@@ -192,13 +192,17 @@ class Planning:
         runs and never makes it a transition (``observedWorld``)."""
         old_members = list(old.members) if old is not None and not old.is_stop else []
         gen = (old.generation if old else self.last_generation) + 1
+        leaving = tuple(m for m in old_members if m not in world.members)
+        # the uids of the pods it names (members and leavers): a leaver the runtime lost is not
+        # taken back into the grow-back while its node's signal still settles (same uid)
+        uids = {m: self.by_name[m].uid for m in world.members if m in self.by_name and self.by_name[m].uid}
+        uids.update({m: old.member_uids[m] for m in leaving if old is not None and old.member_uids.get(m)})
         at = world.committed_at or self.now
         why = world.reason or "the runtime changed its world"
         plan = StatusPlan(
             generation=gen, config=world.config, members=world.members,
             gpus_per_worker=self.spec.workers.gpus_per_worker, cause=world.cause or Cause.LOST_WITHOUT_NOTICE,
-            reason=f"observed: {why}", created_at=at,
-            leaving=tuple(m for m in old_members if m not in world.members),
+            reason=f"observed: {why}", created_at=at, leaving=leaving, member_uids=uids,
             joining=tuple(m for m in world.members if m not in old_members),
             explanation=(f"the world the runtime committed on its own (runtime generation {world.generation})",),
             observed_world=world.generation)
@@ -245,7 +249,8 @@ class Planning:
             step_seconds=round(float(new.plan.step_seconds), 6),
             tokens_per_second=round(float(new.plan.tokens_per_second), 3),
             explanation=tuple(new.plan.explanation)[:12],
-            member_uids={m: self.by_name[m].uid for m in new.members if m in self.by_name and self.by_name[m].uid})
+            member_uids={m: self.by_name[m].uid for m in (*new.members, *old_members)
+                         if m in self.by_name and self.by_name[m].uid})
         self._record_plan(old, plan)
         standby = f"; {len(new.standby)} pod(s) stand by: {new.standby_reason}" if new.standby_reason else ""
         self.event("Normal", "Replanned", f"generation {gen}: {new.config} on {new.world_size} GPUs "

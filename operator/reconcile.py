@@ -200,9 +200,13 @@ class _Reconciler(Planning, Endings):
         # next plan holds nothing anyone copies from
         applied = set(members) if acked else None
         # 2. who is leaving, who can take part; 3. a new plan?
+        # A pod the current plan has leaving is not taken back (the same pod: its uid): one the
+        # runtime left out of its world is lost even while its node's signal still settles.
+        left = {m: (plan.member_uids.get(m) if plan else None) for m in (plan.leaving if plan else ())}
         candidates = [Candidate(w.name, w.node or "", w.gpu_memory_bytes, float(self.speeds.get(w.name, 1.0)))
                       for w in workers if w.running and (self._leaving(w) is None
-                                                         or (w.name in members and self._departure(w) is None))]
+                                                         or (w.name in members and self._departure(w) is None))
+                      and not (w.name in left and left[w.name] == w.uid)]
         nxt = self._next_plan(plan, members, candidates, acked, aborted)
         # 4. write it
         if nxt.assignment is not None:

@@ -232,6 +232,12 @@ class KubePlanSource:
                          gen, plan.observed_world)
             return None
         first = self._waiting_since.setdefault(gen, now)
+        gone = self.dead_pods(members, plan)
+        if gone:
+            # the coordinator's verdict on the very pod the plan names: it will not come up
+            self.handled = gen
+            self._abort(gen, f"worker(s) {', '.join(gone[:3])} of the pod the plan names are dead")
+            return None
         missing = self.not_up(members, plan)
         if missing:
             if now - first < REGISTER_TIMEOUT:
@@ -249,6 +255,24 @@ class KubePlanSource:
         self._handed[gen] = plan
         log.info("operator plan %d: %s on %d workers (%s)", gen, plan.config, len(members), plan.reason)
         return PlanRequest(members=members, config=plan.config, reason=reason, deadline=deadline, cause=cause)
+
+    def dead_pods(self, members: tuple[str, ...], plan: StatusPlan) -> list[str]:
+        """Members the coordinator judged dead whose registration is from the pod the plan names
+        (not a predecessor of the same name): that pod's process is gone, and a new process
+        comes only with a new pod (a plan of its own). A frozen process that the verdict cut off
+        and that rejoins as a new member of the same pod is re-admitted at the coordinator's next
+        report: a plan aborted in between is planned again after the operator's back-off."""
+        assert self.store is not None
+        dead = set(self.current.get("dead") or ())
+        out = []
+        for m in members:
+            uid = plan.member_uids.get(pod_of(m))
+            if m not in dead or not uid:
+                continue
+            reg = Registration.parse(m, self.store.get_json(Keys.member(m)))
+            if reg is not None and reg.pod_uid == uid:
+                out.append(m)
+        return out
 
     def not_up(self, members: tuple[str, ...], plan: StatusPlan | None = None) -> list[str]:
         """Members that are not up yet: not registered from the pod the plan names (a registration

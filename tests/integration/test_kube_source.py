@@ -231,3 +231,18 @@ def test_checkpoint_reports_and_a_terminal_failure_reach_the_jobs_status(env):
                    "failure": {"reason": "NoSurvivingCopy", "message": "no copy of x", "time": now}})
     failure = status(custom)["runtimeFailure"]
     assert failure["reason"] == "NoSurvivingCopy" and failure["message"] == "no copy of x"
+
+
+def test_a_plan_naming_a_pod_whose_process_the_coordinator_judged_dead_is_aborted_at_once(env):
+    """Not a wait of REGISTER_TIMEOUT: the coordinator's verdict is on the very pod the plan
+    names (its registration carries that pod's uid); only a new pod brings a new process."""
+    source, store, custom = env
+    alive(store, "j-worker-0/0", "j-worker-0/1")
+    for w in ("j-worker-1/0", "j-worker-1/1"):
+        store.register_member(w, {"pid": 1, "incarnation": "x", "pod_uid": "uid-1"})
+    source.report({"pending": None, "generation": 2, "config": "tp=2,pp=1,dp=1", "members": ["j-worker-0/0", "j-worker-0/1"],
+                   "dead": ["j-worker-1/0", "j-worker-1/1"], "history": []})
+    write_plan(custom, 4, ["j-worker-0", "j-worker-1"], memberUids={"j-worker-0": "uid-0", "j-worker-1": "uid-1"})
+    assert source.poll() is None
+    st = status(custom)
+    assert st["abortedGeneration"] == 4 and "dead" in st["abortReason"]

@@ -5,6 +5,7 @@ to plan; the status shows the world the runtime committed (``status.world``); a 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from datetime import timedelta
 
 from test_operator_reconcile import SPOT, T0, ack, coordinator, healthy, make_job, make_pod, step
@@ -155,3 +156,30 @@ def test_an_observed_world_keeps_its_commit_time():
     _, job = step(job, [*pods[:1], *pods[2:]], nodes, T0 + timedelta(seconds=20))
     observed = job["status"]["history"][-2]
     assert parse_time(observed["appliedAt"]) == at and observed["seconds"] == 0.0
+
+
+def test_a_pod_the_runtime_left_out_is_not_taken_back_while_its_nodes_signal_settles():
+    """The node went unreachable (its processes died): the runtime recovered without the pod at
+    once, while the node's withdrawable signal still settles (debounce). The grow-back must not
+    name that pod (the same pod, by uid): only the one standing by."""
+    job = make_job(max_workers=4, gpus=1, parallelism={"minDataParallel": 2, "distributedOptimizer": False},
+                   training={"data": {"mock": True}, "trainIters": 1000, "globalBatch": 48})
+    pods = [make_pod(i) for i in range(4)] + [coordinator()]
+    d, job = step(job, pods, healthy(4))
+    first = d.status["plan"]
+    job = with_world(ack(job), 0, first["members"], first["config"], plan_generation=1)
+    _, job = step(job, pods, healthy(4), T0 + timedelta(seconds=5))
+    members = first["members"]
+    lost = members[-1]
+    survivors = members[:-1]
+    nodes = healthy(4)
+    node = f"node-{lost.rsplit('-', 1)[1]}"
+    nodes[node] = signals.classify_node({"metadata": {}, "status": {"conditions": [
+        {"type": "Ready", "status": "Unknown", "lastTransitionTime": "2026-03-01T12:00:09Z"}]}},
+        T0 + timedelta(seconds=10))
+    nodes[node] = replace(nodes[node], seen=T0 + timedelta(seconds=10))  # first seen now: it settles
+    job = with_world(job, 1, survivors, first["config"].replace(f"dp={len(members)}", f"dp={len(survivors)}"),
+                     cause=Cause.LOST_WITHOUT_NOTICE)
+    _, job = step(job, pods, nodes, T0 + timedelta(seconds=11))  # the signal settles for 5 s more
+    plan = job["status"]["plan"]
+    assert lost not in plan["members"]
