@@ -113,47 +113,67 @@ def resolve(args: argparse.Namespace, *, env: dict[str, str] | None = None,
     """The model and training spec this process runs: ``--job``, else the operator's
     environment, else the flags; flags override single fields of the first two."""
     env = dict(os.environ) if env is None else env
-    model: ModelSpec | None = None
-    section: dict[str, Any] | None = None
-    source = "spec.training"
-    if getattr(args, "job_file", None):
-        from liveshard.runtime.contract.jobspec import read_spec
-        from liveshard.runtime.spec import load_model
+    model, section, source = _base(args, env, default_steps)
+    _override(args, section, source, default_steps)
+    path = "spec.training" if source != "flags" else "training"
+    training = _read_named_by_flag(args, section, path, model)
+    check_against_model(training, model.max_sequence_length,
+                        field="--seq-length" if args.seq_length else "spec.training.seqLength")
+    from liveshard.runtime.data.corpus import with_builtin_paths
 
-        job = read_job_file(args.job_file)
-        if not isinstance(job.raw.get("spec"), dict):
-            raise ConfigError(f"{args.job_file}: spec", "is missing or not a mapping",
-                              "give the job a spec: {model, workers, training}")
-        raw_spec = dict(job.raw["spec"])
-        raw_spec.setdefault("image", "local")  # a local run has no image
-        if args.model:  # --model overrides the manifest's
-            raw_spec["model"] = load_model(args.model).to_crd()
-        try:
-            spec = read_spec(raw_spec)
-        except ConfigError as e:
-            raise ConfigError(f"{args.job_file}: {e.field}", e.problem, e.fix) from None
-        model, section = spec.model, spec.training.to_section()
-    elif env.get(TRAINING_ENV) and not args.model:
+    training = with_builtin_paths(training, path)
+    return replace(model, params_dtype=training.precision), training
+
+
+def _base(args: argparse.Namespace, env: dict[str, str],
+          default_steps: int | None) -> tuple[ModelSpec, dict[str, Any], str]:
+    """(model, training section, where it came from): the job file, the operator's environment,
+    or a small run from the flags."""
+    if getattr(args, "job_file", None):
+        model, section = _from_job_file(args)
+        return model, section, "spec.training"
+    if env.get(TRAINING_ENV) and not args.model:
         if not env.get(Env.MODEL):
             raise ConfigError(Env.MODEL, f"is not set but {TRAINING_ENV} is", "pass --model PRESET|FILE")
         from liveshard.runtime.inputs import parse_json
 
         model = ModelSpec.from_dict(parse_json(env[Env.MODEL], Env.MODEL, Env.MODEL), source=Env.MODEL)
-        section = TrainingSpec.from_json(env[TRAINING_ENV]).to_section()
-        source = TRAINING_ENV
-    else:
-        from liveshard.runtime.spec import model_from_ref_or_env
+        return model, TrainingSpec.from_json(env[TRAINING_ENV]).to_section(), TRAINING_ENV
+    from liveshard.runtime.spec import model_from_ref_or_env
 
-        model = model_from_ref_or_env(args.model)
-        section = {"globalBatch": 8, "microBatch": 1, "seqLength": min(32, model.max_sequence_length),
-                   "trainIters": default_steps or 100, "optimizer": {"lr": 1e-3, "minLr": 1e-4, "weightDecay": 0.0},
-                   "schedule": {"warmupIters": 2, "decayIters": 1000}, "precision": model.params_dtype}
-        source = "flags"
-        if not (args.mock_data or args.data_prefix):
-            raise ConfigError("--data-prefix", "no training data given",
-                              "pass --job FILE (its spec.training.data), --data-prefix PREFIX --tokenizer DIR "
-                              "(liveshard prepare-data writes them) or --mock-data")
-    assert section is not None
+    model = model_from_ref_or_env(args.model)
+    section = {"globalBatch": 8, "microBatch": 1, "seqLength": min(32, model.max_sequence_length),
+               "trainIters": default_steps or 100, "optimizer": {"lr": 1e-3, "minLr": 1e-4, "weightDecay": 0.0},
+               "schedule": {"warmupIters": 2, "decayIters": 1000}, "precision": model.params_dtype}
+    if not (args.mock_data or args.data_prefix):
+        raise ConfigError("--data-prefix", "no training data given",
+                          "pass --job FILE (its spec.training.data), --data-prefix PREFIX --tokenizer DIR "
+                          "(liveshard prepare-data writes them) or --mock-data")
+    return model, section, "flags"
+
+
+def _from_job_file(args: argparse.Namespace) -> tuple[ModelSpec, dict[str, Any]]:
+    """The model and training section of ``--job`` (``--model`` overrides its model)."""
+    from liveshard.runtime.contract.jobspec import read_spec
+    from liveshard.runtime.spec import load_model
+
+    job = read_job_file(args.job_file)
+    if not isinstance(job.raw.get("spec"), dict):
+        raise ConfigError(f"{args.job_file}: spec", "is missing or not a mapping",
+                          "give the job a spec: {model, workers, training}")
+    raw_spec = dict(job.raw["spec"])
+    raw_spec.setdefault("image", "local")  # a local run has no image
+    if args.model:  # --model overrides the manifest's
+        raw_spec["model"] = load_model(args.model).to_crd()
+    try:
+        spec = read_spec(raw_spec)
+    except ConfigError as e:
+        raise ConfigError(f"{args.job_file}: {e.field}", e.problem, e.fix) from None
+    return spec.model, spec.training.to_section()
+
+
+def _override(args: argparse.Namespace, section: dict[str, Any], source: str, default_steps: int | None) -> None:
+    """The flags' single fields over ``section`` (data, tokenizer, sizes, warm-up, lr)."""
     if args.mock_data:
         section["data"] = {"mock": True}
         section.pop("tokenizer", None)
@@ -179,15 +199,19 @@ def resolve(args: argparse.Namespace, *, env: dict[str, str] | None = None,
         section["optimizer"] = {**(section.get("optimizer") or {}), "lr": args.lr}
         if section["optimizer"].get("minLr", 0) > args.lr:
             section["optimizer"]["minLr"] = args.lr / 10
-    path = "spec.training" if source != "flags" else "training"
+
+
+def _read_named_by_flag(args: argparse.Namespace, section: dict[str, Any], path: str,
+                        model: ModelSpec) -> TrainingSpec:
+    """``read_training`` of the section; a value a flag gave is named by its flag."""
     try:
-        training = read_training(section, path=path, default_seq_length=model.max_sequence_length)
-    except ConfigError as e:  # a value a flag gave is named by its flag
+        return read_training(section, path=path, default_seq_length=model.max_sequence_length)
+    except ConfigError as e:
         flag = next((f"--{name.replace('_', '-')}" for name, key in _FLAGS
                      if e.field in (f"{path}.{key}", f"{path}.optimizer.{key}") and getattr(args, name, None) is not None),
                     None)
         if flag is None and e.field == f"{path}.schedule.warmupIters":
-            if warmup is not None:
+            if getattr(args, "warmup_iters", None) is not None:
                 raise ConfigError("--warmup-iters", e.problem, e.fix) from None
             if args.train_iters is not None:  # the job's warm-up does not fit the steps asked for
                 raise ConfigError("--train-iters", f"{args.train_iters} steps: the job's {e.problem}",
@@ -195,10 +219,3 @@ def resolve(args: argparse.Namespace, *, env: dict[str, str] | None = None,
         if flag is None:
             raise
         raise ConfigError(flag, e.problem, e.fix) from None
-    check_against_model(training, model.max_sequence_length,
-                        field="--seq-length" if args.seq_length else "spec.training.seqLength")
-    from liveshard.runtime.data.corpus import with_builtin_paths
-
-    training = with_builtin_paths(training, path)
-    return replace(model, params_dtype=training.precision), training
-

@@ -102,6 +102,79 @@ class GradBuffer:
         return start + dp_rank * size, start + (dp_rank + 1) * size
 
 
+@dataclass(frozen=True)
+class _ParamMaker:
+    """Builds one rank's ``LocalParam``s: tensor parallelism of degree ``t``, this rank ``r`` of
+    it (an expert's tensors pass the expert-TP degree and rank instead)."""
+
+    spec: ModelSpec
+    t: int
+    r: int
+
+    @property
+    def norm_suffixes(self) -> tuple[str, ...]:
+        return ("weight", "bias") if self.spec.normalization == "LayerNorm" else ("weight",)
+
+    def column(self, name: str, key: str, rows: int, cols: int | None, gshape_prefix: Shape = (),
+               offset_prefix: Shape = (), *, t: int | None = None, r: int | None = None,
+               expert: bool = False) -> LocalParam:
+        """Column-parallel tensor (rows split over TP); ``cols=None`` for a bias."""
+        t, r = t or self.t, self.r if r is None else r
+        local = (rows // t,) if cols is None else (rows // t, cols)
+        gshape = (*gshape_prefix, rows) if cols is None else (*gshape_prefix, rows, cols)
+        off = (*offset_prefix, r * (rows // t)) + (() if cols is None else (0,))
+        return LocalParam(name, key, gshape, local, (Piece(off, 0),), False, expert, split_axis=len(offset_prefix))
+
+    def swiglu(self, name: str, key: str, ffn: int, cols: int | None, gshape_prefix: Shape = (),
+               offset_prefix: Shape = (), *, t: int | None = None, r: int | None = None,
+               expert: bool = False) -> LocalParam:
+        """SwiGLU fc1: the local tensor is [gate rows; up rows], two boxes."""
+        t, r = t or self.t, self.r if r is None else r
+        part = ffn // t
+        rows = 2 * ffn
+        local = (2 * part,) if cols is None else (2 * part, cols)
+        gshape = (*gshape_prefix, rows) if cols is None else (*gshape_prefix, rows, cols)
+        tail = () if cols is None else (0,)
+        pieces = (Piece((*offset_prefix, r * part, *tail), 0),
+                  Piece((*offset_prefix, ffn + r * part, *tail), part))
+        return LocalParam(name, key, gshape, local, pieces, False, expert, split_axis=len(offset_prefix))
+
+    def row(self, name: str, key: str, rows: int, cols: int, gshape_prefix: Shape = (), offset_prefix: Shape = (),
+            *, t: int | None = None, r: int | None = None, expert: bool = False) -> LocalParam:
+        """Row-parallel weight (columns split over TP)."""
+        t, r = t or self.t, self.r if r is None else r
+        return LocalParam(name, key, (*gshape_prefix, rows, cols), (rows, cols // t),
+                          (Piece((*offset_prefix, 0, r * (cols // t)), 0),), False, expert,
+                          split_axis=len(offset_prefix) + 1)
+
+    def replicated(self, name: str, key: str, shape: Shape, gshape_prefix: Shape = (), offset_prefix: Shape = (),
+                   *, expert: bool = False) -> LocalParam:
+        return LocalParam(name, key, (*gshape_prefix, *shape), shape,
+                          (Piece((*offset_prefix,) + (0,) * len(shape), 0),), True, expert)
+
+    def layer_norm(self, name: str, key: str, g: int) -> Iterator[LocalParam]:
+        """A layer's norm: parameter ``{name}{weight,bias}``, logical ``decoder.layers.{key}{...}``."""
+        for s in self.norm_suffixes:
+            yield self.replicated(f"{name}{s}", f"decoder.layers.{key}{s}", (self.spec.hidden_size,),
+                                  (self.spec.num_layers,), (g,))
+
+    def mlp(self, prefix: str, key_prefix: str, ffn: int, gp: Shape, op: Shape, *, t: int | None = None,
+            r: int | None = None, expert: bool = False) -> Iterator[LocalParam]:
+        """An MLP's fc1 (SwiGLU's two boxes, or one column-parallel tensor) and fc2."""
+        spec, h = self.spec, self.spec.hidden_size
+        fc1 = self.swiglu if spec.gated_linear_unit else self.column
+        yield fc1(f"{prefix}.linear_fc1.weight", f"{key_prefix}.linear_fc1.weight", ffn, h, gp, op, t=t, r=r,
+                  expert=expert)
+        if spec.add_bias_linear:
+            yield fc1(f"{prefix}.linear_fc1.bias", f"{key_prefix}.linear_fc1.bias", ffn, None, gp, op, t=t, r=r,
+                      expert=expert)
+        yield self.row(f"{prefix}.linear_fc2.weight", f"{key_prefix}.linear_fc2.weight", h, ffn, gp, op, t=t, r=r,
+                       expert=expert)
+        if spec.add_bias_linear:
+            yield self.replicated(f"{prefix}.linear_fc2.bias", f"{key_prefix}.linear_fc2.bias", (h,), gp, op,
+                                  expert=expert)
+
+
 class Layout:
     """Where every region of training state lives for one (model, parallel config)."""
 
@@ -148,134 +221,87 @@ class Layout:
         return cached
 
     def _build_local_params(self, pp: int, tp: int, ep: int, etp: int) -> Iterator[LocalParam]:
-        spec, cfg = self.spec, self.cfg
-        h, T = spec.hidden_size, cfg.tp
+        cfg = self.cfg
         first, last = pp == 0, pp == cfg.pp - 1
-        vocab = spec.padded_vocab_size
-        norm_suffixes = ("weight", "bias") if spec.normalization == "LayerNorm" else ("weight",)
-
-        def column(name, key, rows, cols, gshape_prefix=(), offset_prefix=(), *, t=T, r=tp,
-                   expert=False):
-            """Column-parallel tensor (rows split over TP); ``cols=None`` for a bias."""
-            local = (rows // t,) if cols is None else (rows // t, cols)
-            gshape = (*gshape_prefix, rows) if cols is None else (*gshape_prefix, rows, cols)
-            off = (*offset_prefix, r * (rows // t)) + (() if cols is None else (0,))
-            return LocalParam(name, key, gshape, local, (Piece(off, 0),), False, expert,
-                              split_axis=len(offset_prefix))
-
-        def swiglu(name, key, ffn, cols, gshape_prefix=(), offset_prefix=(), *, t=T, r=tp,
-                   expert=False):
-            """SwiGLU fc1: the local tensor is [gate rows; up rows], two boxes."""
-            part = ffn // t
-            rows = 2 * ffn
-            local = (2 * part,) if cols is None else (2 * part, cols)
-            gshape = (*gshape_prefix, rows) if cols is None else (*gshape_prefix, rows, cols)
-            tail = () if cols is None else (0,)
-            pieces = (Piece((*offset_prefix, r * part, *tail), 0),
-                      Piece((*offset_prefix, ffn + r * part, *tail), part))
-            return LocalParam(name, key, gshape, local, pieces, False, expert, split_axis=len(offset_prefix))
-
-        def row(name, key, rows, cols, gshape_prefix=(), offset_prefix=(), *, t=T, r=tp,
-                expert=False):
-            """Row-parallel weight (columns split over TP)."""
-            return LocalParam(name, key, (*gshape_prefix, rows, cols), (rows, cols // t),
-                              (Piece((*offset_prefix, 0, r * (cols // t)), 0),), False, expert,
-                              split_axis=len(offset_prefix) + 1)
-
-        def replicated(name, key, shape, gshape_prefix=(), offset_prefix=(), *, expert=False):
-            return LocalParam(name, key, (*gshape_prefix, *shape), shape,
-                              (Piece((*offset_prefix,) + (0,) * len(shape), 0),), True, expert)
-
-        def mlp(prefix, key_prefix, ffn, gp, op, *, t=T, r=tp, expert=False):
-            if spec.gated_linear_unit:
-                yield swiglu(f"{prefix}.linear_fc1.weight", f"{key_prefix}.linear_fc1.weight", ffn, h,
-                             gp, op, t=t, r=r, expert=expert)
-                if spec.add_bias_linear:
-                    yield swiglu(f"{prefix}.linear_fc1.bias", f"{key_prefix}.linear_fc1.bias", ffn, None,
-                                 gp, op, t=t, r=r, expert=expert)
-            else:
-                yield column(f"{prefix}.linear_fc1.weight", f"{key_prefix}.linear_fc1.weight", ffn, h,
-                             gp, op, t=t, r=r, expert=expert)
-                if spec.add_bias_linear:
-                    yield column(f"{prefix}.linear_fc1.bias", f"{key_prefix}.linear_fc1.bias", ffn, None,
-                                 gp, op, t=t, r=r, expert=expert)
-            yield row(f"{prefix}.linear_fc2.weight", f"{key_prefix}.linear_fc2.weight", h, ffn, gp, op,
-                      t=t, r=r, expert=expert)
-            if spec.add_bias_linear:
-                yield replicated(f"{prefix}.linear_fc2.bias", f"{key_prefix}.linear_fc2.bias", (h,), gp, op,
-                                 expert=expert)
-
+        make = _ParamMaker(self.spec, cfg.tp, tp)
         if first:
-            emb = column("embedding.word_embeddings.weight", "embedding.word_embeddings.weight", vocab, h)
-            if not last and spec.share_embeddings_and_output_weights:
-                emb = replace(emb, shared_embedding=True)
-            yield emb
-            if spec.position_embedding_type == "learned_absolute":
-                yield replicated("embedding.position_embeddings.weight", "embedding.position_embeddings.weight",
-                                 (spec.max_sequence_length, h))
+            yield from self._embedding_params(make, last)
+        for local_i in range(self._stage_layers[pp]):
+            yield from self._layer_params(make, self._stage_offsets[pp] + local_i, local_i, ep, etp)
+        if last:
+            yield from self._output_params(make, first)
 
+    def _embedding_params(self, make: _ParamMaker, last: bool) -> Iterator[LocalParam]:
+        """The first stage's word (and learned position) embeddings."""
+        spec, h = self.spec, self.spec.hidden_size
+        emb = make.column("embedding.word_embeddings.weight", "embedding.word_embeddings.weight",
+                          spec.padded_vocab_size, h)
+        if not last and spec.share_embeddings_and_output_weights:
+            emb = replace(emb, shared_embedding=True)
+        yield emb
+        if spec.position_embedding_type == "learned_absolute":
+            yield make.replicated("embedding.position_embeddings.weight", "embedding.position_embeddings.weight",
+                                  (spec.max_sequence_length, h))
+
+    def _layer_params(self, make: _ParamMaker, g: int, local_i: int, ep: int, etp: int) -> Iterator[LocalParam]:
+        """Global layer ``g`` (the stage's ``local_i``): attention, then a dense or MoE MLP."""
+        spec, cfg, h = self.spec, self.cfg, self.spec.hidden_size
         L = spec.num_layers
+        fused = spec.fused_layernorms
+        p = f"decoder.layers.{local_i}"
+        gp, op = (L,), (g,)
+        qkv, fc1 = "self_attention.linear_qkv.layer_norm_", "mlp.linear_fc1.layer_norm_"
+
+        if not fused:
+            yield from make.layer_norm(f"{p}.input_layernorm.", qkv, g)
+        yield make.row(f"{p}.self_attention.linear_proj.weight", "decoder.layers.self_attention.linear_proj.weight",
+                       h, spec.query_projection_size, gp, op)
+        if spec.add_bias_linear:
+            yield make.replicated(f"{p}.self_attention.linear_proj.bias",
+                                  "decoder.layers.self_attention.linear_proj.bias", (h,), gp, op)
+        if fused:  # TransformerEngine's LayerNormLinear registers its norm before its weight
+            yield from make.layer_norm(f"{p}.{qkv}", qkv, g)
+        yield make.column(f"{p}.self_attention.linear_qkv.weight", "decoder.layers.self_attention.linear_qkv.weight",
+                          spec.qkv_rows, h, gp, op)
+        if spec.add_bias_linear or spec.add_qkv_bias:
+            yield make.column(f"{p}.self_attention.linear_qkv.bias", "decoder.layers.self_attention.linear_qkv.bias",
+                              spec.qkv_rows, None, gp, op)
+        if spec.qk_layernorm:
+            for which in ("q", "k"):
+                for s in make.norm_suffixes:
+                    yield make.replicated(f"{p}.self_attention.{which}_layernorm.{s}",
+                                          f"decoder.layers.self_attention.{which}_layernorm.{s}",
+                                          (spec.kv_channels,), gp, op)
+        dense = not spec.is_moe_layer(g)
+        if fused and dense:
+            yield from make.layer_norm(f"{p}.{fc1}", fc1, g)
+        else:  # TransformerEngine's MoE layer keeps a separate norm, under its own key
+            yield from make.layer_norm(f"{p}.pre_mlp_layernorm.", "pre_mlp_layernorm." if fused else fc1, g)
+        if dense:
+            yield from make.mlp(f"{p}.mlp", "decoder.layers.mlp", spec.ffn_hidden_size, gp, op)
+            return
         n_experts = spec.num_moe_experts or 0
         local_experts = n_experts // cfg.ep if n_experts else 0
-        fused = spec.fused_layernorms
+        yield make.replicated(f"{p}.mlp.router.weight", "decoder.layers.mlp.router.weight", (n_experts, h), gp, op)
+        for e in range(local_experts):
+            ge = ep * local_experts + e
+            yield from make.mlp(f"{p}.mlp.experts.local_experts.{e}", "decoder.layers.mlp.experts.experts",
+                                spec.moe_ffn_hidden_size, (L, n_experts), (g, ge),
+                                t=cfg.expert_tp, r=etp, expert=True)
+        if spec.moe_shared_expert_intermediate_size:
+            yield from make.mlp(f"{p}.mlp.shared_experts", "decoder.layers.mlp.shared_experts",
+                                spec.moe_shared_expert_intermediate_size, gp, op)
 
-        def layer_norm(name: str, key: str, g: int) -> Iterator[LocalParam]:
-            """A layer's norm: parameter ``{name}{weight,bias}``, logical ``decoder.layers.{key}{...}``."""
-            for s in norm_suffixes:
-                yield replicated(f"{name}{s}", f"decoder.layers.{key}{s}", (h,), (L,), (g,))
-
-        for local_i in range(self._stage_layers[pp]):
-            g = self._stage_offsets[pp] + local_i
-            p = f"decoder.layers.{local_i}"
-            gp, op = (L,), (g,)
-            qkv, fc1 = "self_attention.linear_qkv.layer_norm_", "mlp.linear_fc1.layer_norm_"
-
-            if not fused:
-                yield from layer_norm(f"{p}.input_layernorm.", qkv, g)
-            yield row(f"{p}.self_attention.linear_proj.weight", "decoder.layers.self_attention.linear_proj.weight",
-                      h, spec.query_projection_size, gp, op)
-            if spec.add_bias_linear:
-                yield replicated(f"{p}.self_attention.linear_proj.bias",
-                                 "decoder.layers.self_attention.linear_proj.bias", (h,), gp, op)
-            if fused:  # TransformerEngine's LayerNormLinear registers its norm before its weight
-                yield from layer_norm(f"{p}.{qkv}", qkv, g)
-            yield column(f"{p}.self_attention.linear_qkv.weight", "decoder.layers.self_attention.linear_qkv.weight",
-                         spec.qkv_rows, h, gp, op)
-            if spec.add_bias_linear or spec.add_qkv_bias:
-                yield column(f"{p}.self_attention.linear_qkv.bias", "decoder.layers.self_attention.linear_qkv.bias",
-                             spec.qkv_rows, None, gp, op)
-            if spec.qk_layernorm:
-                for which in ("q", "k"):
-                    for s in norm_suffixes:
-                        yield replicated(f"{p}.self_attention.{which}_layernorm.{s}",
-                                         f"decoder.layers.self_attention.{which}_layernorm.{s}",
-                                         (spec.kv_channels,), gp, op)
-            dense = not spec.is_moe_layer(g)
-            if fused and dense:
-                yield from layer_norm(f"{p}.{fc1}", fc1, g)
-            else:  # TransformerEngine's MoE layer keeps a separate norm, under its own key
-                yield from layer_norm(f"{p}.pre_mlp_layernorm.", "pre_mlp_layernorm." if fused else fc1, g)
-            if dense:
-                yield from mlp(f"{p}.mlp", "decoder.layers.mlp", spec.ffn_hidden_size, gp, op)
-                continue
-            yield replicated(f"{p}.mlp.router.weight", "decoder.layers.mlp.router.weight", (n_experts, h), gp, op)
-            for e in range(local_experts):
-                ge = ep * local_experts + e
-                yield from mlp(f"{p}.mlp.experts.local_experts.{e}", "decoder.layers.mlp.experts.experts",
-                               spec.moe_ffn_hidden_size, (L, n_experts), (g, ge),
-                               t=cfg.expert_tp, r=etp, expert=True)
-            if spec.moe_shared_expert_intermediate_size:
-                yield from mlp(f"{p}.mlp.shared_experts", "decoder.layers.mlp.shared_experts",
-                               spec.moe_shared_expert_intermediate_size, gp, op)
-
-        if last:
-            for s in norm_suffixes:
-                yield replicated(f"decoder.final_layernorm.{s}", f"decoder.final_layernorm.{s}", (h,))
-            if not spec.share_embeddings_and_output_weights:
-                yield column("output_layer.weight", "output_layer.weight", vocab, h)
-            elif not first:
-                base = column("output_layer.weight", "embedding.word_embeddings.weight", vocab, h)
-                yield replace(base, tied_copy=True, shared_embedding=True)
+    def _output_params(self, make: _ParamMaker, first: bool) -> Iterator[LocalParam]:
+        """The last stage's final norm and output layer (a tied copy of the word embeddings)."""
+        spec, h = self.spec, self.spec.hidden_size
+        for s in make.norm_suffixes:
+            yield make.replicated(f"decoder.final_layernorm.{s}", f"decoder.final_layernorm.{s}", (h,))
+        if not spec.share_embeddings_and_output_weights:
+            yield make.column("output_layer.weight", "output_layer.weight", spec.padded_vocab_size, h)
+        elif not first:
+            base = make.column("output_layer.weight", "embedding.word_embeddings.weight", spec.padded_vocab_size, h)
+            yield replace(base, tied_copy=True, shared_embedding=True)
 
     # ---- regions ----------------------------------------------------------------------------
     def param_primary(self, rank: int, p: LocalParam) -> bool:
