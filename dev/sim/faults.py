@@ -47,10 +47,17 @@ class Faults:
             elif kind == "request:reshape":
                 config = "dp" if cur.config.startswith("tp") else "tp"
                 self.source.queue.append(PlanRequest(members=cur.members, config=config, reason="reshape"))
+            elif kind.startswith("request:plan:"):  # a scripted plan: request:plan:<reason>:<m,m,...>
+                _, _, reason, members = kind.split(":", 3)
+                self.source.queue.append(PlanRequest(members=tuple(members.split(",")), reason=reason))
             self.log(f"request {kind}")
             return
         self._count(kind)
-        if kind in ("kill", "restart") and alive:
+        if kind.startswith("kill:"):
+            w = self.workers[kind.split(":", 1)[1]]
+            w.alive = False
+            self.log(f"FAULT kill {w.inc} (its node deleted)")
+        elif kind in ("kill", "restart") and alive:
             w = rng.choice(alive)
             w.alive = False
             self.log(f"FAULT kill {w.inc}")
@@ -79,7 +86,8 @@ class Faults:
             self.forged_beats.discard(kind.split(":", 1)[1])
         elif kind == "replay":
             prefix = rng.choice(("hb/", "hb/", "members/", "gen/", "plan/", "dead/"))
-            keys = [k for k in server.keys((prefix,)) if server.history.get(full(k))]
+            keys = server.stale_keys((prefix,)) if rng.random() < 0.5 else []
+            keys = keys or [k for k in server.keys((prefix,)) if server.history.get(full(k))]
             for key in rng.sample(keys, min(len(keys), rng.choice((1, 1, 2, 5)))):
                 if server.replay(key):
                     self.log(f"FAULT replay {key}")

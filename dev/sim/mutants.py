@@ -67,10 +67,6 @@ MUTANTS: tuple[Mutant, ...] = (
            "            self.tampering[seen] += 1\n",
            "",
            "JobStore ignores tampering silently (it is neither counted nor exported)"),
-    Mutant("replay-accepted", R + "control.store",
-           "                            seq <= accepted.seq\n                            or ",
-           "                            ",
-           "JobStore accepts an older validly sealed value over a newer one (a replay)"),
 )
 
 BY_NAME = {m.name: m for m in MUTANTS}

@@ -73,7 +73,8 @@ class SimServer:
         self.epoch = epoch
         self.up = True
         self.data: dict[str, bytes] = {}
-        self.history: dict[str, list[bytes]] = {}  # every raw a process wrote under each key
+        # every raw a process wrote under each key, with its writer
+        self.history: dict[str, list[tuple[str, bytes]]] = {}
         self.forged: set[bytes] = set()
         self.clock = clock
         self.on_write = on_write
@@ -82,7 +83,7 @@ class SimServer:
         self.data[key] = raw
         pk = protocol_key(key)
         if writer != ATTACKER:
-            self.history.setdefault(key, []).append(raw)
+            self.history.setdefault(key, []).append((writer, raw))
         if pk is not None:
             self.on_write(Write(self.clock(), writer, pk, raw))
 
@@ -107,12 +108,22 @@ class SimServer:
             self._land(ATTACKER, full(key), raw)
 
     def replay(self, key: str) -> bool:
-        """Write back the oldest value the key held (validly sealed, out of date)."""
+        """Write back an older value the key held (validly sealed, out of date): the oldest one
+        written by another process than the key's last writer where there is one (a previous
+        incarnation's: the most harmful to take for new), else the oldest."""
         old = self.history.get(full(key))
-        if not self.up or not old or self.data.get(full(key)) == old[0]:
+        if not self.up or not old:
             return False
-        self._land(ATTACKER, full(key), old[0])
+        last_writer = old[-1][0]
+        raw = next((r for w, r in old if w != last_writer), old[0][1])
+        if self.data.get(full(key)) == raw:
+            return False
+        self._land(ATTACKER, full(key), raw)
         return True
+
+    def stale_keys(self, prefixes: tuple[str, ...]) -> list[str]:
+        """Keys that hold values of more than one writer (a process and an earlier one)."""
+        return [k for k in self.keys(prefixes) if len({w for w, _ in self.history.get(full(k), ())}) > 1]
 
     def delete(self, key: str) -> bool:
         return self.up and self.data.pop(full(key), None) is not None

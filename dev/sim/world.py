@@ -231,7 +231,11 @@ class Ledger:
 
 class Simulation(Faults):
     def __init__(self, seed: int, faults: frozenset[str] = frozenset(FAULTS), workers: int | None = None,
-                 duration: float = 20.0) -> None:
+                 duration: float = 20.0, script: tuple[tuple[float, str], ...] | None = None,
+                 absent: tuple[str, ...] = (), config: str | None = None) -> None:
+        """``script``: scripted events (time, a fault kind such as ``kill:w2`` or ``respawn:w1``,
+        or a request ``request:<reason>:<member,member,...>``) instead of random faults;
+        ``absent``: workers whose process starts later (by a ``respawn:`` event)."""
         self.rng = random.Random(seed)
         self.seed = seed
         self.faults = faults
@@ -268,13 +272,19 @@ class Simulation(Faults):
         self.last_fault = 0.0
         self.step_at_last_fault = 0
         self._start_coordinator()
-        config = "tp" if n >= 2 and self.rng.random() < 0.4 else "dp"
-        self.source.queue.append(PlanRequest(members=tuple(self.workers), config=config, reason="start"))
-        for w in self.workers.values():
-            self.at(self.rng.uniform(0.0, 1.0), "wake", w.id)
+        config = config or ("tp" if n >= 2 and self.rng.random() < 0.4 else "dp")
+        for m in absent:
+            self.workers[m].alive, self.workers[m].incarnation = False, -1
+        present = tuple(m for m in self.workers if m not in absent)
+        self.source.queue.append(PlanRequest(members=present, config=config, reason="start"))
+        for m in present:
+            self.at(self.rng.uniform(0.0, 1.0), "wake", m)
         self.at(COORD_TICK, "coord", "")
         self.at(STEP_TIME, "steps", "")
-        self._plan_faults()
+        if script is None:
+            self._plan_faults()
+        for t, event in script or ():
+            self.at(t, "fault", event)
 
     @property
     def core(self):

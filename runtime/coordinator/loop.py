@@ -180,8 +180,10 @@ class Coordinator:
             except Exception:  # the store is this process's own: only a bug gets here
                 registered = ()
             live = [m for m in dict.fromkeys((*named, *registered)) if m not in self.dead]
-            beats = [Heartbeat.parse(self.store.get_json(Keys.heartbeat(m))) for m in live]
-            if all(b is None or b.ended or time.time() - b.time > self.heartbeat_timeout for b in beats):
+            reads = {m: self._beat_read(m) for m in live}
+            # the one liveness judge decides who is gone (on this process's clock, never the sender's)
+            self.core.liveness.judge(self.clock(), live, reads)
+            if all(m in self.dead or (r.beat is not None and r.beat.ended) for m, r in reads.items()):
                 return
             time.sleep(0.1)
 
@@ -216,17 +218,7 @@ class Coordinator:
         beats: dict[str, BeatRead] = {}
         telemetry: dict[str, dict] = {}
         for m in sorted(core.watched()):
-            data, tampered = self._read(Keys.heartbeat(m))
-            beat = Heartbeat.parse(data)
-            registered, incarnation = False, None
-            if beat is None:
-                info = store.get_json(Keys.member(m))
-                registered = isinstance(info, dict)
-                incarnation = info.get("incarnation") if registered else None
-            else:
-                telemetry[m] = data
-            beats[m] = BeatRead(beat=beat, tampered=tampered, registered=registered,
-                                registered_incarnation=incarnation)
+            beats[m] = self._beat_read(m, telemetry)
         results: dict[str, MemberResult] = {}
         decision, arrived, ready = None, 0, frozenset()
         gen = core.pending
@@ -262,6 +254,20 @@ class Coordinator:
                            decision=decision, arrived=arrived, ready=ready, request=request,
                            registrations=registrations,
                            finished=finished, inputs=inputs)
+
+    def _beat_read(self, m: str, telemetry: dict[str, dict] | None = None) -> BeatRead:
+        """What the store holds of ``m``'s liveness: its last valid heartbeat (and whether the
+        key was tampered with), else its registration."""
+        data, tampered = self._read(Keys.heartbeat(m))
+        beat = Heartbeat.parse(data)
+        registered, incarnation = False, None
+        if beat is None:
+            info = self.store.get_json(Keys.member(m))
+            registered = isinstance(info, dict)
+            incarnation = info.get("incarnation") if registered else None
+        elif telemetry is not None and isinstance(data, dict):
+            telemetry[m] = data
+        return BeatRead(beat=beat, tampered=tampered, registered=registered, registered_incarnation=incarnation)
 
     def _registrations(self, named: Iterable[str] = ()) -> dict[str, Registration]:
         """Every registered worker's announcement (the registration order, and the workers a

@@ -9,6 +9,7 @@ import pytest
 from liveshard.dev.sim import run_schedule, run_schedules
 from liveshard.dev.sim.__main__ import main
 from liveshard.dev.sim.kinds import FAULTS
+from liveshard.dev.sim.scenarios import SCENARIOS
 from liveshard.dev.sim.world import Simulation
 from liveshard.runtime.control.store import JobStore
 
@@ -75,3 +76,9 @@ def test_the_command_line(argv, code, capsys):
         assert "--faults: unknown meteor" in err and len(err.strip().splitlines()) == 1
     else:
         assert "30 schedules" in out
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_the_newcomers_cases_as_scenarios(name):
+    result, problems = SCENARIOS[name]()
+    assert result.ok and not problems, (result.violations, problems, result.trace[-40:])
