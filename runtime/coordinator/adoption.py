@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from liveshard.runtime.contract.keys import COMMITTED
 from liveshard.runtime.control.protocol import GenerationOutcome, WorldPlan
@@ -54,7 +54,7 @@ class Adoption:
     world: WorldPlan | None  # the running world (None: nobody holds one)
     next_generation: int  # above every generation a worker saw
     wait: bool = False  # workers saw plans before: wait for them to re-register (nothing else yet)
-    checkpoint: dict | None = None  # the newest checkpoint a worker announced
+    checkpoint: dict[str, Any] | None = None  # the newest checkpoint a worker announced
     resolved: tuple[tuple[WorldPlan, str], ...] = ()  # open generations decided now
     reopened: WorldPlan | None = None  # the open generation that follows the world: pending again
     holders: Mapping[str, str | None] = field(default_factory=dict)  # member -> the process holding its part
@@ -148,8 +148,8 @@ def take_over(core: CoordinatorCore, regs: Mapping[str, Registration], now: floa
     decision; lost members are declared dead; an owed change is asked for again."""
     since = core.state.adopting_since if core.state.adopting_since is not None else now
     took = adopt(regs, waited=now - since, grace=core.adoption_grace)
-    waits = took is not None and took.wait
-    core.change(adopting_since=since, awaiting_adoption=waits, adoption_waits_for=took.waiting_for if waits else ())
+    waiting_for = took.waiting_for if took is not None and took.wait else ()
+    core.change(adopting_since=since, awaiting_adoption=took is not None and took.wait, adoption_waits_for=waiting_for)
     if took is None or took.wait:
         if took is not None:
             core.next_generation = max(core.next_generation, took.next_generation)

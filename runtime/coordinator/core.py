@@ -56,9 +56,9 @@ class CoordinatorCore:
         self.liveness = Liveness(heartbeat_timeout)
         self.state = ControlState()  # what the phases decide over (``phases``)
         self.next_generation = 0
-        self.history: list[dict] = []
-        self.telemetry: dict[str, dict] = {}
-        self.adopted_checkpoint: dict | None = None  # announced by workers after a restart
+        self.history: list[dict[str, Any]] = []
+        self.telemetry: dict[str, dict[str, Any]] = {}
+        self.adopted_checkpoint: dict[str, Any] | None = None  # announced by workers after a restart
         self.nodes: dict[str, str] = {}  # each live worker's node, as it registered
         self.memory: dict[str, int] = {}  # each live worker's device memory, where it announced one
         self.broken_since: dict[str, float] = {}  # members reporting the current world broken, since when
@@ -90,11 +90,11 @@ class CoordinatorCore:
         return self.state.pending
 
     @property
-    def failure(self) -> dict | None:
+    def failure(self) -> dict[str, Any] | None:
         return self.state.failure
 
     @property
-    def finished(self) -> dict | None:
+    def finished(self) -> dict[str, Any] | None:
         return self.state.finished
 
     @property
@@ -336,6 +336,6 @@ class CoordinatorCore:
             loop.rejected(now=obs.wall)
         return out
 
-    def progress(self) -> dict | None:
+    def progress(self) -> dict[str, Any] | None:
         """Where training is, from the members' heartbeats (``status.progress_of``)."""
         return progress_of(self.current, self.telemetry)

@@ -91,7 +91,7 @@ def judge(gen: Generation, current: WorldPlan | None, dead: set[str] | frozenset
     failed = [m for m, r in gen.results.items() if not r.ok]
     lost = [m for m in plan.members if m in dead]
     live = current is not None and plan.is_live_transition
-    if live and not lost and arrived == 0:
+    if current is not None and live and not lost and arrived == 0:
         lost = [m for m in transition_members(current, plan) if m in dead]
     complete = all(m in gen.results for m in alive)
     why = None
@@ -118,11 +118,16 @@ class OpenReport(Protocol):
     """What a member tells a restarted coordinator about a generation whose decision it did not
     learn (``control.protocol.OpenGeneration``): it reached the commit window (its new world is
     built, or it failed and then knows the abort), whether its ready vote is confirmed, and the
-    decision it read, if any."""
+    decision it read, if any (read-only: the reports are frozen records)."""
 
-    generation: int
-    ready: bool
-    decision: str | None
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def decision(self) -> str | None: ...
 
 
 def resolve_open(plan: WorldPlan, reports: Mapping[str, OpenReport], registered: Iterable[str],

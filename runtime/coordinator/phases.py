@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from liveshard.runtime.contract.keys import COMMITTED
 from liveshard.runtime.control.protocol import WorldPlan
@@ -64,8 +65,8 @@ class ControlState:
 
     current: WorldPlan | None = None  # the committed world
     pending: Generation | None = None  # a generation being switched to
-    failure: dict | None = None  # why the run cannot go on (terminal)
-    finished: dict | None = None  # rank 0's report at trainIters (terminal)
+    failure: dict[str, Any] | None = None  # why the run cannot go on (terminal)
+    finished: dict[str, Any] | None = None  # rank 0's report at trainIters (terminal)
     restart: Restart | None = None
     deferred: Deferred | None = None
     reissue: tuple[PlanRequest, ...] = ()  # plans a restarted coordinator owes the workers

@@ -6,9 +6,9 @@ return the actions to take); pure: the time is the core's last observation's."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from liveshard.runtime.contract.causes import Cause
 from liveshard.runtime.control.protocol import GenerationOutcome, WorldPlan
@@ -82,7 +82,7 @@ def inputs_of(core: CoordinatorCore) -> PlanningInputs:
 
 
 def start(core: CoordinatorCore, request: PlanRequest, obs: Observation | None,
-          restore: dict | None = None) -> list[Action]:
+          restore: dict[str, Any] | None = None) -> list[Action]:
     """Plan ``request`` and publish it; or defer it while workers it names have not registered;
     or reject it (recorded in the history)."""
     if request.config == "":
@@ -111,7 +111,8 @@ def start(core: CoordinatorCore, request: PlanRequest, obs: Observation | None,
     return _with_restore_if_needed(core, request, plan)
 
 
-def _unregistered(core: CoordinatorCore, request: PlanRequest, regs: object) -> tuple[str, ...] | None:
+def _unregistered(core: CoordinatorCore, request: PlanRequest,
+                  regs: Mapping[str, object] | None) -> tuple[str, ...] | None:
     """The workers ``request`` names that never registered, to plan without; None while it waits
     for them (the request is then the deferred one). Another request started first puts a
     deferred one back in line (it is asked again after, not dropped: its workers may still

@@ -23,13 +23,13 @@ class CoordinatorStatus:
     standbys: list[str]
     pending: int | None  # the generation being switched to
     dead: list[str]  # the liveness judge's verdict (coordinator.membership): nobody judges again
-    history: list[dict]  # control.protocol.GenerationOutcome, as dicts
-    telemetry: dict[str, dict]  # each member's last valid heartbeat
-    health: dict  # speeds, stragglers, the adaptive policy (control.stragglers)
-    progress: dict | None
-    finished: dict | None
-    failure: dict | None  # terminal: reason, message, time
-    checkpoints: dict  # latest, failed, unavailable
+    history: list[dict[str, Any]]  # control.protocol.GenerationOutcome, as dicts
+    telemetry: dict[str, dict[str, Any]]  # each member's last valid heartbeat
+    health: dict[str, Any]  # speeds, stragglers, the adaptive policy (control.stragglers)
+    progress: dict[str, Any] | None
+    finished: dict[str, Any] | None
+    failure: dict[str, Any] | None  # terminal: reason, message, time
+    checkpoints: dict[str, Any]  # latest, failed, unavailable
     contested: list[str] = field(default_factory=list)  # members whose heartbeat key was tampered with
     tampering: dict[str, int] = field(default_factory=dict)  # store values refused, by kind
     # what the coordinator waits for, in words (``CoordinatorCore.waiting``); the job's ``status.waiting``
@@ -43,7 +43,7 @@ class CoordinatorStatus:
         return json.dumps(self.to_dict(), sort_keys=True, default=str)
 
 
-def progress_of(current: WorldPlan | None, telemetry: Mapping[str, dict]) -> dict | None:
+def progress_of(current: WorldPlan | None, telemetry: Mapping[str, dict[str, Any]]) -> dict[str, Any] | None:
     """Where training is, from the running world's members' heartbeats: step, samples, the
     last loss (the last pipeline stage knows it), the median step time."""
     if current is None:
@@ -61,7 +61,8 @@ def progress_of(current: WorldPlan | None, telemetry: Mapping[str, dict]) -> dic
             "step_seconds": seconds[len(seconds) // 2] if seconds else None}
 
 
-def progress_with_eta(progress: dict | None, training: TrainingSpec | None, wall: float | None = None) -> dict | None:
+def progress_with_eta(progress: dict[str, Any] | None, training: TrainingSpec | None,
+                      wall: float | None = None) -> dict[str, Any] | None:
     """``progress`` (``CoordinatorCore.progress``) with the job's trainIters, tokens/s and ETA."""
     if progress is None:
         return None
