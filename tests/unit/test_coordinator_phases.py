@@ -4,10 +4,14 @@ questions as functions of it, and the reason it waits, in words, for the status.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
+import yaml
 
+from liveshard.dev.localcluster.crd_validation import CRDValidator
 from liveshard.runtime.contract.keys import COMMITTED
+from liveshard.runtime.contract.status import InvalidStatus, Waiting
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan
 from liveshard.runtime.coordinator import (
     CoordinatorCore,
@@ -32,6 +36,7 @@ from liveshard.runtime.coordinator.phases import (
     wants_registrations,
     wants_request,
 )
+from liveshard.runtime.coordinator.status import CoordinatorStatus
 from liveshard.runtime.coordinator.world_choice import WorldChooser
 from liveshard.runtime.planner import Constraints
 from liveshard.runtime.presets import PRESETS
@@ -186,3 +191,26 @@ def test_a_restarted_core_adopting_names_the_members_it_waits_for():
     core.step(Observation(now=12.0, registrations=both))
     assert core.phase is Phase.STEADY and core.current == WORLD and core.waiting is None
     assert core.state.adopting_since is None and not core.state.awaiting_adoption
+
+
+# ---- status.waiting --------------------------------------------------------------------------
+def test_the_job_status_takes_the_reason_and_a_merge_patch_clears_it():
+    crd = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" / "elastictrainingjob.yaml").read_text())
+    reason = "generation 4: waiting for w2's ready vote, 4.2 s of 20 s"
+    patch = Waiting.from_coordinator(CoordinatorStatus(
+        generation=3, config="tp=1,pp=1,dp=2", members=["w0", "w1"], standbys=[], pending=4, dead=[], history=[],
+        telemetry={}, health={}, progress=None, finished=None, failure=None, checkpoints={},
+        waiting=reason).to_dict()).to_status()
+    assert patch == {"waiting": reason}
+    job = {"apiVersion": "liveshard.io/v1alpha1", "kind": "ElasticTrainingJob",
+           "metadata": {"name": "w", "namespace": "ml"},
+           "spec": {"model": {"preset": "tiny-gpt"}, "image": "img", "workers": {"max": 2, "gpusPerWorker": 1},
+                    "training": {"data": {"mock": True}, "trainIters": 10, "globalBatch": 4}},
+           "status": patch}
+    assert CRDValidator(crd).validate(job)["status"]["waiting"] == reason
+    assert Waiting.from_status(job["status"]) == Waiting(reason)
+    assert Waiting.from_coordinator({"waiting": None}).to_status() == {"waiting": None}  # removes the field
+    with pytest.raises(InvalidStatus):
+        Waiting.from_status({"waiting": 5})
+    columns = {c["name"]: c for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert columns["Waiting"]["jsonPath"] == ".status.waiting" and columns["Waiting"]["priority"] == 1
