@@ -5,11 +5,20 @@
 plan was made; ``keys``: every key of a job's store; ``times``: the API's timestamps.
 """
 
-from liveshard.runtime.contract.causes import ALWAYS_ACT, LOSSES, NODE_KINDS, Cause, cause_of
+from liveshard.runtime.contract.causes import (
+    ALWAYS_ACT,
+    LOSSES,
+    NODE_KINDS,
+    RUNTIME_JUDGED,
+    WITHOUT_NOTICE,
+    Cause,
+    cause_of,
+)
 from liveshard.runtime.contract.crd import GROUP, KIND, PLURAL, VERSION
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.contract.status import (
     AdaptiveReport,
+    CommittedWorld,
     InvalidStatus,
     PlanAbort,
     PlanAck,
@@ -28,9 +37,12 @@ __all__ = [
     "LOSSES",
     "NODE_KINDS",
     "PLURAL",
+    "RUNTIME_JUDGED",
     "VERSION",
+    "WITHOUT_NOTICE",
     "AdaptiveReport",
     "Cause",
+    "CommittedWorld",
     "InvalidStatus",
     "Keys",
     "PlanAbort",
