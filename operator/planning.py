@@ -151,7 +151,9 @@ class Planning:
         # GPU memory), the recovery itself must stay on its short path (survivors only: no
         # joiner's bootstrap while the world is broken), and the runtime's world never holds the
         # operator's standby pods (a plan's members are all it is given).
-        regrow = plan.observed_world is not None
+        # (a world the straggler policy made is not a loss: its left-out pod is not taken back,
+        # as no plan's leaver is, and the cooldown stands)
+        regrow = plan.observed_world is not None and plan.cause == Cause.LOST_WITHOUT_NOTICE
         wait = 0.0 if regrow else self._cooldown_left(plan, self.spec.elasticity.scale_up_cooldown_seconds)
         if wait > 0:
             self.d.requeue_after = min(self.d.requeue_after, wait + 0.1)

@@ -183,3 +183,25 @@ def test_a_pod_the_runtime_left_out_is_not_taken_back_while_its_nodes_signal_set
     _, job = step(job, pods, nodes, T0 + timedelta(seconds=11))  # the signal settles for 5 s more
     plan = job["status"]["plan"]
     assert lost not in plan["members"]
+
+
+def test_a_world_the_straggler_policy_made_is_recorded_and_not_undone():
+    """The runtime's straggler policy moved a slow pod out of the world: that world is recorded
+    too (the status shows what runs), but it is no loss to grow back from, and the operator does
+    not take the pod the policy left out back into its next plan."""
+    job = make_job(max_workers=4, gpus=1, elasticity={"scaleUpCooldownSeconds": 0})
+    pods = [make_pod(i) for i in range(4)] + [coordinator()]
+    d, job = step(job, pods, healthy(4))
+    first = d.status["plan"]
+    assert len(first["members"]) == 4
+    job = with_world(ack(job), 0, first["members"], first["config"], plan_generation=1)
+    _, job = step(job, pods, healthy(4), T0 + timedelta(seconds=5))
+    slow = first["members"][-1]
+    job = with_world(job, 1, first["members"][:3], first["config"].replace("dp=4", "dp=3"), cause=Cause.STRAGGLER,
+                     reason=f"straggler: {slow}/0 at 0.4 of the median")
+    d, job = step(job, pods, healthy(4), T0 + timedelta(seconds=60))
+    plan = StatusPlan.from_status(job["status"])
+    assert plan.observed_world == 1 and plan.cause == Cause.STRAGGLER and plan.leaving == (slow,)
+    assert d.replan_reason is None and slow not in plan.members
+    d, _ = step(job, pods, healthy(4), T0 + timedelta(seconds=120))
+    assert d.replan_reason is None
