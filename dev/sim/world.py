@@ -32,7 +32,7 @@ from liveshard.dev.sim.store import ATTACKER, JOB, Link, SimClient, SimServer, W
 from liveshard.runtime.agent.commit_driver import CommitDriver
 from liveshard.runtime.agent.commit_point import CommitPoint, Failed
 from liveshard.runtime.agent.connection import register_again_if_lost, report_result
-from liveshard.runtime.agent.control import REGISTRATION_CHECK
+from liveshard.runtime.agent.control import REGISTRATION_CHECK, involved, left_behind, not_this_process
 from liveshard.runtime.contract.keys import COMMITTED, Keys
 from liveshard.runtime.control.protocol import (
     Heartbeat,
@@ -582,14 +582,10 @@ class Simulation(Faults):
             self.log(f"{w.inc} finds itself declared dead: rejoins as a new process")
             self._rejoin(w)
             return
-        current_text = r.get(Keys.CURRENT)
-        current = None if current_text is None else int(current_text)
-        if w.world is not None and w.driver is None and current is not None and current > w.world.generation:
-            plan = r.plan(current)
-            if plan is not None and (w.id in plan.dead or w.id not in (*plan.members, *plan.standbys)):
-                self.log(f"{w.inc}: generation {current} went on without it: rejoins as a new process")
-                self._rejoin(w)
-                return
+        if left_behind(w.id, w.world.generation if w.world else None, w.driver is not None, r):
+            self.log(f"{w.inc}: generation {r.get(Keys.CURRENT)} went on without it: rejoins as a new process")
+            self._rejoin(w)
+            return
         if w.phase == "commit":
             self._commit_step(w)
             return
@@ -639,10 +635,8 @@ class Simulation(Faults):
             return  # a plan about another world than ours
         if w.phase == "waiting" and w.id not in plan.members:
             return
-        if w.world is None:
-            prev = r.plan(plan.previous) if plan.previous is not None else None
-            if prev is None or w.id in prev.members:
-                return  # named as a process of the old world it does not hold: not this one
+        if not_this_process(w.id, w.world.generation if w.world else None, plan, r):
+            return
         w.target, w.target_epoch = plan, w.link.epoch
         w.phase = "preparing" if w.phase != "broken" else "broken"
         w.prep_done = self.now + self.rng.uniform(0.2, 1.5)
@@ -659,9 +653,7 @@ class Simulation(Faults):
 
     @staticmethod
     def _involved(w: Worker, plan: WorldPlan) -> bool:
-        if w.id in plan.members or w.id in plan.standbys:
-            return True
-        return w.world is not None and plan.previous == w.world.generation and w.id in w.world.members
+        return involved(w.id, plan, w.world)
 
     def _start_world(self, w: Worker, plan: WorldPlan) -> None:
         if w.id not in plan.members:
@@ -791,7 +783,7 @@ class Simulation(Faults):
     def _open_commit_point(self, p: Worker, plan: WorldPlan, error: str) -> None:
         timeout = COMMIT_TIMEOUT * (1 if p.id in plan.members else 3)
         cp = CommitPoint(plan, p.id, error=error, now=self.now, timeout=timeout, bound=COMMIT_BOUND)
-        p.driver = CommitDriver(cp, p.link, p.target_epoch, clock=lambda: self.now)
+        p.driver = CommitDriver(cp, p.link, p.target_epoch, clock=lambda: self.now, incarnation=p.inc)
         p.driver.open()
         self._commit_step(p)
 

@@ -60,12 +60,14 @@ class CommitDriver:
     kill processes there: "commit-window")."""
 
     def __init__(self, cp: CommitPoint, link: StoreLink, epoch: int, *,
-                 clock: Callable[[], float] = time.monotonic, on_voted: Callable[[], None] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, on_voted: Callable[[], None] | None = None,
+                 incarnation: str | None = None) -> None:
         self.cp = cp
         self.link = link
         self.epoch = epoch
         self.clock = clock
         self.on_voted = on_voted
+        self.incarnation = incarnation  # this process's: one declared dead votes no (``_vote_ready``)
         self.gen = cp.generation
         self.key = Keys.decision(cp.generation)
         self._announced = False
@@ -104,6 +106,15 @@ class CommitDriver:
     def _vote_ready(self, store: JobStore) -> None:
         confirmed = False
         ready = Keys.ready(self.gen, self.cp.member)
+        if self.incarnation is not None and store.get(Keys.dead(self.cp.member)) == self.incarnation:
+            # declared dead meanwhile (frozen past the timeout): the job went on without this
+            # process and the coordinator aborts the generation; a yes from it would contradict
+            # that if the abort's key were deleted before everyone read it
+            self.cp.error = "this process was declared dead during the switch"
+            self.cp.decision_read(store.decide(self.key, f"aborted: {self.cp.member}: {self.cp.error}")
+                                  or NOT_AUTHENTIC)
+            self.cp.voted(ok=False, write_confirmed=True)
+            return
         try:
             store.set(ready, "1")
             confirmed = store.get(ready) == "1"

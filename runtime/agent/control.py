@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from liveshard.runtime.agent.commit_point import CommitPoint
     from liveshard.runtime.agent.prepare import Preparations
     from liveshard.runtime.agent.worker import WorkerOptions, WorkerState
+    from liveshard.runtime.control.store import JobStore
 
 log = logging.getLogger("liveshard.worker")
 
@@ -47,6 +48,27 @@ def involved(worker_id: str, plan: WorldPlan, current: WorldPlan | None) -> bool
     if worker_id in plan.members or worker_id in plan.standbys:
         return True
     return current is not None and plan.previous == current.generation and worker_id in current.members
+
+
+def left_behind(worker_id: str, generation: int | None, in_commit_window: bool, store: JobStore) -> bool:
+    """Whether the newest committed world (``Keys.CURRENT``) went on without the world this
+    process trains in (``generation``): a newer one that does not count it (or counts it dead).
+    Not inside a commit window, where only the decision tells."""
+    if generation is None or in_commit_window:
+        return False
+    text = store.get(Keys.CURRENT)
+    if text is None or int(text) <= generation:
+        return False
+    plan = store.plan(int(text))
+    return plan is not None and (worker_id in plan.dead or worker_id not in (*plan.members, *plan.standbys))
+
+
+def not_this_process(worker_id: str, generation: int | None, plan: WorldPlan, store: JobStore) -> bool:
+    """Whether ``plan`` names this id as a process of the world before it, which this process
+    never held (a replacement under the same id): not for it to act on."""
+    if generation is not None or plan.previous is None:
+        return False
+    return worker_id in getattr(store.plan(plan.previous), "members", (worker_id,))
 
 
 class ControlThread:
@@ -126,10 +148,7 @@ class ControlThread:
                 current = self.state.generation if self.state.generation is not None else -1
                 if self.preparations.known(latest) or latest <= current or store.has(Keys.outcome(latest)):
                     handled = latest  # (decided already: nothing to prepare)
-                elif self.state.generation is None and plan.previous is not None and \
-                        self.id in getattr(store.plan(plan.previous), "members", (self.id,)):
-                    # named as a process of the world before, which this one never held (a
-                    # replacement under the same id): not for this process to act on
+                elif not_this_process(self.id, self.state.generation, plan, store):
                     handled = latest
                 elif involved(self.id, plan, self.state.plan):
                     self.preparing = plan
@@ -147,18 +166,9 @@ class ControlThread:
                 guard=(lambda: commit.lock) if commit is not None else None)
         return handled
 
-    def _left_behind(self, store) -> bool:
-        """Whether the newest committed world (``Keys.CURRENT``) went on without this process's:
-        a newer one that does not count it (or counts it dead). Not inside a commit window,
-        where only the decision tells."""
+    def _left_behind(self, store: JobStore) -> bool:
         commit = self.state.commit_point
-        if self.state.generation is None or (commit is not None and not commit.decided):
-            return False
-        text = store.get(Keys.CURRENT)
-        if text is None or int(text) <= self.state.generation:
-            return False
-        plan = store.plan(int(text))
-        return plan is not None and (self.id in plan.dead or self.id not in (*plan.members, *plan.standbys))
+        return left_behind(self.id, self.state.generation, commit is not None and not commit.decided, store)
 
     def _reconnect(self) -> bool:
         """Connect to a restarted coordinator and announce the world this worker trains in, the

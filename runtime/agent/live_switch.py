@@ -278,7 +278,8 @@ def decide(agent: WorkerAgent, plan: WorldPlan, error: str, epoch: int) -> str:
     cp = CommitPoint(plan, agent.id, error=error, now=time.monotonic(), timeout=timeout,
                      bound=max(RESOLUTION_BOUND, 3 * agent.options.commit_timeout))
     agent.state.commit_point = cp
-    driver = CommitDriver(cp, agent.clients, epoch, on_voted=lambda: agent.at_phase("commit-window", gen))
+    driver = CommitDriver(cp, agent.clients, epoch, on_voted=lambda: agent.at_phase("commit-window", gen),
+                          incarnation=agent.state.incarnation)
     driver.open()
     # No timeout here: the commit point decides (its own timeout, then the resolution bound).
     wait_until(driver.poll, poll=driver.backoff)

@@ -45,6 +45,8 @@ from liveshard.runtime.spec import ModelSpec
 
 log = logging.getLogger("liveshard.coordinator")
 
+KEEP_DECIDED = 8  # generations whose decision and outcome the coordinator keeps in the store
+
 
 class _StoreCheckpoints(CheckpointView):
     def __init__(self, loop: Coordinator) -> None:
@@ -284,6 +286,17 @@ class Coordinator:
         self.store.set(key, value)
         self._asserted[key] = value
 
+    def _keep_decided(self, key: str, value: str | None) -> None:
+        """Re-read the decisions and outcomes of the last generations each tick (a read puts a
+        deleted or overwritten write-once value back: ``JobStore``): a process still in its
+        commit window (frozen, slow) must find the decision that was made, not room for another."""
+        if value is None:
+            return
+        self._asserted[key] = value
+        decided = [k for k in self._asserted if k.startswith("gen/")]
+        for old in decided[:-2 * KEEP_DECIDED]:
+            del self._asserted[old]
+
     def _reassert(self) -> None:
         """A client without the secret can delete or overwrite any key. A worker that never read
         a pointer before sees its deletion as absence (``JobStore``): a process declared dead
@@ -312,9 +325,11 @@ class Coordinator:
                 self._asserted[Keys.LATEST] = str(a.plan.generation)
             elif isinstance(a, Decide):
                 stands = self.store.decide(Keys.decision(a.generation), a.value)
+                self._keep_decided(Keys.decision(a.generation), stands)
                 queue[:0] = self.core.decided(a.generation, stands, now)
             elif isinstance(a, WriteOutcome):
                 self.store.set(Keys.outcome(a.generation), a.outcome)
+                self._keep_decided(Keys.outcome(a.generation), a.outcome)
                 if a.outcome == COMMITTED:
                     self._assert(Keys.CURRENT, str(a.generation))
             elif isinstance(a, MarkDead):
