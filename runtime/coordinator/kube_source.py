@@ -57,6 +57,7 @@ spec and measured speeds (``planning``), exactly as the operator does.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -140,6 +141,8 @@ class KubePlanSource:
         self._next_poll = 0.0
         self._next_speeds = 0.0
         self._next_progress = 0.0
+        self._waiting_what: str | None = None  # status.waiting as last written, its seconds left out
+        self._next_waiting = 0.0
         self._finished_written = False
         self._failure_written = False
         self._checkpoints_written: dict | None = None
@@ -269,10 +272,17 @@ class KubePlanSource:
             uid = plan.member_uids.get(pod_of(m))
             if m not in dead or not uid:
                 continue
-            reg = Registration.parse(m, self.store.get_json(Keys.member(m)))
+            reg = self._registration(m)
             if reg is not None and reg.pod_uid == uid:
                 out.append(m)
         return out
+
+    def _registration(self, worker: str) -> Registration | None:
+        assert self.store is not None
+        try:
+            return Registration.parse(worker, self.store.get_json(Keys.member(worker)))
+        except ValueError:  # not JSON: read as absent
+            return None
 
     def not_up(self, members: tuple[str, ...], plan: StatusPlan | None = None) -> list[str]:
         """Members that are not up yet: not registered from the pod the plan names (a registration
@@ -287,7 +297,7 @@ class KubePlanSource:
         uids = plan.member_uids if plan is not None else {}
         out = []
         for m in members:
-            reg = None if m in dead else Registration.parse(m, self.store.get_json(Keys.member(m)))
+            reg = None if m in dead else self._registration(m)
             if reg is None:
                 out.append(m)
                 continue
@@ -297,7 +307,7 @@ class KubePlanSource:
                 continue
             try:
                 beat = Heartbeat.parse(self.store.get_json(Keys.heartbeat(m)))
-            except ValueError:  # not JSON: tampering, read as absent
+            except ValueError:  # not JSON: read as absent
                 beat = None
             if beat is None or beat.ended or (reg.incarnation and beat.incarnation
                                               and beat.incarnation != reg.incarnation):
@@ -356,6 +366,7 @@ class KubePlanSource:
         if checkpoints != self._checkpoints_written and self._write(checkpoints):
             self._checkpoints_written = checkpoints
         self._report_progress(status, now)
+        self._report_waiting(status, now)
         health = status.get("health") or {}
         stragglers = self._stragglers(status)
         changed = tuple(s.device for s in stragglers) != self._stragglers_written
@@ -382,6 +393,15 @@ class KubePlanSource:
         if status.get("progress") and now >= self._next_progress:
             self._next_progress = now + PROGRESS_INTERVAL
             self._write(Progress.from_coordinator(status["progress"]).to_status())
+
+    def _report_waiting(self, status: dict, now: float) -> None:
+        """``status.waiting``: at once when what the coordinator waits for changes (or it stops
+        waiting), else every ``PROGRESS_INTERVAL`` seconds (its seconds move at every report)."""
+        reason = Waiting.from_coordinator(status).reason
+        what = None if reason is None else re.sub(r"[0-9.]+ s", "", reason)
+        if what != self._waiting_what or (reason is not None and now >= self._next_waiting):
+            if self._write(Waiting(reason).to_status()):
+                self._waiting_what, self._next_waiting = what, now + PROGRESS_INTERVAL
 
     def _stragglers(self, status: dict) -> tuple[Straggler, ...]:
         """The coordinator's straggler summary (``telemetry.SpeedTracker``): each slow device,
