@@ -405,6 +405,7 @@ class Coordinator:
             failure=core.failure,
             checkpoints=self._checkpoints(),
             contested=list(core.liveness.contested()),
+            waiting=core.waiting,
             tampering={str(k): int(v) for k, v in dict(tampering).items()} if tampering else {},
         ).to_dict()
 
