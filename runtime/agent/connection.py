@@ -168,7 +168,7 @@ def register_again_if_lost(clients: StoreClients, worker_id: str, announce: Call
     if slot is None or store.registration_intact(worker_id, slot):
         return False
     with guard() if guard is not None else contextlib.nullcontext():
-        clients.registration_slot = store.register_member(worker_id, announce().to_dict())
+        clients.registration_slot = store.register_member(worker_id, announce().to_dict(), again=True)
     log.warning("this worker's registration was deleted or overwritten in the store: registered again")
     return True
 

@@ -155,6 +155,7 @@ _PROBE = b"\0liveshard-probe"
 _SEQ = re.compile(r"[0-9]{1,30}")
 _VERSION = "v2"
 _FLAGS = ("s", "r", "d")  # a value, a value going back in its own order (rewind), a tombstone
+LIST_GAP = 4  # absent slots in a row that end an indexed list (``entries``)
 DECIDE_ATTEMPTS = 32  # compare-and-set tries against planted values before decide gives up
 
 
@@ -397,12 +398,13 @@ class JobStore:
         return wait_until(lambda: self.get(key), timeout=timeout, poll=Backoff.fixed(poll)).value
 
     # ---- indexed lists (instead of counters) --------------------------------------------------
-    def append(self, slot: Callable[[int], str], value: str) -> int:
+    def append(self, slot: Callable[[int], str], value: str, lowest: bool = False) -> int:
         """Add ``value`` to the list ``slot(0), slot(1), ...`` in the first free slot, claimed with
         a compare-and-set on the absent key (value and claim are one write: no slot is ever
-        claimed but empty). Slots others hold, forged ones included, are passed over. Returns
-        the index."""
-        i = self._slot_hint.get(slot(0), 0)
+        claimed but empty). Slots others hold, forged ones included, are passed over. The search
+        starts after this store's last entry, or at 0 with ``lowest`` (filling a slot an attacker
+        emptied). Returns the index."""
+        i = 0 if lowest else self._slot_hint.get(slot(0), 0)
         while True:
             key = slot(i)
             if self._secret is None:
@@ -422,24 +424,27 @@ class JobStore:
 
     def entries(self, slot: Callable[[int], str], start: int = 0) -> list[tuple[int, str]]:
         """(index, value) of the valid entries of the list ``slot(start), slot(start+1), ...``,
-        up to its first absent slot. A forged slot is skipped (an attacker cannot hide what
-        follows it); a deleted one keeps the value this store read before."""
+        up to ``LIST_GAP`` absent slots in a row. A forged slot is skipped (an attacker cannot
+        hide what follows it); a deleted one keeps the value this store read before, or reads as
+        absent to a store that never read it: the gap lets a reader see past a few of those,
+        and their writers fill them again (``registration_intact``, ``append(lowest=True)``)."""
         out: list[tuple[int, str]] = []
-        i = start
-        while True:
+        i, absent = start, 0
+        while absent < LIST_GAP:
             read = self.read(slot(i))
-            if read.seen is Seen.ABSENT:
-                return out
+            absent = absent + 1 if read.seen is Seen.ABSENT else 0
             if read.value is not None:
                 out.append((i, read.value))
             i += 1
+        return out
 
     # ---- membership -------------------------------------------------------------------------
-    def register_member(self, worker: str, info: dict) -> int:
+    def register_member(self, worker: str, info: dict, again: bool = False) -> int:
         """Announce ``worker`` (``members/<id>``, and its id in the list of registrations);
-        returns its slot in that list (``registration_intact``)."""
+        returns its slot in that list (``registration_intact``). ``again``: its registration was
+        deleted; it takes the lowest free slot (refilling the list's holes)."""
         self.set_json(Keys.member(worker), info)
-        return self.append(Keys.member_index, worker)
+        return self.append(Keys.member_index, worker, lowest=again)
 
     def registration_intact(self, worker: str, slot: int) -> bool:
         """Whether ``worker``'s registration (written by this ``JobStore`` in ``slot``) is still
