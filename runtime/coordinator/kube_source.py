@@ -79,6 +79,7 @@ from liveshard.runtime.contract.status import (
     StatusPlan,
     Straggler,
     Telemetry,
+    Waiting,
     pod_of,
     pods_of,
     same_config,
@@ -399,9 +400,9 @@ class KubePlanSource:
         waiting), else every ``PROGRESS_INTERVAL`` seconds (its seconds move at every report)."""
         reason = Waiting.from_coordinator(status).reason
         what = None if reason is None else re.sub(r"[0-9.]+ s", "", reason)
-        if what != self._waiting_what or (reason is not None and now >= self._next_waiting):
-            if self._write(Waiting(reason).to_status()):
-                self._waiting_what, self._next_waiting = what, now + PROGRESS_INTERVAL
+        due = what != self._waiting_what or (reason is not None and now >= self._next_waiting)
+        if due and self._write(Waiting(reason).to_status()):
+            self._waiting_what, self._next_waiting = what, now + PROGRESS_INTERVAL
 
     def _stragglers(self, status: dict) -> tuple[Straggler, ...]:
         """The coordinator's straggler summary (``telemetry.SpeedTracker``): each slow device,
