@@ -100,7 +100,7 @@ REGISTER_TIMEOUT = 300.0  # how long a plan waits for its joining workers to com
 __all__ = ["KubePlanSource", "api_client", "pod_speeds", "same_config"]  # same_config: contract.status's
 
 
-def pod_speeds(health: dict) -> dict[str, float]:
+def pod_speeds(health: dict[str, Any]) -> dict[str, float]:
     """Relative compute speed per pod (1.0 = as fast as the median device, capped there), from
     the coordinator's straggler summary: a pod is as fast as its slowest device."""
     per_pod: dict[str, float] = {}
@@ -146,17 +146,18 @@ class KubePlanSource:
         self._next_waiting = 0.0
         self._finished_written = False
         self._failure_written = False
-        self._checkpoints_written: dict | None = None
+        self._checkpoints_written: dict[str, Any] | None = None
         self._waiting_since: dict[int, float] = {}  # operator generation -> first seen (members not up)
         self._planning: PlanningInputs | None = None
         self._unwritten: dict[int, dict[str, Any]] = {}  # operator generation -> ack/abort to write again
         self._stragglers_written: tuple[str, ...] = ()  # the devices status.stragglers names
-        self._adaptive_written: dict | None = None
+        self._adaptive_written: dict[str, Any] | None = None
         self._bad_status: str | None = None  # the last malformed status field reported
 
     # ---- the job -----------------------------------------------------------------------------
     def read_job(self) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.job)
+        job: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.job)
+        return job
 
     def patch_status(self, status: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.job,
@@ -174,7 +175,7 @@ class KubePlanSource:
 
     def _update_planning(self, job: dict[str, Any]) -> None:
         try:
-            spec = read_spec(job.get("spec"))
+            spec = read_spec(job.get("spec") or {})
             speeds = dict(Telemetry.from_status(job.get("status") or {}).speeds)
         except (ConfigError, InvalidStatus) as e:
             log.warning("job %s/%s: cannot plan from it: %s", self.namespace, self.job, e)
@@ -315,7 +316,7 @@ class KubePlanSource:
                 out.append(m)
         return out
 
-    def report(self, status: dict) -> None:
+    def report(self, status: dict[str, Any]) -> None:
         self.current = status
         history = status.get("history") or []
         if self.awaiting is not None:
@@ -380,7 +381,7 @@ class KubePlanSource:
         if adaptive != self._adaptive_written and self._write(adaptive):
             self._adaptive_written = adaptive
 
-    def _report_progress(self, status: dict, now: float) -> None:
+    def _report_progress(self, status: dict[str, Any], now: float) -> None:
         """``status.progress`` every ``PROGRESS_INTERVAL`` seconds; ``finishedAt`` once, when
         training reached trainIters (written again at the next report until the API takes it)."""
         finished = status.get("finished")
@@ -395,7 +396,7 @@ class KubePlanSource:
             self._next_progress = now + PROGRESS_INTERVAL
             self._write(Progress.from_coordinator(status["progress"]).to_status())
 
-    def _report_waiting(self, status: dict, now: float) -> None:
+    def _report_waiting(self, status: dict[str, Any], now: float) -> None:
         """``status.waiting``: at once when what the coordinator waits for changes (or it stops
         waiting), else every ``PROGRESS_INTERVAL`` seconds (its seconds move at every report)."""
         reason = Waiting.from_coordinator(status).reason
@@ -404,7 +405,7 @@ class KubePlanSource:
         if due and self._write(Waiting(reason).to_status()):
             self._waiting_what, self._next_waiting = what, now + PROGRESS_INTERVAL
 
-    def _stragglers(self, status: dict) -> tuple[Straggler, ...]:
+    def _stragglers(self, status: dict[str, Any]) -> tuple[Straggler, ...]:
         """The coordinator's straggler summary (``telemetry.SpeedTracker``): each slow device,
         since when, and the measurements that say so."""
         health = status.get("health") or {}
@@ -425,7 +426,7 @@ class KubePlanSource:
         return tuple(out)
 
     @staticmethod
-    def _ran(entry: dict, plan: StatusPlan) -> bool:
+    def _ran(entry: dict[str, Any], plan: StatusPlan) -> bool:
         """Whether a committed runtime generation (its history entry) is ``plan`` as written: the
         same config on as many GPUs (the coordinator keeps an operator plan's rank order and may
         only leave out members that are not up, so the same count is the same members)."""
@@ -433,7 +434,7 @@ class KubePlanSource:
             return not entry.get("config")
         return same_config(entry.get("config"), plan.config) and int(entry.get("world_size") or 0) == plan.world_size
 
-    def _report_world(self, status: dict, by_runtime: dict[int, dict]) -> None:
+    def _report_world(self, status: dict[str, Any], by_runtime: dict[int, dict[str, Any]]) -> None:
         """``status.world``: the world the coordinator reports it runs, written when it changes
         (a commit, or an operator plan acked as that world)."""
         gen = status.get("generation")
