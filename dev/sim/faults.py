@@ -117,7 +117,7 @@ class Faults:
             key = Keys.arrived(core.next_generation if core else 0, target)
             server.forge(key, "1")
             self.log(f"FAULT counter {key}")
-        elif kind == "damage" and self.checkpoints:
+        elif kind == "damage" and self.checkpoints and not self.checkpoints[-1].get("final"):
             self.checkpoints[-1]["verified"] = False
             self.log(f"FAULT damage {self.checkpoints[-1]['path']}")
 
@@ -164,6 +164,11 @@ class Faults:
             return None
         if core is None:
             return "the coordinator is not back"
+        if core.finished is not None:
+            return None  # trainIters reached and the final checkpoint saved: done
+        gave_up = [w.inc for w in self.workers.values() if w.phase == "failed"]
+        if gave_up:
+            return f"the final save gave up ({gave_up}) and the job has not ended Failed"
         cur = core.current
         if not self._alive() and core.pending is None:
             return None  # no process left to train: the job waits for capacity (the operator's part)
@@ -195,6 +200,8 @@ class Faults:
         core = self.core
         if self.failure is not None:
             return f"failed: {self.failure['reason']}"
+        if core is not None and core.finished is not None:
+            return f"finished in step {core.finished.get('step')}"
         if core is not None and core.current is not None:
             return f"training in generation {core.current.generation}"
         return "nothing"

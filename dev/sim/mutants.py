@@ -67,6 +67,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "            self.tampering[seen] += 1\n",
            "",
            "JobStore ignores tampering silently (it is neither counted nor exported)"),
+    Mutant("final-save-verdict-ignores-a-rank", R + "agent.final_save",
+           "    if not failed:\n        return None\n",
+           "    if len(failed) < len(errors):\n        return None\n",
+           "the final save counts as saved when some rank wrote its part, not every rank"),
+    Mutant("final-save-failure-finishes", R + "coordinator.core",
+           "if isinstance(obs.finished, dict) and obs.finished.get(\"error\") and self.finished is None:",
+           "if False:",
+           "the coordinator takes a final save that gave up for a finished job"),
 )
 
 BY_NAME = {m.name: m for m in MUTANTS}

@@ -33,6 +33,14 @@ from liveshard.runtime.agent.commit_driver import CommitDriver
 from liveshard.runtime.agent.commit_point import CommitPoint, Failed
 from liveshard.runtime.agent.connection import register_again_if_lost, report_result
 from liveshard.runtime.agent.control import REGISTRATION_CHECK, involved, left_behind, not_this_process
+from liveshard.runtime.agent.final_save import (
+    GaveUp,
+    Saved,
+    attempts,
+    finished_record,
+    give_up_reason,
+    verdict,
+)
 from liveshard.runtime.contract.keys import COMMITTED, Keys
 from liveshard.runtime.control.protocol import (
     Heartbeat,
@@ -63,6 +71,7 @@ COMMIT_TIMEOUT = 10.0  # a member waiting for the decision in a live store, then
 COMMIT_BOUND = 30.0  # a member waiting for a restarted coordinator to resolve its generation
 COLLECTIVE_TIMEOUT = 20.0  # a collective blocked on a frozen peer gives up
 CHECKPOINT_EVERY = 4
+FINAL_SAVE_PATIENCE = 6.0  # seconds a final save waits for space, in all (``final_save.attempts``)
 
 
 
@@ -250,6 +259,18 @@ class Simulation(Faults):
         self.cstore: JobStore | None = None
         self.source = SimSource(self)
         self.reported: dict | None = None
+        # The final save, drawn from a stream of its own: trainIters (None: the schedule ends
+        # before it), whether a fallback directory is configured, until when each directory is
+        # full (inf: for good), and the chance that one rank's write fails on its own
+        save = random.Random(seed * 7919 + 17)
+        self.train_iters = save.choice((None, save.randint(8, 40)))
+        self.fallback = save.random() < 0.5
+        self.full_until = {"ckpt": save.choice((0.0, 0.0, save.uniform(0.0, 30.0), float("inf"))),
+                           "fallback": save.choice((0.0, 0.0, float("inf")))}
+        self.rank_failure = save.choice((0.0, 0.0, 0.3))
+        self.save_rng = save
+        self.saving: dict[int, tuple[Saved | GaveUp, int, tuple[str, ...], bool]] = {}
+        self.finish_checked = False
         self.clients: list[tuple[str, SimClient, JobStore]] = []  # every process's client, for accounting
         self.checkpoints: list[dict] = []
         self.tracks: dict[int, WorldTrack] = {}
@@ -324,6 +345,8 @@ class Simulation(Faults):
                 self._fault(target)
             elif kind == "vote":
                 self._vote(self.workers[target])
+            elif kind == "saved":
+                self._saved(int(target))
             elif kind == "coord-up":
                 self._start_coordinator()
             self._check_tamper_accounting()
@@ -369,6 +392,7 @@ class Simulation(Faults):
                 self.server.forge(Keys.heartbeat(m), Heartbeat(time=self.now, state="training",
                                                                incarnation=w.inc if w else None).to_json())
         coordinator.tick()
+        self._check_finished()
 
     def _on_write(self, w: Write) -> None:
         """Every write that lands: who wrote what is the ground truth of the invariants."""
@@ -571,7 +595,8 @@ class Simulation(Faults):
 
     @staticmethod
     def _state(w: Worker) -> str:
-        return {"preparing": "training", "transfer": "committing", "commit": "committing"}.get(w.phase, w.phase)
+        return {"preparing": "training", "transfer": "committing", "commit": "committing",
+                "saving": "training"}.get(w.phase, w.phase)
 
     def _poll(self, w: Worker) -> None:
         r = w.link.store
@@ -710,6 +735,9 @@ class Simulation(Faults):
                         self.log(f"{m.inc}: world {gen} broken")
                 continue
             t = self.tracks[gen]
+            if self.train_iters is not None and t.step >= self.train_iters:
+                self._final_save(gen, members, t.step)
+                continue
             t.step += 1
             for m in ws:
                 m.state_step = t.step
@@ -838,8 +866,79 @@ class Simulation(Faults):
         except Exception:
             pass
 
+    # ---- the final save at trainIters (``agent.final_save``'s schedule and verdict) --------------
+    def _final_save(self, gen: int, members: list[Worker], step: int) -> None:
+        """Every member of the world saves at ``step``: the shipped schedule of attempts (the
+        checkpoint directory, the fallback, then both again after pauses) and the shipped verdict
+        over every rank's error; the modelled disks say which attempt's writes fail. The save
+        takes as long as its pauses; a peer lost meanwhile breaks it (``_saved``)."""
+        tried, waited, last, outcome, written = [], 0.0, "", None, False
+        for a in attempts("ckpt", "fallback" if self.fallback else None, FINAL_SAVE_PATIENCE,
+                          first_pause=1.0, longest_pause=4.0):
+            waited += a.wait
+            full = self.now + waited < self.full_until[a.root]
+            errors = [f"{a.root}: no space left on device" if full
+                      else ("input/output error" if self.save_rng.random() < self.rank_failure else None)
+                      for _ in members]
+            failure = verdict(errors)
+            if failure is None:
+                outcome = Saved(f"{a.root}/{self.epoch}.{gen}/final-{step}")
+                written = all(e is None for e in errors)  # the truth, whatever the verdict said
+                break
+            tried.append(a.root)
+            last = failure
+        if outcome is None:
+            outcome = GaveUp(give_up_reason(step, tried, last, waited))
+        for w in members:
+            w.phase = "saving"
+        self.saving[gen] = (outcome, step, tuple(w.inc for w in members), written)
+        self.log(f"final save of generation {gen} at step {step}: {outcome} after {waited:.1f} s")
+        self.at(self.now + waited + 0.2, "saved", str(gen))
+
+    def _saved(self, gen: int) -> None:
+        outcome, step, incs, written = self.saving[gen]
+        members = [self.workers[i.split(".")[0]] for i in incs]
+        if any(not w.alive or w.inc not in incs or w.phase != "saving" for w in members):
+            for w in members:  # the attempt's all-gather failed: the world is broken
+                if w.alive and w.inc in incs and w.phase == "saving":
+                    w.phase = "broken"
+                    self.log(f"{w.inc}: world {gen} broken during the final save")
+            del self.saving[gen]
+            return
+        if any(self.now < w.frozen_until for w in members):
+            self.at(max(w.frozen_until for w in members) + 0.1, "saved", str(gen))
+            return
+        del self.saving[gen]
+        error = outcome.reason if isinstance(outcome, GaveUp) else None
+        path = outcome.path if isinstance(outcome, Saved) else None
+        if path is not None:
+            self.checkpoints.append({"path": path, "step": step, "verified": written, "final": True})
+        rank0 = members[0]
+        with contextlib.suppress(Exception):  # the store is gone: the workers end all the same
+            rank0.link.store.set_json(Keys.FINISHED, finished_record(step, step * 8, path, gen, self.now, error))
+        for w in members:
+            w.phase = "failed" if error else "finished"
+            self._exit(w, error or "finished")
+
+    def _check_finished(self) -> None:
+        """A job the coordinator calls finished saved a final checkpoint that verifies, at
+        trainIters; a final save that gave up ends the job ``Failed``, never finished."""
+        core = self.core
+        if core is None or core.finished is None or self.finish_checked:
+            return
+        self.finish_checked = True
+        record = core.finished
+        ck = next((c for c in self.checkpoints if c.get("final") and c["path"] == record.get("checkpoint")), None)
+        if record.get("error"):
+            self.violate(f"the job finished although its final save gave up: {record['error']}")
+        elif ck is None or not ck["verified"] or ck["step"] != self.train_iters:
+            self.violate(f"the job finished with final checkpoint {record.get('checkpoint')}, which "
+                         f"{'does not verify' if ck else 'was never saved'}")
+        self.log(f"finished at step {record.get('step')}: {record.get('checkpoint')}")
+
     def _exit(self, w: Worker, why: str) -> None:
-        w.phase = "exited"
+        if w.phase not in ("finished", "failed"):
+            w.phase = "exited"
         if w.link.server is not None and w.link.server.up:
             self._beat(w)  # its last word: gone on purpose
         w.alive, w.exit_reason = False, why

@@ -96,6 +96,15 @@ def verdict(errors: list[str | None]) -> str | None:
     return f"rank {rank}: {error} (and {len(failed) - 1} more rank(s))"
 
 
+def finished_record(step: int, consumed_samples: int, checkpoint: str | None, generation: int | None,
+                    now: float, error: str | None = None) -> dict:
+    """``Keys.FINISHED``, written by rank 0 once the final save is decided: the step, the final
+    checkpoint (None: none was configured, or with ``error`` none could be saved) and, when the
+    save gave up, why (the coordinator then fails the job: ``FinalCheckpointFailed``). Pure."""
+    return {"step": step, "consumed_samples": consumed_samples, "checkpoint": checkpoint, "generation": generation,
+            "time": now, **({"error": error} if error else {})}
+
+
 def give_up_reason(step: int, tried: list[str], last_error: str, waited: float) -> str:
     """The one line a job that cannot save its final checkpoint fails with. Pure."""
     where = " and ".join(dict.fromkeys(tried)) or "nowhere (no checkpoint directory)"

@@ -355,9 +355,8 @@ class WorkerAgent:
             log.warning("no checkpoint directory: the trained weights of step %d are not saved", t.step_count)
         self.state.final_checkpoint = path
         if self.state.rank == 0:
-            self.store.set_json(Keys.FINISHED, {"step": t.step_count, "consumed_samples": t.consumed_samples,
-                                                "checkpoint": path, "generation": self.state.generation,
-                                                "time": time.time(), **({"error": error} if error else {})})
+            self.store.set_json(Keys.FINISHED, final_save.finished_record(t.step_count, t.consumed_samples, path,
+                                                                          self.state.generation, time.time(), error))
         if error:
             self.state.phase, self.state.failure = "failed", error
             self.state.events.append({"kind": "final-checkpoint-failed", "step": t.step_count, "error": error,
