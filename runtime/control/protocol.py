@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
 
@@ -306,8 +306,9 @@ class Heartbeat:
         invalid: a malformed one reads as unknown."""
         if not isinstance(data, dict):
             return None
+        health = data.get("health")
         try:
-            beat = cls(time=float(data["time"]), state=str(data.get("state") or WorkerPhase.WAITING),
+            return cls(time=float(data["time"]), state=str(data.get("state") or WorkerPhase.WAITING),
                        incarnation=data.get("incarnation") or None,
                        generation=None if data.get("generation") is None else int(data["generation"]),
                        rank=None if data.get("rank") is None else int(data["rank"]),
@@ -316,13 +317,13 @@ class Heartbeat:
                        step_seconds=None if data.get("step_seconds") is None else float(data["step_seconds"]),
                        loss=None if data.get("loss") is None else float(data["loss"]),
                        seq=None if data.get("seq") is None else int(data["seq"]),
-                       preparing=None if data.get("preparing") is None else int(data["preparing"]))
-        except (KeyError, TypeError, ValueError):
-            return None
-        return replace(beat, compute=_compute_log(data.get("compute")), pid=_optional(int, data.get("pid")),
-                       health=data["health"] if isinstance(data.get("health"), dict) else None,
+                       preparing=None if data.get("preparing") is None else int(data["preparing"]),
+                       compute=_compute_log(data.get("compute")), pid=_optional(int, data.get("pid")),
+                       health=health if isinstance(health, dict) else None,
                        published=_optional(float, data.get("published")), age=_optional(float, data.get("age")),
                        pulse=data.get("pulse") is True)
+        except (KeyError, TypeError, ValueError):
+            return None
 
     @property
     def ended(self) -> bool:
