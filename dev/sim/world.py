@@ -393,6 +393,7 @@ class Simulation(Faults):
                                                                incarnation=w.inc if w else None).to_json())
         coordinator.tick()
         self._check_finished()
+        self._pods_ended()
 
     def _on_write(self, w: Write) -> None:
         """Every write that lands: who wrote what is the ground truth of the invariants."""
@@ -919,6 +920,15 @@ class Simulation(Faults):
         for w in members:
             w.phase = "failed" if error else "finished"
             self._exit(w, error or "finished")
+
+    def _pods_ended(self) -> None:
+        """The operator's part: when every worker's process ended after its final save gave up
+        (each exits 1), the job ends ``Failed`` from the pods' exits, whether or not a
+        coordinator read rank 0's report (a restarted one has a store without it)."""
+        ws = list(self.workers.values())
+        if self.failure is None and ws and all(not w.alive for w in ws) and any(w.phase == "failed" for w in ws):
+            self.failure = {"reason": "FinalCheckpointFailed", "message": "every worker exited 1 (the operator)"}
+            self.log("stop: every worker exited after a final save that gave up (the operator ends the job)")
 
     def _check_finished(self) -> None:
         """A job the coordinator calls finished saved a final checkpoint that verifies, at

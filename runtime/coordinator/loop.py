@@ -250,7 +250,9 @@ class Coordinator:
             named = (*(request.members if request else ()), *core.deferred_members())
             registrations = self._registrations(named)
         finished = None
-        if core.finished is None and core.pending is None:
+        if core.finished is None:
+            # read while a generation is pending too: a final save that gave up ends the job at
+            # once (its workers exit right after saying so, and no generation can complete)
             finished = store.get_json(Keys.FINISHED)
         return Observation(now=now, wall=self.wall(), beats=beats, telemetry=telemetry, results=results,
                            decision=decision, arrived=arrived, ready=ready, request=request,
