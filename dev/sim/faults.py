@@ -100,6 +100,12 @@ class Faults:
             w = rng.choice(alive)
             w.frozen_until = self.now + rng.uniform(0.5, 1.8)  # a stall shorter than half the timeout
             self.log(f"FAULT slow {w.inc} until {w.frozen_until:.2f}")
+        elif kind == "freeze" and self.coordinator is not None and rng.random() < 0.25:
+            # SIGSTOP of the coordinator's process for longer than the heartbeat timeout: its
+            # store answers nobody meanwhile; on waking it must not take that for silence
+            until = self.now + rng.uniform(1.5, 3.0) * self.coordinator.heartbeat_timeout
+            self.coord_frozen_until = self.server.frozen_until = until
+            self.log(f"FAULT freeze the coordinator until {until:.2f}")
         elif kind == "freeze" and alive:
             w = rng.choice(alive)
             w.frozen_until = self.now + rng.uniform(6.0, 12.0)  # SIGSTOP past the timeout, then SIGCONT
@@ -111,7 +117,7 @@ class Faults:
         elif kind == "counter":
             # the store's counters are gone from the protocol; what stands in for them is sealed:
             # a bumped old counter and a forged count-in must change nothing
-            if server.up:
+            if server.up and not server.frozen:
                 SimClient(server, ATTACKER).add(Keys.MEMBER_COUNT, 1)
             target = rng.choice(sorted(self.workers))
             key = Keys.arrived(core.next_generation if core else 0, target)

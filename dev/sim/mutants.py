@@ -75,6 +75,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "if isinstance(obs.finished, dict) and obs.finished.get(\"error\") and self.finished is None:",
            "if False:",
            "the coordinator takes a final save that gave up for a finished job"),
+    Mutant("frozen-coordinator-judges-its-own-pause", R + "coordinator.loop",
+           "        return gap if gap > self.heartbeat_timeout / 2 else 0.0\n",
+           "        return 0.0\n",
+           "a coordinator woken from a stop takes the time it did not run for its members' silence"),
 )
 
 BY_NAME = {m.name: m for m in MUTANTS}

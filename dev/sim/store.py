@@ -78,6 +78,7 @@ class SimServer:
         self.forged: set[bytes] = set()
         self.clock = clock
         self.on_write = on_write
+        self.frozen_until = 0.0
 
     def _land(self, writer: str, key: str, raw: bytes) -> None:
         self.data[key] = raw
@@ -87,14 +88,23 @@ class SimServer:
         if pk is not None:
             self.on_write(Write(self.clock(), writer, pk, raw))
 
+    @property
+    def frozen(self) -> bool:
+        """Its process is stopped (SIGSTOP): every call times out until it wakes."""
+        return self.clock() < self.frozen_until
+
     def fail(self, key: str) -> None:
         if not self.up:
             raise dist.DistStoreError(f"the store of epoch {self.epoch} is gone ({key})")
+        if self.frozen:
+            raise dist.DistStoreError(f"the store of epoch {self.epoch} does not answer: its process is stopped ({key})")
 
     # ---- an attacker without the secret ------------------------------------------------------
     def forge(self, key: str, value: str) -> bytes | None:
         """A well-formed seal of ``value`` under a MAC made without the secret."""
         if not self.up:
+            return None
+        if self.frozen:
             return None
         raw = f"v2.{9 * 10**19 + len(self.forged)}.s.{'0' * 64}.{value}".encode()
         self.forged.add(raw)
@@ -102,7 +112,7 @@ class SimServer:
         return raw
 
     def garbage(self, key: str) -> None:
-        if self.up:
+        if self.up and not self.frozen:
             raw = b"\xff not a seal %d" % len(self.forged)
             self.forged.add(raw)
             self._land(ATTACKER, full(key), raw)
@@ -112,7 +122,7 @@ class SimServer:
         written by another process than the key's last writer where there is one (a previous
         incarnation's: the most harmful to take for new), else the oldest."""
         old = self.history.get(full(key))
-        if not self.up or not old:
+        if not self.up or self.frozen or not old:
             return False
         last_writer = old[-1][0]
         raw = next((r for w, r in old if w != last_writer), old[0][1])
@@ -126,7 +136,7 @@ class SimServer:
         return [k for k in self.keys(prefixes) if len({w for w, _ in self.history.get(full(k), ())}) > 1]
 
     def delete(self, key: str) -> bool:
-        return self.up and self.data.pop(full(key), None) is not None
+        return self.up and not self.frozen and self.data.pop(full(key), None) is not None
 
     def keys(self, prefixes: tuple[str, ...]) -> list[str]:
         return sorted(pk for k in self.data if (pk := protocol_key(k)) is not None and pk.startswith(prefixes))
@@ -152,6 +162,7 @@ class SimClient(dist.Store):
         s = self.server
         if not s.up:
             return  # a c10d set to a dead server can return without error and write nothing
+        s.fail(key)  # a stopped server: the call times out
         s._land(self.who, key, _b(value))
 
     def get(self, key: str) -> bytes:

@@ -142,6 +142,8 @@ class Worker:
     seq: int = 0
     clock_skew: float = 0.0
     last_valid_beat: float = -1e9  # sim time of its last beat written to a live store
+    blocked_beat: float = -1e9  # sim time of its last beat that a stopped coordinator's store did not take
+    beat_try: float = -1e9
     broken_at: float | None = None  # when its world's collective will fail
     switch_step: int | None = None  # the step the state it transfers is at
     next_beat: float = 0.0
@@ -256,6 +258,8 @@ class Simulation(Faults):
         self.epoch = 0
         self.server = SimServer(0, lambda: self.now, self._on_write)
         self.coordinator: Coordinator | None = None
+        self.coord_frozen_until = 0.0  # the coordinator's process (and its store) stopped until then
+        self.last_coord_tick: float | None = None
         self.cstore: JobStore | None = None
         self.source = SimSource(self)
         self.reported: dict | None = None
@@ -374,6 +378,7 @@ class Simulation(Faults):
             self.server = SimServer(self.epoch, lambda: self.now, self._on_write)
             self.log(f"coordinator up, store epoch {self.epoch}")
         _, self.cstore = self._connect(f"coordinator.{self.epoch}")
+        self.last_coord_tick = None
         planning = PlanningInputs(Constraints(global_batch=8, micro_batch=1))
         self.coordinator = Coordinator(self.cstore, None, self.source, planning, heartbeat_timeout=HB_TIMEOUT,
                                        transition_timeout=TRANSITION_TIMEOUT, precompute=False,
@@ -391,7 +396,11 @@ class Simulation(Faults):
                 w = self.workers.get(m)
                 self.server.forge(Keys.heartbeat(m), Heartbeat(time=self.now, state="training",
                                                                incarnation=w.inc if w else None).to_json())
-        coordinator.tick()
+        if self.now < self.coord_frozen_until:
+            return  # SIGSTOP: no tick (its store answers nobody either: ``SimServer.frozen_until``)
+        paused = coordinator.paused_since(self.last_coord_tick)  # as ``Coordinator.run`` measures it
+        self.last_coord_tick = self.now
+        coordinator.tick(paused)
         self._check_finished()
         self._pods_ended()
 
@@ -519,10 +528,12 @@ class Simulation(Faults):
                  and member not in cur.members)
         holder = incarnation == LOST_PROCESS and w.world is not None and cur is not None \
             and w.world.generation == cur.generation and w.state_step is not None
-        if w.alive and not stale and (w.inc == incarnation or holder) and self.now - w.last_valid_beat < HB_TIMEOUT / 2 \
+        # beating: its last beat landed, or was stopped only by the coordinator's own freeze
+        last = max(w.last_valid_beat, w.blocked_beat)
+        if w.alive and not stale and (w.inc == incarnation or holder) and self.now - last < HB_TIMEOUT / 2 \
                 and w.link.server is self.server:
             self.violate(f"{member} declared dead while heartbeating validly (last beat "
-                         f"{self.now - w.last_valid_beat:.2f} s ago)")
+                         f"{self.now - last:.2f} s ago)")
 
     # ---- workers ------------------------------------------------------------------------------
     def _wake(self, w: Worker) -> None:
@@ -544,8 +555,12 @@ class Simulation(Faults):
                     w.handled = -1
                     self.log(f"{w.inc} registers again (its registration was deleted)")
             self._poll(w)
-        except Exception as e:  # the store's server is gone (a DistStoreError)
-            if not self.server.up or w.link.server is not self.server:
+        except Exception as e:  # the store's server is gone or stopped (a DistStoreError)
+            if w.link.server is not None and w.link.server.frozen:
+                if w.beat_try == self.now:
+                    w.blocked_beat = self.now
+                self._commit_step(w)
+            elif not self.server.up or w.link.server is not self.server:
                 self._commit_step(w)
             else:
                 raise RuntimeError(f"{w.inc}: {e}") from e
@@ -558,10 +573,16 @@ class Simulation(Faults):
             return True
         if not self.server.up or self.coordinator is None:
             return False
-        # a new client (as ``StoreClients.replace``): the commit driver sees the epoch change
+        # a new client (as ``StoreClients.replace``, once it announced itself: ``reannounce``);
+        # the commit driver sees the epoch change
+        before = (w.link.client, w.link._store, w.link.epoch)
         w.link.client, w.link._store = self._connect(w.inc, w.clock_skew)
         w.link.epoch += 1
-        self._register(w, reconnected=w.link.epoch > 0)
+        try:
+            self._register(w, reconnected=w.link.epoch > 0)
+        except Exception:  # that store does not answer (its process is stopped): try again later
+            w.link.client, w.link._store, w.link.epoch = before
+            return False
         if w.target is not None and w.driver is None:
             # plans of the old store that never took effect are gone with it (reported above as
             # ``pending_plan``: the new coordinator asks for them again)
@@ -586,6 +607,7 @@ class Simulation(Faults):
 
     def _beat(self, w: Worker) -> None:
         w.seq += 1
+        w.beat_try = self.now
         beat = Heartbeat(time=self.now + w.clock_skew, seq=w.seq, state=self._state(w), incarnation=w.inc,
                          generation=w.world.generation if w.world else None, step=w.state_step,
                          preparing=w.target.generation if w.target is not None
@@ -950,7 +972,8 @@ class Simulation(Faults):
         if w.phase not in ("finished", "failed"):
             w.phase = "exited"
         if w.link.server is not None and w.link.server.up:
-            self._beat(w)  # its last word: gone on purpose
+            with contextlib.suppress(Exception):  # a stopped store misses it
+                self._beat(w)  # its last word: gone on purpose
         w.alive, w.exit_reason = False, why
         self.log(f"{w.inc} exits: {why}")
 

@@ -241,10 +241,12 @@ class CoordinatorCore:
             self.stragglers.update((m for m in self.current.members if m not in self.dead), now=obs.wall)
 
     def _judge_liveness(self, obs: Observation) -> list[Action]:
+        if obs.paused > 0 and self.pending is not None:
+            self.pending.pause(obs.paused)
         busy: set[str] = set(self.current.members) if self.current else set()
         if self.pending is not None:
             busy |= set(self.pending.plan.members) | set(involved(self.current, self.pending.plan))
-        verdict = self.liveness.judge(obs.now, self.watched() - self.dead, obs.beats,
+        verdict = self.liveness.judge(obs.now, self.watched() - self.dead, obs.beats, paused=obs.paused,
                                       corroborated=self._peer_loss_reported(), busy=frozenset(busy))
         out: list[Action] = []
         for d in verdict.dead:

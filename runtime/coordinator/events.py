@@ -32,6 +32,9 @@ class Observation:
     registrations: Mapping[str, Registration] | None = None  # read while adopting or with a request
     finished: dict | None = None  # rank 0's report at trainIters (with ``error``: no final checkpoint)
     inputs: PlanningInputs | None = None  # the job's planning inputs now (None: the coordinator's own)
+    # seconds the coordinator's process was stopped before this tick (its store with it: no beat
+    # could land), which the liveness judge does not count as anyone's silence
+    paused: float = 0.0
 
 
 # ---- what the loop does ----------------------------------------------------------------------

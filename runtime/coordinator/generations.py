@@ -36,6 +36,12 @@ class Generation:
     ready: frozenset[str] = frozenset()
     decision: str | None = None
 
+    def pause(self, gap: float) -> None:
+        """The coordinator's process was stopped for ``gap`` seconds (its store with it): the
+        time does not count against the generation's timeout."""
+        self.started += gap
+        self.advanced = {m: (step, t + gap) for m, (step, t) in self.advanced.items()}
+
     def saw_step(self, member: str, step: int, now: float) -> None:
         """A heartbeat of ``member`` training in the running world at ``step``. The first one is
         the baseline (it counts from ``started``); each later step counts from when it was seen."""

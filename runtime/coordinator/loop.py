@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from liveshard.runtime.contract.env import Defaults
 from liveshard.runtime.contract.keys import COMMITTED, Keys
@@ -160,12 +161,15 @@ class Coordinator:
         every ``idle_period`` otherwise (each tick reads every watched member's heartbeat;
         between reconfigurations that is all there is to do, and the workers need the CPU)."""
         end = None if stop_after is None else time.monotonic() + stop_after
+        last: float | None = None
         while end is None or time.monotonic() < end:
             if self.store.has(Keys.STOP) and self.pending is None:
                 self._drain()
                 self._report()
                 return
-            self.tick()
+            paused = self.paused_since(last)
+            last = self.clock()
+            self.tick(paused)
             time.sleep(period if self.pending is not None else idle_period)
 
     def _drain(self, timeout: float = 60.0) -> None:
@@ -189,13 +193,27 @@ class Coordinator:
                 return
             time.sleep(0.1)
 
-    def tick(self) -> None:
+    def paused_since(self, last_tick: float | None) -> float:
+        """How long this process was stopped since ``last_tick`` (its clock's time of the tick
+        before): a gap past half the heartbeat timeout, where the loop ticks many times a second,
+        is a stop (SIGSTOP, a VM pause, a long GC) of this process and of the store it serves,
+        in which no beat could land; 0 otherwise."""
+        gap = self.clock() - last_tick if last_tick is not None else 0.0
+        return gap if gap > self.heartbeat_timeout / 2 else 0.0
+
+    def tick(self, paused: float = 0.0) -> None:
+        """One look and its actions; ``paused``: seconds this process was stopped before it
+        (``paused_since``), which the liveness judge and the pending generation do not count."""
         core = self.core
         if core.failure is not None:
             return
         now = self.clock()
         self._reassert()
-        actions = core.step(self._observe(now))
+        observation = self._observe(now)
+        if paused > 0:
+            log.warning("this coordinator did not run for %.1f s: that time counts against no member", paused)
+            observation = replace(observation, paused=paused)
+        actions = core.step(observation)
         self._apply(actions, now)
         if self.metrics is not None and self.current is not None and self.current.members:
             t = self.training

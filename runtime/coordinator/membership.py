@@ -109,11 +109,15 @@ class Liveness:
         return tuple(sorted(m for m, w in self._watch.items() if w.contested_at is not None))
 
     def judge(self, now: float, watched: Iterable[str], reads: Mapping[str, BeatRead],
-              corroborated: frozenset[str] = frozenset(), busy: frozenset[str] = frozenset()) -> Verdict:
+              corroborated: frozenset[str] = frozenset(), busy: frozenset[str] = frozenset(),
+              paused: float = 0.0) -> Verdict:
         """One look: ``watched`` are the members whose death matters now (of the running world
         and of a pending transition), ``reads`` what the store holds for every member read,
         ``corroborated`` the members whose peers report their world broken, ``busy`` the dead
-        ids still counted by a plan (not readmitted yet)."""
+        ids still counted by a plan (not readmitted yet), ``paused`` how long the looking
+        process was stopped before this look (``pause``)."""
+        if paused > 0:
+            self.pause(paused)
         deaths: list[Death] = []
         watched = set(watched)
         for m in [m for m in self._watch if m not in watched and m not in self.dead]:
@@ -143,6 +147,21 @@ class Liveness:
                                     beat=beat)
             readmitted.append(m)
         return Verdict(tuple(deaths), tuple(readmitted))
+
+    def pause(self, gap: float) -> None:
+        """Time this judge did not look does not count against anyone. The store is served by
+        the coordinator's process: while that process is stopped (SIGSTOP, a VM pause, a long GC,
+        a throttled container) no beat can land, and on waking its first look would find every
+        member silent for the whole pause. So every member's last sign of life moves forward by
+        ``gap``: silence counts only while the judge was there to hear it."""
+        for w in self._watch.values():
+            w.since += gap
+            if w.fresh_at is not None:
+                w.fresh_at += gap
+            if w.registered_at is not None:
+                w.registered_at += gap
+            if w.contested_at is not None:
+                w.contested_at += gap
 
     def _observe(self, m: str, w: _Watch, read: BeatRead, now: float, corroborated: frozenset[str]) -> Death | None:
         if read.tampered:
