@@ -37,6 +37,7 @@ from liveshard.runtime.coordinator.events import (
     WriteOutcome,
 )
 from liveshard.runtime.coordinator.generations import Generation
+from liveshard.runtime.coordinator.kept import KeptKeys
 from liveshard.runtime.coordinator.membership import BeatRead
 from liveshard.runtime.coordinator.requests import PlanningInputs, PlanRequest, PlanSource
 from liveshard.runtime.coordinator.status import CoordinatorStatus, progress_with_eta
@@ -46,7 +47,6 @@ from liveshard.runtime.spec import ModelSpec
 
 log = logging.getLogger("liveshard.coordinator")
 
-KEEP_DECIDED = 8  # generations whose decision and outcome the coordinator keeps in the store
 
 
 class _StoreCheckpoints(CheckpointView):
@@ -98,10 +98,7 @@ class Coordinator:
         self.report_interval = 2.0
         self._last_report = float("-inf")
         self._observed_history = 0
-        # The pointers this coordinator wrote that steer the workers (``Keys.dead``, ``CURRENT``,
-        # ``LATEST``, ``STOP``), each with its value: re-written when found deleted or tampered
-        # with (``_reassert``). The write-once keys need no entry: every reader puts them back.
-        self._asserted: dict[str, str] = {}
+        self.kept = KeptKeys(store)  # what it wrote that must stay written (``kept``)
 
     def _straggler_loop(self, planning: PlanningInputs) -> StragglerLoop:
         assert self.spec is not None
@@ -208,7 +205,7 @@ class Coordinator:
         if core.failure is not None:
             return
         now = self.clock()
-        self._reassert()
+        self.kept.restore(core.dead)
         observation = self._observe(now)
         if paused > 0:
             log.warning("this coordinator did not run for %.1f s: that time counts against no member", paused)
@@ -302,39 +299,6 @@ class Coordinator:
         return out
 
     # ---- writes ------------------------------------------------------------------------------
-    def _assert(self, key: str, value: str) -> None:
-        self.store.set(key, value)
-        self._asserted[key] = value
-
-    def _keep_decided(self, key: str, value: str | None) -> None:
-        """Re-read the decisions and outcomes of the last generations each tick (a read puts a
-        deleted or overwritten write-once value back: ``JobStore``): a process still in its
-        commit window (frozen, slow) must find the decision that was made, not room for another."""
-        if value is None:
-            return
-        self._asserted[key] = value
-        decided = [k for k in self._asserted if k.startswith("gen/")]
-        for old in decided[:-2 * KEEP_DECIDED]:
-            del self._asserted[old]
-
-    def _reassert(self) -> None:
-        """A client without the secret can delete or overwrite any key. A worker that never read
-        a pointer before sees its deletion as absence (``JobStore``): a process declared dead
-        would never learn it, and train on in a world the job left. So what this coordinator
-        wrote is read back each tick and written again where it is gone or not authentic: a
-        bounded number of reads (the dead and three pointers) per tick."""
-        read = getattr(self.store, "read", None)
-        if read is None:
-            return
-        dead = {Keys.dead(m) for m in self.core.dead}
-        for key, value in list(self._asserted.items()):
-            if key.startswith(Keys.dead("")) and key not in dead:
-                del self._asserted[key]  # back as a new process: the old one's death is history
-                continue
-            r = read(key)
-            if r.tampered or r.value != value:
-                self.store.set(key, value)
-
     def _apply(self, actions: Iterable[Action], now: float) -> None:
         report = False
         queue = list(actions)
@@ -342,21 +306,21 @@ class Coordinator:
             a = queue.pop(0)
             if isinstance(a, Publish):
                 self.store.publish_plan(a.plan)
-                self._asserted[Keys.LATEST] = str(a.plan.generation)
+                self.kept.written(Keys.LATEST, str(a.plan.generation))
             elif isinstance(a, Decide):
                 stands = self.store.decide(Keys.decision(a.generation), a.value)
-                self._keep_decided(Keys.decision(a.generation), stands)
+                self.kept.written(Keys.decision(a.generation), stands)
                 queue[:0] = self.core.decided(a.generation, stands, now)
             elif isinstance(a, WriteOutcome):
                 self.store.set(Keys.outcome(a.generation), a.outcome)
-                self._keep_decided(Keys.outcome(a.generation), a.outcome)
+                self.kept.written(Keys.outcome(a.generation), a.outcome)
                 if a.outcome == COMMITTED:
-                    self._assert(Keys.CURRENT, str(a.generation))
+                    self.kept.write(Keys.CURRENT, str(a.generation))
             elif isinstance(a, MarkDead):
                 # the process itself learns it from here (it may be only frozen): it rejoins as new
-                self._assert(Keys.dead(a.member), a.incarnation or "")
+                self.kept.write(Keys.dead(a.member), a.incarnation or "")
             elif isinstance(a, Stop):
-                self._assert(Keys.STOP, "1")
+                self.kept.write(Keys.STOP, "1")
             elif isinstance(a, Report):
                 report = True
             elif isinstance(a, Precompute):
