@@ -79,6 +79,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "        return gap if gap > self.heartbeat_timeout / 2 else 0.0\n",
            "        return 0.0\n",
            "a coordinator woken from a stop takes the time it did not run for its members' silence"),
+    Mutant("final-save-without-its-fallback", R + "agent.final_save",
+           "roots = [r for r in dict.fromkeys((primary, fallback)) if r]",
+           "roots = [primary] if primary else []",
+           "the final save never tries the fallback directory: a job with room there fails"),
+    Mutant("lost-world-fails-despite-a-checkpoint", R + "coordinator.planning",
+           "    checkpoint = core.checkpoints.latest() or core.adopted_checkpoint\n    if checkpoint is None:\n",
+           "    checkpoint = core.checkpoints.latest() or core.adopted_checkpoint\n    if True:\n",
+           "a world whose state has no surviving copy fails the job even with a verified checkpoint"),
 )
 
 BY_NAME = {m.name: m for m in MUTANTS}

@@ -32,7 +32,13 @@ from liveshard.dev.sim.store import ATTACKER, JOB, Link, SimClient, SimServer, W
 from liveshard.runtime.agent.commit_driver import CommitDriver
 from liveshard.runtime.agent.commit_point import CommitPoint, Failed
 from liveshard.runtime.agent.connection import register_again_if_lost, report_result
-from liveshard.runtime.agent.control import REGISTRATION_CHECK, involved, left_behind, not_this_process
+from liveshard.runtime.agent.control import (
+    REGISTRATION_CHECK,
+    in_flight,
+    involved,
+    left_behind,
+    not_this_process,
+)
 from liveshard.runtime.agent.final_save import (
     GaveUp,
     Saved,
@@ -45,7 +51,6 @@ from liveshard.runtime.contract.keys import COMMITTED, Keys
 from liveshard.runtime.control.protocol import (
     Heartbeat,
     MemberResult,
-    OpenGeneration,
     Registration,
     WorldPlan,
     transition_members,
@@ -136,6 +141,8 @@ class Worker:
     torn_down: bool = False  # the old world's groups are gone (a member past the vote)
     driver: CommitDriver | None = None  # in its commit window (the shipped driver)
     building: tuple[WorldPlan, str, str] | None = None  # a new member building its world: (plan, error, process)
+    last_cp: CommitPoint | None = None  # the newest commit point it entered, decided or not (as ``state.commit_point``)
+    preparing: WorldPlan | None = None  # the newest plan it started to prepare (as ``ControlThread.preparing``)
     link: Link = field(default_factory=Link)
     handled: int = -1
     latest_seen: int = -1
@@ -437,6 +444,7 @@ class Simulation(Faults):
         elif key == Keys.STOP and w.writer.startswith("coordinator"):
             self.failure = self.core.failure if self.core is not None else {"reason": "stopped"}
             self.log(f"stop: {self.failure}")
+            self._check_failure_justified(self.failure)
         if key.startswith("gen/") and "/ready/" in key and "lose-write" in self.faults and self.coordinator \
                 and self.rng.random() < 0.03 and self.fault_count.get("lose-write", 0) < 2 and self.now < self.duration:
             # the coordinator dies under the vote: the set landed, nothing confirms it
@@ -506,15 +514,25 @@ class Simulation(Faults):
                          f"on {self.acted[gen]}")
         self.log(f"outcome {gen}: {outcome}")
 
+    def _check_failure_justified(self, failure: dict | None) -> None:
+        """A job ends ``Failed`` only for a reason the simulator's ground truth bears out."""
+        reason = (failure or {}).get("reason")
+        verified = [c["path"] for c in self.checkpoints if c["verified"]]
+        if reason == "NoSurvivingCopy" and verified:
+            self.violate(f"the job failed with no surviving copy although checkpoint {verified[-1]} verifies")
+
     def _check_tamper_accounting(self) -> None:
         """Every forged value a process's store client returned was counted as tampering by its
         ``JobStore`` (and so never taken as valid)."""
         for who, client, store in self.clients:
             if client.forged_read:
-                counted = sum(store.tampering_counts().values())
+                counted = store.tampering_counts()["forged"]
                 if counted < len(client.forged_read):
                     self.violate(f"{who} read {len(client.forged_read)} forged values and counted {counted} "
-                                 f"as tampering")
+                                 f"as forged")
+                taken = [k for k, a in store._accepted.items() if a.raw in self.server.forged]
+                if taken:
+                    self.violate(f"{who} took forged values for valid: {taken}")
 
     def _check_death(self, member: str, incarnation: str | None) -> None:
         w = self.workers[member]
@@ -597,13 +615,13 @@ class Simulation(Faults):
         self.log(f"{w.inc} registers in epoch {w.link.server.epoch} ({w.phase})")
 
     def _registration(self, w: Worker, reconnected: bool) -> Registration:
+        """What the process announces: its world, and what is in flight (the shipped rule,
+        ``control.in_flight``: its newest commit point, decided or not, while that generation is
+        not older than its world; the newest plan it prepared whose outcome it never learned)."""
+        world = w.world if w.world is not None and w.state_step is not None else None
+        opened, pending = in_flight(w.last_cp, w.preparing, world.generation if world else None)
         return Registration(node=w.id, incarnation=w.inc, latest_seen=w.latest_seen, time=self.now,
-                           reconnected=reconnected,
-                           plan=w.world if w.world is not None and w.state_step is not None else None,
-                           # in its commit window, or decided and not switched yet (as a real worker)
-                           open=OpenGeneration.from_dict(w.cp.report().to_dict()) if w.cp is not None else None,
-                           pending_plan=w.target if w.cp is None and w.target is not None
-                           and w.phase in ("preparing", "transfer") else None)
+                            reconnected=reconnected, plan=world, open=opened, pending_plan=pending)
 
     def _beat(self, w: Worker) -> None:
         w.seq += 1
@@ -685,7 +703,7 @@ class Simulation(Faults):
             return
         if not_this_process(w.id, w.world.generation if w.world else None, plan, r):
             return
-        w.target, w.target_epoch = plan, w.link.epoch
+        w.target, w.target_epoch, w.preparing = plan, w.link.epoch, plan
         w.phase = "preparing" if w.phase != "broken" else "broken"
         w.prep_done = self.now + self.rng.uniform(0.2, 1.5)
         r.set(Keys.prepared(plan.generation, w.id), "pending")
@@ -696,7 +714,7 @@ class Simulation(Faults):
         new one (``WorkerAgent.rejoin``)."""
         w.incarnation += 1
         w.phase, w.world, w.state_step, w.target, w.driver, w.torn_down = "waiting", None, None, None, None, False
-        w.broken_at, w.building = None, None
+        w.broken_at, w.building, w.last_cp, w.preparing = None, None, None, None
         self._register(w)
 
     @staticmethod
@@ -835,6 +853,7 @@ class Simulation(Faults):
         timeout = COMMIT_TIMEOUT * (1 if p.id in plan.members else 3)
         cp = CommitPoint(plan, p.id, error=error, now=self.now, timeout=timeout, bound=COMMIT_BOUND)
         p.driver = CommitDriver(cp, p.link, p.target_epoch, clock=lambda: self.now, incarnation=p.inc)
+        p.last_cp = cp
         p.driver.open()
         self._commit_step(p)
 
@@ -912,6 +931,10 @@ class Simulation(Faults):
             last = failure
         if outcome is None:
             outcome = GaveUp(give_up_reason(step, tried, last, waited))
+            roomy = [d for d in ("ckpt", "fallback") if (d == "ckpt" or self.fallback)
+                     and self.full_until[d] < self.now + FINAL_SAVE_PATIENCE]
+            if roomy and not self.rank_failure:
+                self.violate(f"the final save gave up although {roomy} had room within its patience")
         for w in members:
             w.phase = "saving"
         self.saving[gen] = (outcome, step, tuple(w.inc for w in members), written)

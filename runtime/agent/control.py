@@ -71,6 +71,20 @@ def not_this_process(worker_id: str, generation: int | None, plan: WorldPlan, st
     return worker_id in getattr(store.plan(plan.previous), "members", (worker_id,))
 
 
+def in_flight(commit: CommitPoint | None, preparing: WorldPlan | None,
+              generation: int | None) -> tuple[OpenGeneration | None, WorldPlan | None]:
+    """What a restarted coordinator must resolve or re-issue: the commit point of a generation
+    this worker does not train in yet (or just committed: ``commit`` is the newest it entered,
+    decided or not), and the newest plan it prepared (``preparing``) whose outcome it never
+    learned. ``generation``: the world it trains in."""
+    current = generation if generation is not None else -1
+    open_generation = commit.report() if commit is not None and commit.generation >= current else None
+    learned = commit is not None and preparing is not None and commit.generation == preparing.generation \
+        and commit.decided
+    pending = preparing if preparing is not None and preparing.generation > current and not learned else None
+    return open_generation, pending
+
+
 class ControlThread:
     """Runs beside training; the training thread reads ``latest_seen`` and ``stop_requested``."""
 
@@ -188,12 +202,4 @@ class ControlThread:
         return True
 
     def _in_flight(self, commit: CommitPoint | None) -> tuple[OpenGeneration | None, WorldPlan | None]:
-        """What a restarted coordinator must resolve or re-issue: the commit point of a generation
-        this worker does not train in yet (or just committed), and the newest plan it prepared
-        whose outcome it never learned."""
-        current = self.state.generation if self.state.generation is not None else -1
-        open_generation = commit.report() if commit is not None and commit.generation >= current else None
-        plan = self.preparing
-        learned = commit is not None and plan is not None and commit.generation == plan.generation and commit.decided
-        pending = plan if plan is not None and plan.generation > current and not learned else None
-        return open_generation, pending
+        return in_flight(commit, self.preparing, self.state.generation)
