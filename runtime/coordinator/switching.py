@@ -44,7 +44,7 @@ def collect(core: CoordinatorCore, obs: Observation) -> list[Action]:
         return [] if value is None else [Decide(gen.plan.generation, value)]
     _progress_of_members(core, gen, obs.now)
     if gen.plan.is_live_transition and obs.decision is None and _trains_in_it(core, gen):
-        # A member trains in the new world: it read "committed" there. The decision's key can be
+        # A member's beats name the new world: it read "committed" there. The decision's key can be
         # deleted by anyone on the network before this coordinator read it; the member's sealed
         # beats keep coming, and a commit is the only decision it can have read.
         return [Decide(gen.plan.generation, COMMITTED)]
@@ -60,7 +60,9 @@ def collect(core: CoordinatorCore, obs: Observation) -> list[Action]:
 def _trains_in_it(core: CoordinatorCore, gen: Generation) -> bool:
     for m in gen.plan.members:
         b = core.liveness.latest(m)
-        if b is not None and b.generation == gen.plan.generation and b.state == WorkerPhase.TRAINING:
+        # ``generation`` is the world the sender adopted: only a commit puts it there (the state
+        # may be anything since: its world broken, its process ending)
+        if b is not None and b.generation == gen.plan.generation:
             return True
     return False
 
