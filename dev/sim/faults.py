@@ -105,6 +105,9 @@ class Faults:
             # store answers nobody meanwhile; on waking it must not take that for silence
             until = self.now + rng.uniform(1.5, 3.0) * self.coordinator.heartbeat_timeout
             self.coord_frozen_until = self.server.frozen_until = until
+            self.coord_frozen_from = self.now
+            self.beating_at_freeze = {w.inc for w in alive if self.now - w.last_valid_beat < 1.5
+                                      and self.now >= w.frozen_until}
             self.log(f"FAULT freeze the coordinator until {until:.2f}")
         elif kind == "freeze" and alive:
             w = rng.choice(alive)

@@ -149,8 +149,6 @@ class Worker:
     seq: int = 0
     clock_skew: float = 0.0
     last_valid_beat: float = -1e9  # sim time of its last beat written to a live store
-    blocked_beat: float = -1e9  # sim time of its last beat that a stopped coordinator's store did not take
-    beat_try: float = -1e9
     broken_at: float | None = None  # when its world's collective will fail
     switch_step: int | None = None  # the step the state it transfers is at
     next_beat: float = 0.0
@@ -266,6 +264,8 @@ class Simulation(Faults):
         self.server = SimServer(0, lambda: self.now, self._on_write)
         self.coordinator: Coordinator | None = None
         self.coord_frozen_until = 0.0  # the coordinator's process (and its store) stopped until then
+        self.coord_frozen_from = 0.0
+        self.beating_at_freeze: set[str] = set()  # processes whose beats were landing when it stopped
         self.last_coord_tick: float | None = None
         self.cstore: JobStore | None = None
         self.source = SimSource(self)
@@ -546,12 +546,16 @@ class Simulation(Faults):
                  and member not in cur.members)
         holder = incarnation == LOST_PROCESS and w.world is not None and cur is not None \
             and w.world.generation == cur.generation and w.state_step is not None
-        # beating: its last beat landed, or was stopped only by the coordinator's own freeze
-        last = max(w.last_valid_beat, w.blocked_beat)
-        if w.alive and not stale and (w.inc == incarnation or holder) and self.now - last < HB_TIMEOUT / 2 \
+        if w.alive and not stale and (w.inc == incarnation or holder) and self.now - w.last_valid_beat < HB_TIMEOUT / 2 \
                 and w.link.server is self.server:
             self.violate(f"{member} declared dead while heartbeating validly (last beat "
-                         f"{self.now - last:.2f} s ago)")
+                         f"{self.now - w.last_valid_beat:.2f} s ago)")
+        # beating when the coordinator (and its store) stopped, not stopped itself since, and the
+        # coordinator just woke: its silence is the coordinator's own
+        if w.alive and w.inc == incarnation and w.inc in self.beating_at_freeze \
+                and self.now - self.coord_frozen_until < HB_TIMEOUT / 2 and w.frozen_until <= self.coord_frozen_from:
+            self.violate(f"{member} declared dead {self.now - self.coord_frozen_until:.2f} s after the coordinator "
+                         f"woke, though it was beating when the coordinator stopped")
 
     # ---- workers ------------------------------------------------------------------------------
     def _wake(self, w: Worker) -> None:
@@ -574,11 +578,8 @@ class Simulation(Faults):
                     self.log(f"{w.inc} registers again (its registration was deleted)")
             self._poll(w)
         except Exception as e:  # the store's server is gone or stopped (a DistStoreError)
-            if w.link.server is not None and w.link.server.frozen:
-                if w.beat_try == self.now:
-                    w.blocked_beat = self.now
-                self._commit_step(w)
-            elif not self.server.up or w.link.server is not self.server:
+            if (w.link.server is not None and w.link.server.frozen) or not self.server.up \
+                    or w.link.server is not self.server:
                 self._commit_step(w)
             else:
                 raise RuntimeError(f"{w.inc}: {e}") from e
@@ -625,7 +626,6 @@ class Simulation(Faults):
 
     def _beat(self, w: Worker) -> None:
         w.seq += 1
-        w.beat_try = self.now
         beat = Heartbeat(time=self.now + w.clock_skew, seq=w.seq, state=self._state(w), incarnation=w.inc,
                          generation=w.world.generation if w.world else None, step=w.state_step,
                          preparing=w.target.generation if w.target is not None

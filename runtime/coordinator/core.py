@@ -188,6 +188,11 @@ class CoordinatorCore:
             out.append(Report())
         if self.accepting:
             out += self._next_request(obs)
+        elif obs.request is not None and self.failure is None:
+            # polled while this core took requests, then this tick began an adoption (a restarted
+            # coordinator's first registrations): owed, asked after it, never dropped unanswered
+            self.change(reissue=(*self.state.reissue, obs.request))
+            log.warning("request %r waits for the adoption of the running world", obs.request.reason)
         return out
 
     def _next_request(self, obs: Observation) -> list[Action]:
