@@ -67,7 +67,7 @@ class Faults:
             w = self.workers[kind.split(":", 1)[1]]
             w.incarnation += 1
             w.alive, w.phase, w.world, w.state_step, w.target, w.driver = True, "waiting", None, None, None, None
-            w.building, w.last_cp, w.preparing = None, None, None
+            w.building, w.last_cp, w.preparing, w.known = None, None, None, set()
             w.link, w.frozen_until, w.torn_down, w.broken_at, w.handled = Link(), 0.0, False, None, -1
             w.latest_seen, w.clock_skew = -1, 0.0
             self.log(f"{w.inc} starts (a restarted pod)")

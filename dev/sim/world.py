@@ -143,6 +143,7 @@ class Worker:
     building: tuple[WorldPlan, str, str] | None = None  # a new member building its world: (plan, error, process)
     last_cp: CommitPoint | None = None  # the newest commit point it entered, decided or not (as ``state.commit_point``)
     preparing: WorldPlan | None = None  # the newest plan it started to prepare (as ``ControlThread.preparing``)
+    known: set[int] = field(default_factory=set)  # generations it took up (as ``Preparations.known``)
     link: Link = field(default_factory=Link)
     handled: int = -1
     latest_seen: int = -1
@@ -703,6 +704,9 @@ class Simulation(Faults):
             return
         if not_this_process(w.id, w.world.generation if w.world else None, plan, r):
             return
+        if plan.generation in w.known:
+            return  # prepared (and perhaps aborted) before: never switched to again (``Preparations.known``)
+        w.known.add(plan.generation)
         w.target, w.target_epoch, w.preparing = plan, w.link.epoch, plan
         w.phase = "preparing" if w.phase != "broken" else "broken"
         w.prep_done = self.now + self.rng.uniform(0.2, 1.5)
@@ -715,6 +719,7 @@ class Simulation(Faults):
         w.incarnation += 1
         w.phase, w.world, w.state_step, w.target, w.driver, w.torn_down = "waiting", None, None, None, None, False
         w.broken_at, w.building, w.last_cp, w.preparing = None, None, None, None
+        w.known = set()
         self._register(w)
 
     @staticmethod

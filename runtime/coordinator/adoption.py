@@ -98,12 +98,18 @@ def adopt(regs: Mapping[str, Registration], *, waited: float, grace: float) -> A
     world = best
     following = [p for g, p in opens.items() if p.previous == best.generation]
     reopened = max(following, key=lambda p: p.generation) if following else None
+    trained = {r.plan.generation for r in regs.values() if r.plan is not None}
+    read = {r.open.generation: r.open.decision for r in regs.values() if r.open is not None and r.open.decision}
     for g, plan in sorted(opens.items()):
         next_generation = max(next_generation, g + 1)
         if plan is reopened:
             continue
-        if g == best.generation:
-            resolved.append((plan, COMMITTED))  # someone trains in it
+        if g in read:
+            resolved.append((plan, read[g]))  # a process read its decision: that one
+        elif g == best.generation or g in trained or best.previous == g:
+            # someone trains in it (its world may have broken since), or the newest world
+            # follows it: only a commit gets there
+            resolved.append((plan, COMMITTED))
         else:
             # nobody trains in it, and it does not follow the newest world (or a later plan
             # that does is the one left open): had it committed, its members would be past it

@@ -61,6 +61,13 @@ REGRESSIONS = {
     8880047: "declared dead while heartbeating validly",
     # a request polled in the tick a restarted coordinator began adopting was dropped unanswered
     1110590: "not settled: current None, pending None",
+    # members that aborted a generation on their own (the coordinator's store stopped under
+    # them) took it up again later: a generation once prepared is never switched to again
+    2220800: "live processes acted on different decisions",
+    # a restarted coordinator resolved as aborted a generation that a member still held (its
+    # world broken) and that the newest world followed: it now takes a decision a process read,
+    # and commits what someone holds or the newest world follows
+    1111025: "generation 101 given both outcomes by coordinators",
 }
 
 
