@@ -242,8 +242,12 @@ class JobStore:
         return seq, flag, value
 
     # ---- reading ----------------------------------------------------------------------------
+    def _cas(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """c10d's compare-and-set on raw bytes (it takes bytes as well as str; torch's stub says str)."""
+        return self.store.compare_set(key, expected, desired)  # type: ignore[arg-type]
+
     def _probe(self, key: str) -> bytes | None:
-        raw = self.store.compare_set(key, _PROBE, _PROBE)
+        raw = self._cas(key, _PROBE, _PROBE)
         return None if raw == _PROBE else raw
 
     def read(self, key: str) -> StoreRead:
@@ -288,7 +292,7 @@ class JobStore:
         if repair is not None:
             # Put the final value back for readers that come after this one: compare-and-set
             # against exactly the bytes judged here, so nothing written since is overwritten.
-            self.store.compare_set(key, *repair)
+            self._cas(key, *repair)
         return StoreRead(last, seen)
 
     def _tampering(self, key: str, seen: Seen, raw: bytes | None) -> None:
@@ -328,7 +332,7 @@ class JobStore:
         with contextlib.suppress(dist.DistError):
             self.read(key)
         seq, sealed = self._seal(key, value, flag)
-        self.store.set(key, sealed)
+        self.store.set(key, sealed)  # type: ignore[arg-type]  # c10d takes bytes; the stub says str
         with self._lock:
             stored = None if flag == "d" else value
             self._accepted[key] = _Accepted(seq, stored, sealed, None if stored is None else value_order(key, value))
@@ -367,7 +371,7 @@ class JobStore:
         seq, sealed = self._seal(key, value)
         expected = b""
         for _ in range(DECIDE_ATTEMPTS):
-            current = self.store.compare_set(key, expected, sealed)
+            current = self._cas(key, expected, sealed)
             if current == sealed:
                 with self._lock:
                     self._accepted[key] = _Accepted(seq, value, sealed, value_order(key, value))
@@ -412,7 +416,7 @@ class JobStore:
                     break
             else:
                 seq, sealed = self._seal(key, value)
-                held = self.store.compare_set(key, "", sealed)
+                held = self._cas(key, b"", sealed)
                 if held == sealed:
                     with self._lock:
                         self._accepted[key] = _Accepted(seq, value, sealed, None)
@@ -439,7 +443,7 @@ class JobStore:
         return out
 
     # ---- membership -------------------------------------------------------------------------
-    def register_member(self, worker: str, info: dict, again: bool = False) -> int:
+    def register_member(self, worker: str, info: dict[str, Any], again: bool = False) -> int:
         """Announce ``worker`` (``members/<id>``, and its id in the list of registrations);
         returns its slot in that list (``registration_intact``). ``again``: its registration was
         deleted; it takes the lowest free slot (refilling the list's holes)."""
@@ -475,7 +479,7 @@ class JobStore:
         return None if text is None else WorldPlan.from_json(text)
 
     # ---- checkpoints ----------------------------------------------------------------------------
-    def publish_checkpoint(self, record: dict) -> None:
+    def publish_checkpoint(self, record: dict[str, Any]) -> None:
         """Publish ``record`` (path, step, ...) as ``checkpoint/latest``. Its writer (rank 0, right
         after the save) knows it is the newest of the job's timeline: if the record there has a
         higher step, the job went back to an older checkpoint since, and this one is a ``rewind``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from liveshard.runtime.control.protocol import MemberResult, Registration, WorldPlan
 from liveshard.runtime.coordinator.membership import BeatRead
@@ -23,14 +24,14 @@ class Observation:
     now: float  # the coordinator's monotonic clock
     wall: float = 0.0  # unix time (plans carry it as ``created``; never used to judge anything)
     beats: Mapping[str, BeatRead] = field(default_factory=dict)  # of ``core.watched()``
-    telemetry: Mapping[str, dict] = field(default_factory=dict)  # the valid heartbeats, as sent
+    telemetry: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # the valid heartbeats, as sent
     results: Mapping[str, MemberResult] = field(default_factory=dict)  # of the pending generation
     decision: str | None = None  # the pending generation's commit point
     arrived: int = 0  # new members counted in to build the pending generation's world
     ready: frozenset[str] = frozenset()  # new members whose ready vote is in (read while undecided)
     request: PlanRequest | None = None  # polled only while ``core.accepting``
     registrations: Mapping[str, Registration] | None = None  # read while adopting or with a request
-    finished: dict | None = None  # rank 0's report at trainIters (with ``error``: no final checkpoint)
+    finished: dict[str, Any] | None = None  # rank 0's report at trainIters (with ``error``: no final checkpoint)
     inputs: PlanningInputs | None = None  # the job's planning inputs now (None: the coordinator's own)
     # seconds the coordinator's process was stopped before this tick (its store with it: no beat
     # could land), which the liveness judge does not count as anyone's silence
@@ -91,8 +92,8 @@ class CheckpointView:
     """What the core may ask about the job's checkpoints (the loop's reads of the store and the
     volume; the simulator's model). Both return ``{"path", "step", ...}`` or None."""
 
-    def latest(self) -> dict | None:  # the newest verified checkpoint
+    def latest(self) -> dict[str, Any] | None:  # the newest verified checkpoint
         return None
 
-    def on_volume(self) -> dict | None:  # the newest complete one on the job's volume
+    def on_volume(self) -> dict[str, Any] | None:  # the newest complete one on the job's volume
         return None

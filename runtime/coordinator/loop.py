@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import Any
 
 from liveshard.runtime.contract.env import Defaults
 from liveshard.runtime.contract.keys import COMMITTED, Keys
@@ -43,6 +44,7 @@ from liveshard.runtime.coordinator.requests import PlanningInputs, PlanRequest, 
 from liveshard.runtime.coordinator.status import CoordinatorStatus, progress_with_eta
 from liveshard.runtime.coordinator.world_choice import WorldChooser
 from liveshard.runtime.planner.adapt import AdaptivePolicy, layer_caps_for
+from liveshard.runtime.planner.precompute import PlanCache
 from liveshard.runtime.spec import ModelSpec
 
 log = logging.getLogger("liveshard.coordinator")
@@ -53,10 +55,10 @@ class _StoreCheckpoints(CheckpointView):
     def __init__(self, loop: Coordinator) -> None:
         self.loop = loop
 
-    def latest(self) -> dict | None:
+    def latest(self) -> dict[str, Any] | None:
         return self.loop.latest_checkpoint()
 
-    def on_volume(self) -> dict | None:
+    def on_volume(self) -> dict[str, Any] | None:
         if not self.loop.checkpoint_dir:
             return None
         from liveshard.runtime.agent.checkpoint import newest_complete
@@ -89,12 +91,15 @@ class Coordinator:
         self.wall = wall
         if stragglers is None and spec is not None:
             stragglers = self._straggler_loop(planning)
-        self.core = CoordinatorCore(chooser or WorldChooser(spec), planning, heartbeat_timeout=heartbeat_timeout,
+        if chooser is None:
+            assert spec is not None, "a Coordinator without a chooser plans from the model's spec"
+            chooser = WorldChooser(spec)
+        self.core = CoordinatorCore(chooser, planning, heartbeat_timeout=heartbeat_timeout,
                                     transition_timeout=transition_timeout,
                                     checkpoints=checkpoints or _StoreCheckpoints(self),
                                     stragglers=stragglers, precompute=precompute)
         self.core.train_iters = training.train_iters if training else None
-        self.precomputed: dict | None = None  # the last precomputation: generation, events, seconds
+        self.precomputed: dict[str, Any] | None = None  # the last precomputation: generation, events, seconds
         self.report_interval = 2.0
         self._last_report = float("-inf")
         self._observed_history = 0
@@ -125,28 +130,29 @@ class Coordinator:
         return self.core.dead
 
     @property
-    def history(self) -> list[dict]:
+    def history(self) -> list[dict[str, Any]]:
         return self.core.history
 
     @property
-    def failure(self) -> dict | None:
+    def failure(self) -> dict[str, Any] | None:
         return self.core.failure
 
     @property
-    def finished(self) -> dict | None:
+    def finished(self) -> dict[str, Any] | None:
         return self.core.finished
 
     @property
-    def telemetry(self) -> dict[str, dict]:
+    def telemetry(self) -> dict[str, dict[str, Any]]:
         return self.core.telemetry
 
     @property
-    def plans(self):
+    def plans(self) -> PlanCache:
         return self.core.chooser.plans
 
     @property
-    def stragglers(self) -> StragglerLoop:
-        return self.core.stragglers
+    def stragglers(self) -> StragglerLoop | None:
+        loop: StragglerLoop | None = self.core.stragglers
+        return loop
 
     @property
     def heartbeat_timeout(self) -> float:
@@ -233,11 +239,13 @@ class Coordinator:
     def _observe(self, now: float) -> Observation:
         core, store = self.core, self.store
         beats: dict[str, BeatRead] = {}
-        telemetry: dict[str, dict] = {}
+        telemetry: dict[str, dict[str, Any]] = {}
         for m in sorted(core.watched()):
             beats[m] = self._beat_read(m, telemetry)
         results: dict[str, MemberResult] = {}
-        decision, arrived, ready = None, 0, frozenset()
+        decision: str | None = None
+        arrived = 0
+        ready: frozenset[str] = frozenset()
         gen = core.pending
         if gen is not None:
             g = gen.plan.generation
@@ -274,7 +282,7 @@ class Coordinator:
                            registrations=registrations,
                            finished=finished, inputs=inputs)
 
-    def _beat_read(self, m: str, telemetry: dict[str, dict] | None = None) -> BeatRead:
+    def _beat_read(self, m: str, telemetry: dict[str, dict[str, Any]] | None = None) -> BeatRead:
         """What the store holds of ``m``'s liveness: its last valid heartbeat (and whether the
         key was tampered with), else its registration."""
         data, tampered = self._read(Keys.heartbeat(m))
@@ -367,10 +375,10 @@ class Coordinator:
         return node
 
     # ---- status ------------------------------------------------------------------------------
-    def progress(self) -> dict | None:
+    def progress(self) -> dict[str, Any] | None:
         return progress_with_eta(self.core.progress(), self.training)
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         core, current = self.core, self.core.current
         counts = getattr(self.store, "tampering_counts", None)
         tampering = counts() if counts is not None else None
@@ -393,7 +401,7 @@ class Coordinator:
             tampering={str(k): int(v) for k, v in dict(tampering).items()} if tampering else {},
         ).to_dict()
 
-    def _checkpoints(self) -> dict:
+    def _checkpoints(self) -> dict[str, Any]:
         """What the workers reported about the job's checkpoints: the newest complete one, the
         last failed save, why the directory is unusable (each None when there is nothing)."""
         out = {}
@@ -407,7 +415,7 @@ class Coordinator:
             out["latest"] = self.core.adopted_checkpoint
         return out
 
-    def latest_checkpoint(self) -> dict | None:
+    def latest_checkpoint(self) -> dict[str, Any] | None:
         """The newest complete checkpoint the workers reported (rank 0 writes it after a save);
         where this coordinator sees the job's volume, one that fails verification gives way to
         the newest intact one there."""

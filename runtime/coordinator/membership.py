@@ -55,7 +55,7 @@ class BeatRead:
 class _Watch:
     since: float  # when this judge started watching the member (its grace starts here)
     incarnation: str | None = None
-    last: tuple | None = None  # the order key of the newest beat accepted
+    last: tuple[int, float] | None = None  # the order key of the newest beat accepted
     fresh_at: float | None = None  # the reader's time of the newest beat accepted
     registered_at: float | None = None
     contested_at: float | None = None  # the reader's time tampering was last seen on its key
@@ -77,7 +77,7 @@ class Verdict:
     readmitted: tuple[str, ...] = ()
 
 
-def _order(beat: Heartbeat) -> tuple:
+def _order(beat: Heartbeat) -> tuple[int, float]:
     return (beat.seq if beat.seq is not None else -1, beat.time)
 
 
@@ -136,8 +136,8 @@ class Liveness:
             self._watch.pop(d.member, None)
         readmitted = []
         for m in sorted(self.dead - set(busy)):
-            read = reads.get(m)
-            beat = read.beat if read else None
+            seen = reads.get(m)
+            beat = seen.beat if seen else None
             if beat is None or not beat.incarnation or beat.incarnation == self.dead_incarnation.get(m):
                 continue
             # a new process: watched afresh (if it is gone too, its silence tells)
@@ -193,7 +193,7 @@ class Liveness:
         # whatever the peers say (a forger must not turn their report into a quick death);
         # otherwise half the timeout once a peer reports the world broken, else the timeout.
         if w.contested_at is not None:
-            limit = self.contest_limit
+            limit = self.contest_limit if self.contest_limit is not None else 3 * self.timeout
         else:
             limit = self.timeout / 2 if m in corroborated else self.timeout
         if w.fresh_at is not None:

@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from liveshard.runtime.contract.env import Defaults
 from liveshard.runtime.contract.keys import Keys
@@ -56,7 +56,7 @@ class PlanSource(Protocol):
         """The next request, or None (called only while the coordinator takes requests)."""
         ...
 
-    def report(self, status: dict) -> None:
+    def report(self, status: dict[str, Any]) -> None:
         """The coordinator's status (``CoordinatorStatus.to_dict()``)."""
         ...
 
@@ -99,7 +99,7 @@ class StorePlanSource:
                 log.error("plan request %d is malformed (%s): ignored", index, e)
         return None
 
-    def report(self, status: dict) -> None:
+    def report(self, status: dict[str, Any]) -> None:
         pass  # the coordinator's status is in the store already (Keys.COORDINATOR_STATUS)
 
     def planning(self) -> PlanningInputs | None:
@@ -122,7 +122,7 @@ class BackgroundSource:
         self._request: PlanRequest | None = None  # fetched, not handed over yet
         self._handed = 0  # requests handed over so far
         self._reported = 0  # handovers the delivered reports were made after
-        self._report: tuple[dict, int] | None = None  # the newest status (and handovers before it), undelivered
+        self._report: tuple[dict[str, Any], int] | None = None  # the newest status (and handovers before it), undelivered
         self._planning: PlanningInputs | None = None
         self.thread = threading.Thread(target=self._run, name="plan-source", daemon=True)
         self.thread.start()
@@ -135,7 +135,7 @@ class BackgroundSource:
         self._wake.set()
         return request
 
-    def report(self, status: dict) -> None:
+    def report(self, status: dict[str, Any]) -> None:
         with self._lock:
             self._report = (status, self._handed)
         self._wake.set()

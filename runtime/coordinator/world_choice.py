@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from liveshard.runtime.contract.causes import Cause
 from liveshard.runtime.contract.status import pod_of
@@ -49,11 +50,12 @@ class WorldChooser:
         cfg = ParallelConfig.parse(running.config) if running else None
         running_members = running.members if running else ()
         lost = tuple(m for m in running.members if m in dead) if running else ()
-        return self.plans.get(
+        world: ParallelPlan = self.plans.get(
             ("world", self.spec, gpus, c, config, cfg, running_members, lost),
             lambda: plan_world(self.spec, gpus, c, config=config, current=cfg, current_members=running_members,
                                lost=lost),
             count=count)
+        return world
 
     @staticmethod
     def plan(request: PlanRequest, world: ParallelPlan, members: tuple[str, ...], current: WorldPlan | None,
@@ -88,12 +90,14 @@ class WorldChooser:
         if current.is_stop:
             return "the job was stopped: its state is in its last checkpoint"
         inputs = transition_inputs(current, plan)
-        return self.plans.get(("lost", self.spec, *inputs), lambda: lost_state(self.spec, *inputs), count=count)
+        why: str | None = self.plans.get(("lost", self.spec, *inputs), lambda: lost_state(self.spec, *inputs),
+                                         count=count)
+        return why
 
     # ---- plans ahead of events ---------------------------------------------------------------
     def precompute(self, current: WorldPlan, dead: frozenset[str], inputs: PlanningInputs,
                    nodes: Mapping[str, str], waiting: tuple[str, ...], moved_on: Callable[[], bool],
-                   memory: Mapping[str, int] | None = None) -> dict:
+                   memory: Mapping[str, int] | None = None) -> dict[str, Any]:
         """The world plans, and their no-live-copy checks, for each node of ``current`` lost
         without notice (each worker, when they all share one node) and for each node of waiting
         workers joining (and all of them, when they are on several), asked exactly as a recovery
