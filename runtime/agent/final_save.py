@@ -162,8 +162,26 @@ def _attempt(agent: WorkerAgent, root: str, path: str) -> str | None:
         if isinstance(e, Exception) and is_comm_failure(e):
             raise
         log.error("final checkpoint in %s failed here: %s: %s", root, type(e).__name__, e)
-        return f"{type(e).__name__}: {_first_cause(e)}"
+        full = _full_disk(root)
+        return f"{full + ': ' if full else ''}{type(e).__name__}: {_first_cause(e)}"
     return None
+
+
+FULL_BELOW = 4 << 20  # bytes free under which a failed write is put down to a full disk
+
+
+def _full_disk(root: str) -> str | None:
+    """"No space left on device ..." when ``root``'s filesystem is (nearly) full after a failed
+    write: a writer that hits the end of a full disk does not always fail with ``ENOSPC`` (torch's
+    archive writer reports "unexpected pos ..."), and the user must learn that space is the cause."""
+    path = os.path.abspath(root)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return None
+    return f"No space left on device ({free} bytes free in {root})" if free < FULL_BELOW else None
 
 
 def _first_cause(error: BaseException) -> str:

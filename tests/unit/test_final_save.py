@@ -117,3 +117,18 @@ def test_a_first_world_aborted_by_a_death_starts_again_with_every_survivor_even_
             break
     again = c.pending.plan
     assert again.generation == 1 and again.previous is None and set(again.members) == {"w0", "w2"}
+
+
+def test_a_failed_write_on_a_full_disk_says_so_whatever_the_writer_raised(tmp_path, monkeypatch):
+    """torch's archive writer can fail on a full disk with "unexpected pos ..." instead of ENOSPC:
+    the message still names the cause when the filesystem has (almost) no room left."""
+    import shutil
+    from collections import namedtuple
+
+    from liveshard.runtime.agent import final_save
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(2 << 20, (2 << 20) - 512, 512))
+    assert final_save._full_disk(str(tmp_path / "not" / "made")).startswith("No space left on device (512 bytes free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 30, 1 << 39))
+    assert final_save._full_disk(str(tmp_path)) is None
