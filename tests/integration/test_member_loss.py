@@ -24,12 +24,16 @@ MODEL = "tiny-llama"
 STEPS = 5
 GLOBAL_BATCH = 6  # whole micro-batches on 3 data-parallel ranks and on the 2 that survive
 BOUND = 30.0  # seconds from the kill to the survivors' world ready (the collective timeout is 300 s)
+# Devices this many times slower than the CPU: a step takes some tenths of a second even on an
+# idle machine, so the kill (kill_delay after step 2 is released) lands mid-step, not after the
+# last step (at 4, an idle machine ran steps 3-5 in 0.45 s and the kill found the final save)
+STRETCH = 12.0
 
 
 def _run(path: Path, parallel: str, checkpoint_every: int = 0) -> dict:
     report = run_local(RunSpec.mock(MODEL, workers=3, parallel=parallel, steps=STEPS, global_batch=GLOBAL_BATCH,
                                     events=parse_events("2:kill=2"), workdir=str(path), heartbeat_timeout=2.0,
-                                    collective_timeout=300.0, kill_delay=0.5, stretch=4.0,
+                                    collective_timeout=300.0, kill_delay=0.5, stretch=STRETCH,
                                     checkpoint_every=checkpoint_every))
     (path / "run.json").write_text(json.dumps(report))
     return report
