@@ -436,8 +436,11 @@ def test_a_node_lost_without_notice_shows_the_runtimes_world_and_the_standby_tak
     plan = regrow["plan"]
     assert plan["cause"] == "scale-up" and plan["members"] == [kept, standby] and ",dp=2," in plan["config"]
     assert plan["memberUids"][standby] == cluster.workers("kilo")[standby].metadata.uid
-    wait_for(lambda: lost not in cluster.workers("kilo") or cluster.workers("kilo")[lost].spec.node_name is None,
-             what="the lost pod deleted (it is in no world)")
+    def lost_gone() -> bool:
+        pod = cluster.workers("kilo").get(lost)  # one read: the pod may go between two
+        return pod is None or pod.spec.node_name is None
+
+    wait_for(lost_gone, what="the lost pod deleted (it is in no world)")
 
     commit(cluster, "kilo", 2)
     done = wait_for(lambda: (s := cluster.status("kilo")).get("phase") == "Running" and s["worldSize"] == 2 and s,
