@@ -169,7 +169,6 @@ class Worker:
 class WorldTrack:
     start: int | None = None
     step: int = 0
-    running: bool = False
 
 
 @dataclass
@@ -1008,6 +1007,3 @@ class Simulation(Faults):
     def _count(self, fault: str) -> None:
         self.fault_count[fault] = self.fault_count.get(fault, 0) + 1
 
-
-def _json(text: str | None) -> object:
-    return None if text is None else json.loads(text)

@@ -11,7 +11,7 @@ keys the coordinator writes must outlive that:
   read puts back (``JobStore``), so a process still in its commit window (frozen, slow) finds the
   decision that was made, not room for another.
 
-Bounded work: one read per kept key per tick (the dead, three pointers, 2 x ``KEEP_DECIDED``).
+Bounded work: one read per kept key every ``RESTORE_EVERY`` seconds (the dead, three pointers, 2 x ``KEEP_DECIDED``).
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.control.store import JobStore
 
 KEEP_DECIDED = 8  # generations whose decision and outcome the coordinator keeps in the store
+RESTORE_EVERY = 0.5  # seconds between two read-backs (the loop ticks up to 50 times a second)
 
 
 class KeptKeys:
     def __init__(self, store: JobStore) -> None:
         self.store = store
         self._values: dict[str, str] = {}
+        self._restored: float | None = None
 
     def write(self, key: str, value: str) -> None:
         """Write a pointer and keep it written."""
@@ -43,10 +45,14 @@ class KeptKeys:
         for old in decided[:-2 * KEEP_DECIDED]:
             del self._values[old]
 
-    def restore(self, dead: Iterable[str]) -> None:
-        """Read every kept key back; write again what is gone or not authentic. ``dead``: the
-        members the liveness judge counts dead now (another one's ``dead/<id>`` is history: its id
-        came back as a new process)."""
+    def restore(self, dead: Iterable[str], now: float) -> None:
+        """Read every kept key back, at most every ``RESTORE_EVERY`` seconds (``now``: the
+        coordinator's clock); write again what is gone or not authentic. ``dead``: the members
+        the liveness judge counts dead now (another one's ``dead/<id>`` is history: its id came
+        back as a new process)."""
+        if self._restored is not None and now - self._restored < RESTORE_EVERY:
+            return
+        self._restored = now
         still_dead = {Keys.dead(m) for m in dead}
         for key, value in list(self._values.items()):
             if key.startswith(Keys.dead("")) and key not in still_dead:

@@ -211,7 +211,7 @@ class Coordinator:
         if core.failure is not None:
             return
         now = self.clock()
-        self.kept.restore(core.dead)
+        self.kept.restore(core.dead, now)
         observation = self._observe(now)
         if paused > 0:
             log.warning("this coordinator did not run for %.1f s: that time counts against no member", paused)
