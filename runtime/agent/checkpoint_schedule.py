@@ -34,6 +34,17 @@ from typing import TYPE_CHECKING, Any
 from liveshard.runtime.agent.connection import StoreClients
 from liveshard.runtime.contract.keys import Keys
 
+CLIP = 500  # characters of a save's error kept in events and the store
+
+
+def clip(text: str, limit: int = CLIP) -> str:
+    """``text`` within ``limit`` characters, its head and its tail kept: a message ends with what
+    happens next ("next in DIR in 5 s"), which must survive long paths in the middle."""
+    if len(text) <= limit:
+        return text
+    tail = limit // 3
+    return f"{text[:limit - tail - 3]}...{text[-tail:]}"
+
 if TYPE_CHECKING:
     from liveshard.runtime.agent.worker import WorkerOptions, WorkerState
 
@@ -49,15 +60,20 @@ def prune(root: str | None, keep: int) -> list[str]:
     from pathlib import Path
 
     from liveshard.runtime.agent.checkpoint import is_complete, read_meta
+    from liveshard.runtime.contract.checkpoint import JobIdentity
 
     if not root or keep <= 0 or not os.path.isdir(root):
         return []
+    identity = JobIdentity.from_env()
     done, other = [], []
     for entry in Path(root).iterdir():
         if not entry.is_dir() or not entry.name.startswith("step"):
             continue  # the dataset cache, TensorBoard, anything else: not ours to remove
         if is_complete(entry):
-            done.append((int(read_meta(entry).get("step", -1)), entry))
+            meta = read_meta(entry)
+            if identity is not None and not identity.owns(meta):
+                continue  # another job's run (the one spec.training.resume names): never removed
+            done.append((int(meta.get("step", -1)), entry))
         else:
             other.append(entry)
     done.sort()
@@ -234,11 +250,11 @@ class SafetyCheckpoints:
         self.postpone()
         log.error("checkpoint of step %d failed (training goes on; the next one is due a full interval "
                   "later): %s", step, error)
-        self.state.events.append({"kind": "checkpoint_failed", "step": step, "error": str(error)[:500],
+        self.state.events.append({"kind": "checkpoint_failed", "step": step, "error": clip(str(error)),
                                   "time": time.time()})
         if self.state.rank == 0:
             with contextlib.suppress(Exception):
-                self.clients.store.set_json(Keys.CHECKPOINT_FAILED, {"step": step, "error": str(error)[:500],
+                self.clients.store.set_json(Keys.CHECKPOINT_FAILED, {"step": step, "error": clip(str(error)),
                                                                      "count": self.failed_saves, "time": time.time()})
 
     def resolved(self, step: int) -> None:
