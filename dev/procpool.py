@@ -8,7 +8,9 @@ tracebacks; a failed or timed-out job discards the pool's processes (the next jo
 ones), since ranks left waiting in a collective cannot be trusted.
 
 Members are not daemons (megatron's checkpoint writer starts helper processes), so close the
-pool when done; it is also closed at interpreter exit.
+pool when done; it is also closed at interpreter exit, and a member ends when the process that
+started the pool dies in any way (``runtime.lifeline``: start the pool from a thread that lives
+as long as it, e.g. the main thread).
 """
 
 from __future__ import annotations
@@ -26,12 +28,17 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from liveshard.dev.ports import free_port
+from liveshard.runtime.lifeline import bind_to_parent
 
 _STOP = "stop"
 
 
-def _worker(member: int, tasks: Any, results: Any, preload: tuple[str, ...], timeout_s: float) -> None:
+def _worker(member: int, tasks: Any, results: Any, preload: tuple[str, ...], timeout_s: float,
+            parent: int | None = None) -> None:
     import importlib
+
+    if parent is not None:  # ends with the process that started the pool, even on its SIGKILL
+        bind_to_parent(parent)
 
     import torch.distributed as dist
 
@@ -86,7 +93,7 @@ class GlooPool:
         try:
             self._procs = [
                 self._ctx.Process(target=_worker, args=(m, self._tasks[m], self._results, self.preload,
-                                                        self.timeout_s))
+                                                        self.timeout_s, os.getpid()))
                 for m in range(self.size)
             ]
             for p in self._procs:

@@ -131,6 +131,8 @@ def _env(job: dict[str, Any], spec: JobSpec, role: str) -> list[dict[str, Any]]:
         {"name": SECRET_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name(name), "key": SECRET_KEY}}},
         # ... bound to this job object, so values of an earlier job of the same name do not verify
         {"name": INCARNATION_ENV, "value": str(job["metadata"].get("uid") or "")},
+        # ... and recorded in every checkpoint: a job continues only its own run
+        {"name": Env.JOB_UID, "value": str(job["metadata"].get("uid") or "")},
     ]
     return env + list(raw.get("env") or [])
 

@@ -35,6 +35,7 @@ from liveshard.dev import tls
 from liveshard.dev.localcluster.emulator import KubeEmulator
 from liveshard.dev.localcluster.node_agent import NodeAgent
 from liveshard.dev.ports import free_port
+from liveshard.runtime.lifeline import preexec
 
 log = logging.getLogger("liveshard.dev.localcluster")
 WEBHOOK_CONFIGURATION = "liveshard-local"
@@ -106,7 +107,7 @@ class LocalCluster:
                 self.operator = subprocess.Popen(
                     [sys.executable, "-m", "liveshard.runtime.cli", "operator", *target,
                      "--metrics-port", "0", "--liveness", "", *webhook, *self.operator_args],
-                    stdout=out, stderr=subprocess.STDOUT)
+                    stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec())  # ends with this process
         return self
 
     def node_name(self, name: str) -> str:

@@ -56,6 +56,7 @@ from typing import Any
 from liveshard.dev.ports import free_port
 from liveshard.runtime.contract.crd import LABEL_JOB
 from liveshard.runtime.contract.env import Env
+from liveshard.runtime.lifeline import preexec
 
 log = logging.getLogger("liveshard.localcluster")
 
@@ -527,8 +528,11 @@ class NodeAgent:
     @staticmethod
     def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
         with open(log_path, "ab") as out:
-            # own process group: killing a pod kills everything it started
-            return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            # own process group: killing a pod kills everything it started; and SIGKILLed by the
+            # kernel if the agent's process dies (lifeline: started from the agent's thread,
+            # which runs until every pod is stopped anyway)
+            return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=preexec())
 
     def _exited(self, p: PodProcess) -> None:
         code = p.proc.returncode

@@ -257,6 +257,9 @@ def _refusals(status: dict) -> list[dict]:
 class LocalRun:
     def __init__(self, run: RunSpec) -> None:
         self.secret = secrets.token_hex(32).encode()
+        # this run's incarnation: bound into the store's MACs and recorded in every checkpoint
+        # (a later run on the same directory does not continue this one by accident)
+        self.run_id = secrets.token_hex(6)
         self.run = run
         self.cfg = check_run(run)
         self.dir = Path(run.workdir or tempfile.mkdtemp(prefix="liveshard-run-"))
@@ -282,12 +285,26 @@ class LocalRun:
         self._posted: Any = None  # the newest PlanRequest this driver posted
         self._refusals_before = 0  # refusals the coordinator had reported when it was posted
 
+    def refuse_foreign_checkpoints(self) -> None:
+        """A checkpoint directory holding an earlier run's checkpoints (a reused --workdir) is
+        refused unless spec.training.resume names where this run starts from (ConfigError)."""
+        from liveshard.runtime.contract.checkpoint import JobIdentity, foreign_run
+
+        if self.run.training.resume:
+            return
+        field = "spec.checkpoint.volume.hostPath.path" if self.run.checkpoint_dir else "--workdir"
+        env = {Env.JOB_INCARNATION: self.run_id}
+        refused = foreign_run(self.checkpoint_dir, JobIdentity.from_env(env), field)
+        if refused is not None:
+            raise refused
+
     # ---- processes ---------------------------------------------------------------------------
     def _env(self) -> dict:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PYTHONUNBUFFERED"] = "1"
         env[SECRET_ENV] = self.secret.decode()  # this run's store is authenticated like a job's
+        env[Env.JOB_INCARNATION] = self.run_id
         # What to train, handed over as the operator hands it to a job's pods.
         env[Env.MODEL] = json.dumps(self.run.spec.to_dict(), sort_keys=True)
         env[TRAINING_ENV] = self.run.training.to_json()
@@ -358,7 +375,8 @@ class LocalRun:
             try:
                 # a plain TCP probe first: c10d logs every failed try with a C++ stack trace
                 socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
-                return JobStore(connect_store("127.0.0.1", port, timeout=5.0), secret=self.secret)
+                return JobStore(connect_store("127.0.0.1", port, timeout=5.0), secret=self.secret,
+                                incarnation=self.run_id)
             except Exception as e:
                 if time.monotonic() > end:
                     raise RunFailed(f"the coordinator's store at 127.0.0.1:{port} did not answer in {timeout:.0f} s "
@@ -1146,6 +1164,7 @@ def run_local(run: RunSpec) -> dict:
     from liveshard.dev.localrun.progress import StepPrinter
 
     job = LocalRun(run)
+    job.refuse_foreign_checkpoints()
     printer = StepPrinter(job.dir, run.steps, job.say).start() if run.log is not None else None
     job.say(f"starting the coordinator and {run.workers} workers in {job.dir} (each worker loads torch and "
             "megatron-core and builds its model and data: seconds to a minute)")

@@ -25,7 +25,7 @@ from typing import Any
 import torch.distributed as dist
 
 from liveshard.runtime.agent.state import capture_rng, restore_rng, set_adam_step
-from liveshard.runtime.contract.checkpoint import MARKER, file_manifest, sha256_of
+from liveshard.runtime.contract.checkpoint import IDENTITY_KEY, MARKER, JobIdentity, file_manifest, sha256_of
 from liveshard.runtime.parallel import ParallelConfig
 
 _OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
@@ -86,7 +86,9 @@ def save(built: Any, trainer: Any, directory: str | os.PathLike, queue: Any = No
     # part of the state (whoever loads it chooses its own).
     layout = str(built.cfg.with_even_dp())
     sd["config"] = layout
-    meta = json.dumps({"config": layout, "model": built.spec.to_dict(), **_plain(trainer.progress())})
+    identity = JobIdentity.from_env()  # whose run this is: only this job continues it
+    meta = json.dumps({"config": layout, "model": built.spec.to_dict(), **_plain(trainer.progress()),
+                       **({IDENTITY_KEY: identity.to_dict()} if identity is not None else {})})
 
     def mark() -> None:  # every file hashed, then the marker: the checkpoint is complete
         tmp = path / ".liveshard.json.partial"
@@ -176,10 +178,11 @@ def is_complete(directory: str | os.PathLike, step: int | None = None) -> bool:
     return step is None or int(meta.get("step", -1)) == step
 
 
-def newest_complete(root: str | os.PathLike | None) -> dict | None:
+def newest_complete(root: str | os.PathLike | None, identity: JobIdentity | None = None) -> dict | None:
     """The newest verified checkpoint directly under ``root`` (``{path, step, config}``), or
     None: what a job whose every process was replaced continues from. A newer one that fails
-    verification (a torn write, a corrupted file) is skipped with a warning."""
+    verification (a torn write, a corrupted file) is skipped with a warning. With ``identity``
+    only that job's own checkpoints count (another job's run is never continued by accident)."""
     import logging
 
     if not root or not os.path.isdir(root):
@@ -189,6 +192,8 @@ def newest_complete(root: str | os.PathLike | None) -> dict | None:
         if not entry.is_dir() or not is_complete(entry):
             continue
         meta = read_meta(entry)
+        if identity is not None and not identity.owns(meta):
+            continue
         found.append({"path": str(entry), "step": int(meta.get("step", -1)), "config": meta.get("config")})
     for candidate in sorted(found, key=lambda c: c["step"], reverse=True):
         problem = verify(candidate["path"])

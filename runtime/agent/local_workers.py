@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePath
 
+from liveshard.runtime import lifeline
 from liveshard.runtime.contract.env import Env
 
 log = logging.getLogger("liveshard.local_workers")
@@ -97,14 +98,6 @@ def child_command(argv: Sequence[str] | None = None) -> list[str]:
     return [sys.executable, "-m", "liveshard.runtime.cli", *args]
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the child gets SIGKILL if the supervisor dies (no orphans training on their own)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def supervise(command: Sequence[str], n: int, env: Mapping[str, str] | None = None, poll: float = 0.2,
               spawn: Callable[..., subprocess.Popen] = subprocess.Popen) -> int:
     """Run ``command`` ``n`` times (``LOCAL_RANK`` 0..n-1), forward SIGTERM/SIGINT, wait for all.
@@ -113,7 +106,7 @@ def supervise(command: Sequence[str], n: int, env: Mapping[str, str] | None = No
     """
     base = dict(os.environ if env is None else env)
     children: list[subprocess.Popen] = []
-    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    preexec = lifeline.preexec()  # Linux: SIGKILL to the child if the supervisor dies (no orphans training)
     received: list[int] = []
 
     def forward(signum: int, frame: object) -> None:

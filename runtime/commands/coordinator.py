@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 from liveshard.runtime.contract.env import Defaults, Env
 from liveshard.runtime.contract.jobspec import AdaptivePolicy
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         from liveshard.runtime.coordinator.kube_source import KubePlanSource, api_client
 
         source = KubePlanSource(None, args.job_name, args.namespace, api=api_client(args.kubeconfig))
+    _refuse_foreign_checkpoints(args, training, source if args.source == "kubernetes" else None)
     # The kubernetes source plans from the job's spec (refreshed at every poll); these are the
     # inputs until it has read a valid one, and the store source's for good.
     from liveshard.runtime.contract.jobspec import AdaptivePolicy
@@ -121,3 +123,28 @@ def run(args: argparse.Namespace) -> int:
                               transition_timeout=args.transition_timeout, training=training, metrics=metrics, checkpoint_dir=args.checkpoint_dir)
     coordinator.run()
     return 0
+
+
+def _refuse_foreign_checkpoints(args: argparse.Namespace, training: Any, source: Any) -> None:
+    """A checkpoint directory holding another job's run (an earlier job of the same name, another
+    job on a shared volume) is refused before anything starts, unless ``spec.training.resume``
+    names where this job starts from on purpose: one line, exit 2, and with the kubernetes source
+    the job's ``status.runtimeFailure`` (the operator then fails the job with that line)."""
+    from liveshard.runtime.contract.checkpoint import JobIdentity, foreign_run
+
+    if getattr(training, "resume", None):
+        return
+    field = "spec.checkpoint.path" if args.source == "kubernetes" else "--checkpoint-dir"
+    refused = foreign_run(args.checkpoint_dir, JobIdentity.from_env(), field)
+    if refused is None:
+        return
+    if source is not None:
+        from datetime import UTC, datetime
+
+        from liveshard.runtime.contract.status import RuntimeFailure
+
+        try:
+            source.patch_status(RuntimeFailure("ForeignCheckpoints", str(refused), datetime.now(UTC)).to_status())
+        except Exception as e:  # the exit (and the pod's log) still says it
+            logging.getLogger("liveshard.coordinator").warning("could not report the refusal in the job's status: %s", e)
+    raise refused

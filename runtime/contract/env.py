@@ -28,7 +28,8 @@ class Env:
     FALLBACK_CHECKPOINT_DIR = "LIVESHARD_FALLBACK_CHECKPOINT_DIR"
     FINAL_SAVE_PATIENCE = "LIVESHARD_FINAL_SAVE_PATIENCE"
     JOB_SECRET = "LIVESHARD_JOB_SECRET"  # the key of every store value's MAC (a per-job Secret)
-    JOB_INCARNATION = "LIVESHARD_JOB_INCARNATION"  # the job's uid, bound into every MAC
+    JOB_INCARNATION = "LIVESHARD_JOB_INCARNATION"  # the job's uid (run-local: a run id), bound into every MAC
+    JOB_UID = "LIVESHARD_JOB_UID"  # the job object's uid (recorded in every checkpoint with the above)
     CACHE = "LIVESHARD_CACHE"  # where the built-in corpus and dataset indexes are cached
     CORPUS = "LIVESHARD_CORPUS"  # the built-in corpus (``builtin:corpus``) when prebuilt, e.g. in the image
 

@@ -62,8 +62,9 @@ class _StoreCheckpoints(CheckpointView):
         if not self.loop.checkpoint_dir:
             return None
         from liveshard.runtime.agent.checkpoint import newest_complete
+        from liveshard.runtime.contract.checkpoint import JobIdentity
 
-        return newest_complete(self.loop.checkpoint_dir)
+        return newest_complete(self.loop.checkpoint_dir, JobIdentity.from_env())  # its own run only
 
 
 class Coordinator:
@@ -425,11 +426,12 @@ class Coordinator:
             info = self.core.adopted_checkpoint
         if info and self.checkpoint_dir and os.path.isdir(str(info.get("path"))):
             from liveshard.runtime.agent.checkpoint import newest_complete, verify
+            from liveshard.runtime.contract.checkpoint import JobIdentity
 
             problem = verify(info["path"])
             if problem is not None:
                 log.warning("checkpoint %s failed verification (%s): looking for an older one", info["path"], problem)
-                return newest_complete(self.checkpoint_dir)
+                return newest_complete(self.checkpoint_dir, JobIdentity.from_env())
         return info
 
     def _report(self) -> None:
