@@ -145,6 +145,11 @@ class ControlThread:
         store = self.clients.store
         if store.has(Keys.STOP):
             self.stop_requested = True
+        elif self.state.rank is None and store.has(Keys.FINISHED):
+            # the job trained to trainIters and saved (rank 0 said so): a standby, or a joiner
+            # whose plan will never come, is done too. It exits now, while the coordinator still
+            # serves the store, instead of polling a store that goes away with the finished job.
+            self.stop_requested = True
         latest = store.latest_generation()
         if latest > self.latest_seen:
             self.latest_seen = latest
