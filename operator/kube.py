@@ -19,7 +19,8 @@ from typing import Any
 import kubernetes.client as k8s
 from kubernetes.client.rest import ApiException
 
-from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
+from liveshard.operator import kueue
+from liveshard.runtime.contract.crd import GROUP, LABEL_JOB, PLURAL, VERSION
 
 
 class Conflict(Exception):
@@ -88,7 +89,10 @@ class Kube:
             "Role": self.rbac.create_namespaced_role,
             "RoleBinding": self.rbac.create_namespaced_role_binding,
             "NetworkPolicy": self.net.create_namespaced_network_policy,
-        }[obj["kind"]]
+        }.get(obj["kind"])
+        if create is None and obj["kind"] == "Workload":
+            return await self.create_workload(obj)
+        assert create is not None
         try:
             await self._call(create, ns, obj)
             return True
@@ -96,6 +100,49 @@ class Kube:
             if e.status == 409:
                 return False
             raise
+
+    # ---- Kueue (only for jobs behind a queue: a cluster without Kueue is never asked) -----------
+    async def list_workloads(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """The Workloads labelled as the job's (``liveshard.io/job``; ownership is checked by
+        the caller)."""
+        try:
+            got = await self._call(self.custom.list_namespaced_custom_object, kueue.GROUP, kueue.VERSION,
+                                   namespace, kueue.WORKLOADS, label_selector=f"{LABEL_JOB}={job}")
+        except ApiException as e:
+            if e.status == 404:  # Kueue is not installed
+                return []
+            raise
+        return list(got.get("items") or [])
+
+    async def get_cluster_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        """A cluster-scoped Kueue object (a ResourceFlavor, a WorkloadPriorityClass)."""
+        try:
+            return await self._call(self.custom.get_cluster_custom_object, kueue.GROUP, kueue.VERSION, plural, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def create_workload(self, obj: dict[str, Any]) -> bool:
+        self._check_fence()
+        try:
+            await self._call(self.custom.create_namespaced_custom_object, kueue.GROUP, kueue.VERSION,
+                             obj["metadata"]["namespace"], kueue.WORKLOADS, obj)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+
+    async def patch_workload(self, namespace: str, name: str, patch: dict[str, Any], status: bool = False) -> None:
+        self._check_fence()
+        fn = (self.custom.patch_namespaced_custom_object_status if status
+              else self.custom.patch_namespaced_custom_object)
+        try:
+            await self._call(fn, kueue.GROUP, kueue.VERSION, namespace, kueue.WORKLOADS, name, patch)
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
         self._check_fence()

@@ -203,6 +203,7 @@ class Admission:
     pending_slice: Mapping[str, Any] | None = None
     held: bool = False
     elastic: bool = False
+    priority: int | None = None  # the value of the job's WorkloadPriorityClass (read by the caller)
 
     @property
     def workload_name(self) -> str | None:
@@ -267,11 +268,16 @@ def read_admission(job: Mapping[str, Any], workloads: Iterable[Mapping[str, Any]
 class WorkloadChange:
     """What a pass does to the job's Workloads: one to create, a count to lower in place
     (``(name, workers)``), an eviction to acknowledge once the job's pods are gone (Kueue's
-    ``UnsetQuotaReservationWithCondition``: ``status.admission`` cleared, ``QuotaReserved`` False)."""
+    ``UnsetQuotaReservationWithCondition``: ``status.admission`` cleared, ``QuotaReserved``
+    False), ``spec.active`` to follow ``spec.suspend``."""
 
     create: dict[str, Any] | None = None
     shrink: tuple[str, int] | None = None
     release: str | None = None
+    active: tuple[str, bool] | None = None  # spec.active to write (spec.suspend edited)
+
+    def __bool__(self) -> bool:
+        return any(x is not None for x in (self.create, self.shrink, self.release, self.active))
 
 
 def release_patch(wl: Mapping[str, Any], now_iso: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from liveshard.operator import tracking
 from liveshard.operator.conditions import condition, set_condition
+from liveshard.operator.kueue import Admission, Placement, WorkloadChange
 from liveshard.operator.observed import Worker, observe_workers
 from liveshard.operator.policy import JobPolicy, refusal
 from liveshard.operator.signals import Signal
@@ -50,6 +51,8 @@ class Decision:
     requeue_after: float = IDLE_REQUEUE_SECONDS
     scale_up_key: Hashable | None = None  # candidates already tried for scale-up
     spec: JobSpec | None = None
+    workload: WorkloadChange = field(default_factory=WorkloadChange)  # the job's Kueue Workload
+    placements: dict[str, Placement] = field(default_factory=dict)  # admitted flavors, by pod set
 
 
 def _generation_of(plan: Any) -> int:
@@ -109,6 +112,16 @@ class Observation:
     by_name: Mapping[str, Worker]
     crashed: tuple[Worker, ...]  # worker pods that crashed since the last pass (not yet counted)
     pod_failures: int  # the job's pod failures counted before this pass
+    admission: Admission | None = None  # Kueue's admission of a queued job (None: no queue)
+
+    @property
+    def desired(self) -> int:
+        """The worker pods the job may have: ``spec.workers.replicas``, at most as many as
+        Kueue admitted for a queued job."""
+        assert self.spec is not None
+        replicas = self.spec.workers.replicas
+        return replicas if self.admission is None or not self.admission.admitted \
+            else min(replicas, self.admission.workers)
 
     @property
     def generation(self) -> Any:
@@ -146,7 +159,7 @@ def _read_spec(raw: Any, policy: JobPolicy) -> tuple[JobSpec | None, tuple[Excep
 
 def observe(job: dict[str, Any], pods: list[dict[str, Any]], nodes: Mapping[str, Signal | None],
             now: datetime, node_labels: Mapping[str, Mapping[str, str]], scale_up_checked: Hashable | None,
-            policy: JobPolicy) -> Observation:
+            policy: JobPolicy, admission: Admission | None = None) -> Observation:
     """Read everything a pass decides over, once."""
     meta = job.get("metadata") or {}
     status: dict[str, Any] = dict(job.get("status") or {})
@@ -173,7 +186,7 @@ def observe(job: dict[str, Any], pods: list[dict[str, Any]], nodes: Mapping[str,
         problem=problem, parts=parts, invalid=invalid,
         last_generation=plan.generation if plan else _generation_of(status.get("plan")),
         tracking=records, workers=workers, by_name={w.name: w for w in workers}, crashed=crashed,
-        pod_failures=status_count(status.get("podFailures")))
+        pod_failures=status_count(status.get("podFailures")), admission=admission)
 
 
 @dataclass
@@ -236,8 +249,11 @@ def why_leaving(o: Observation, w: Worker) -> Signal | None:
     if w.signal is not None:
         return w.signal
     assert o.spec is not None
-    desired = o.spec.workers.replicas
+    desired = o.desired
     if w.index >= desired:
+        if desired < o.spec.workers.replicas:  # Kueue admits fewer (a partial preemption)
+            return Signal(Cause.SCALE_DOWN, f"Kueue admits {desired} of {o.spec.workers.replicas} workers",
+                          None, source="workload admission")
         return Signal(Cause.SCALE_DOWN, f"scaled down to {desired} workers", None, source="spec.workers.replicas")
     return None
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from liveshard.operator import builders, tracking
+from liveshard.operator import builders, queueing, tracking
 from liveshard.operator.conditions import condition
 from liveshard.operator.endings import (
     close,
@@ -55,6 +55,7 @@ from liveshard.operator.endings import (
     runtime_failed,
     succeeded,
 )
+from liveshard.operator.kueue import Admission
 from liveshard.operator.observation import (
     IDLE_REQUEUE_SECONDS,
     Decision,
@@ -112,9 +113,11 @@ class Current:
 # ---- the decision -----------------------------------------------------------------------------
 def reconcile(job: dict[str, Any], pods: list[dict[str, Any]], nodes: Mapping[str, Signal | None],
               now: datetime, *, node_labels: Mapping[str, Mapping[str, str]] | None = None,
-              scale_up_checked: Hashable | None = None, policy: JobPolicy = DEFAULT_POLICY) -> Decision:
-    """``policy``: what this operator allows jobs (``liveshard operator`` flags)."""
-    o = observe(job, pods, nodes, now, node_labels or {}, scale_up_checked, policy)
+              scale_up_checked: Hashable | None = None, policy: JobPolicy = DEFAULT_POLICY,
+              admission: Admission | None = None) -> Decision:
+    """``policy``: what this operator allows jobs (``liveshard operator`` flags); ``admission``:
+    Kueue's admission of a job behind a queue (``kueue.read_admission``; None: no queue)."""
+    o = observe(job, pods, nodes, now, node_labels or {}, scale_up_checked, policy, admission)
     out = Outputs.start(o)
     _decide(o, out)
     return out.decision
@@ -147,9 +150,15 @@ def _decide(o: Observation, out: Outputs) -> None:
         return
     _checkpoint_conditions(o, out)
     _adaptive_event(o, out)
-    cur = _replan(o, out, _answers(o, out))
+    cur = _answers(o, out)
+    if not queueing.runs(o):  # behind a queue, not admitted (or evicted): no pods, a stop
+        queueing.hold(o, out, cur)
+        close(out)
+        return
+    cur = _replan(o, out, cur)
     _pods(o, out, cur)
     _conditions(o, out, cur)
+    queueing.admitted(o, out)
     close(out)
     if cur.plan and not cur.acked:
         out.requeue(UNACKED_REQUEUE_SECONDS)
@@ -319,7 +328,7 @@ def _pods(o: Observation, out: Outputs, cur: Current) -> None:
     d = out.decision
     existing = {w.name for w in o.workers}
     assert o.spec is not None
-    for i in range(o.spec.workers.replicas):
+    for i in range(o.desired):
         name = builders.worker_name(o.name, i)
         if name in existing:
             continue
@@ -411,7 +420,7 @@ def _degraded(o: Observation, cur: Current, running: bool) -> tuple[bool, str, s
     """The ``Degraded`` condition: (status, reason, message)."""
     plan, members = cur.plan, cur.members
     assert o.spec is not None
-    desired = o.spec.workers.replicas
+    desired = o.desired
     if plan is not None and not cur.acked:
         if plan.deadline and o.now > plan.deadline:
             return (True, "AckDeadlineExceeded",

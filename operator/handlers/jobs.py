@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import secrets
 import time
@@ -19,7 +20,7 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
-from liveshard.operator import builders, metrics
+from liveshard.operator import builders, kueue, metrics
 from liveshard.operator.conditions import condition, set_condition
 from liveshard.operator.context import Context, NodeView
 from liveshard.operator.kube import Conflict, NotLeader
@@ -28,6 +29,9 @@ from liveshard.runtime.contract.crd import API_VERSION, GROUP, KIND, PLURAL, VER
 
 ERROR_BACKOFF = 5.0
 REFUSED_RETRY_SECONDS = 30.0  # a refused child (invalid, forbidden) is tried again this often
+# A job behind a Kueue queue reads its Workload this often (the operator does not watch
+# Workloads: a cluster without Kueue has no such resource to watch); an eviction is seen within it.
+QUEUE_POLL_SECONDS = 2.0
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -89,8 +93,10 @@ async def reconcile_job(ctx: Context, namespace: str, name: str, pods_by_job: ko
     # Planning a large model (a cost-model search, a transition plan for the rank order) takes
     # seconds of CPU: in a thread, so other jobs' loops and kopf's watches go on meanwhile.
     policy = ctx.options.policy
+    admission = await _admission(ctx, job)
     decision = await asyncio.to_thread(reconcile, job, pods, nodes, now, node_labels=labels,
-                                       scale_up_checked=ctx.scale_up_checked.get((namespace, name)), policy=policy)
+                                       scale_up_checked=ctx.scale_up_checked.get((namespace, name)), policy=policy,
+                                       admission=admission)
     if decision.scale_up_key is not None:
         ctx.scale_up_checked[(namespace, name)] = decision.scale_up_key
 
@@ -101,10 +107,16 @@ async def reconcile_job(ctx: Context, namespace: str, name: str, pods_by_job: ko
             for child in builders.job_children(job, decision.spec, secrets.token_hex(32), policy.egress):
                 await _create(ctx, child, refused)
             ensured = not refused
+        if decision.workload:
+            await _change_workloads(ctx, namespace, decision.workload, admission, now, refused)
+        places = decision.placements
         if decision.create_coordinator:
-            await _create(ctx, builders.coordinator_pod(job, decision.spec), refused)
+            pod = builders.coordinator_pod(job, decision.spec)
+            await _create(ctx, kueue.place(pod, places.get(kueue.PODSET_COORDINATOR, kueue.Placement())), refused)
         for index in decision.create_workers:
-            if await _create(ctx, builders.worker_pod(job, decision.spec, index), refused):
+            pod = kueue.place(builders.worker_pod(job, decision.spec, index),
+                              places.get(kueue.PODSET_WORKERS, kueue.Placement()))
+            if await _create(ctx, pod, refused):
                 logger.info(f"created worker pod {builders.worker_name(name, index)}")
     _report_refused(decision, refused, now, job["metadata"].get("generation"))
 
@@ -117,7 +129,41 @@ async def reconcile_job(ctx: Context, namespace: str, name: str, pods_by_job: ko
             kopf.event(ref, type=kind, reason=reason, message=message[:1000])
     for pod in decision.delete_pods:
         await ctx.kube.delete_pod(namespace, pod)
+    if admission is not None:
+        return min(decision.requeue_after, QUEUE_POLL_SECONDS), ensured
     return decision.requeue_after, ensured
+
+
+async def _admission(ctx: Context, job: dict[str, Any]) -> kueue.Admission | None:
+    """Kueue's admission of a job behind a queue (None for any other job: no Kueue call)."""
+    if not kueue.managed(job):
+        return None
+    meta = job["metadata"]
+    workloads = await ctx.kube.list_workloads(meta["namespace"], meta["name"]) if kueue.queue_name(job) else []
+    names = {f for w in workloads for a in ((w.get("status") or {}).get("admission") or {}).get("podSetAssignments")
+             or [] for f in (a.get("flavors") or {}).values()}
+    flavors = {n: f for n in sorted(names) if (f := await ctx.kube.get_cluster_object(kueue.RESOURCE_FLAVORS, n))}
+    admission = kueue.read_admission(job, workloads, flavors)
+    wpc = (meta.get("labels") or {}).get(kueue.PRIORITY_CLASS_LABEL)
+    if admission is not None and wpc:
+        found = await ctx.kube.get_cluster_object(kueue.WORKLOAD_PRIORITY_CLASSES, wpc)
+        admission = dataclasses.replace(admission, priority=int((found or {}).get("value") or 0))
+    return admission
+
+
+async def _change_workloads(ctx: Context, namespace: str, change: kueue.WorkloadChange,
+                            admission: kueue.Admission | None, now: datetime, refused: list[str]) -> None:
+    """Create, shrink, (de)activate or release the job's Workload, as the decision says."""
+    if change.create is not None:
+        await _create(ctx, change.create, refused)
+    current = admission.workload if admission is not None else None
+    if change.shrink is not None and current is not None:
+        await ctx.kube.patch_workload(namespace, change.shrink[0], kueue.shrink_patch(current, change.shrink[1]))
+    if change.active is not None:
+        await ctx.kube.patch_workload(namespace, change.active[0], {"spec": {"active": change.active[1]}})
+    if change.release is not None and current is not None:
+        await ctx.kube.patch_workload(namespace, change.release,
+                                      kueue.release_patch(current, now.strftime("%Y-%m-%dT%H:%M:%SZ")), status=True)
 
 
 async def _create(ctx: Context, obj: dict[str, Any], refused: list[str]) -> bool:

@@ -34,6 +34,7 @@ class Cause(StrEnum):
     SCALE_DOWN = "scale-down"
     SPEC_CHANGED = "spec-changed"
     RETRY = "retry"
+    QUEUE_EVICTION = "queue-eviction"  # Kueue evicted the job's Workload (or spec.suspend): stop
     # the runtime's own: a member lost without notice, seen by the coordinator first
     LOST_WITHOUT_NOTICE = "lost-without-notice"
     # the runtime's straggler policy: a slow device, planned around (spec.elasticity.adaptive)

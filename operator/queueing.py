@@ -1,0 +1,138 @@
+"""The queue phase of a pass for a job behind Kueue (``kueue.py``): functions of the
+``Observation`` that write into its ``Outputs`` (``reconcile`` calls them). Pure.
+
+A queued job runs only while its Workload is admitted (``o.admission``). Until then it creates
+no pod and shows ``Suspended`` with Kueue's reason. Evicted (preempted, a flavor gone, its
+queue stopped) or held by ``spec.suspend``, a running job is told to checkpoint and stop (the
+same stop plan as a job below ``workers.min``), its pods are deleted once the runtime acked the
+stop or the eviction's grace (the workers' termination grace) ran out, and the Workload's quota
+is handed back (``status.admission`` cleared) so Kueue queues it again; re-admitted, it
+resumes from that checkpoint. An admission of fewer workers than desired (partial admission, a
+partial preemption) lowers the job's desired size (``Observation.desired``): a live shrink.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from liveshard.operator import kueue
+from liveshard.operator.observation import Observation, Outputs, cond
+from liveshard.operator.planning import NextPlan, write_stop
+from liveshard.runtime.contract.causes import Cause
+from liveshard.runtime.contract.status import ConditionType, JobPhase
+
+if TYPE_CHECKING:
+    from liveshard.operator.reconcile import Current
+
+QUEUED = "Queued"  # condition: True while the job waits for (or lost) Kueue's admission
+
+
+def runs(o: Observation) -> bool:
+    """Whether the job may run pods now: no queue, or admitted and neither evicted nor held."""
+    a = o.admission
+    return a is None or (a.admitted and a.evicted is None and not a.held)
+
+
+def _why(o: Observation) -> tuple[str, str]:
+    """(condition reason, message) of a job that may not run."""
+    a = o.admission
+    assert a is not None
+    if a.held:
+        return "Suspended", "spec.suspend is true"
+    if a.evicted is not None:
+        reason, message = a.evicted
+        return reason, f"evicted by Kueue ({reason}): {message}"
+    reason, message = a.waiting
+    return reason, f"queued in {a.queue}: {reason}" + (f": {message}" if message else "")
+
+
+def hold(o: Observation, out: Outputs, cur: Current) -> Current:
+    """A job that may not run: create its Workload, stop training (checkpoint), delete its
+    pods once stopped, then hand the quota back."""
+    a = o.admission
+    assert a is not None and o.spec is not None
+    d, st = out.decision, out.decision.status
+    d.create_coordinator = False
+    d.create_workers = []
+    reason, why = _why(o)
+    if a.workload is None and a.queue:
+        d.workload.create = kueue.build_workload(o.job, o.spec, priority=a.priority)
+    _sync_active(o, out)
+    if cur.members and (cur.plan is None or not cur.plan.is_stop):
+        # the eviction's grace: the workers' termination grace, as a drain would give them
+        grace = float((o.spec.raw.get("template") or {}).get("terminationGracePeriodSeconds", 120))
+        nxt = NextPlan(None, why, Cause.QUEUE_EVICTION, f"{Cause.QUEUE_EVICTION}: {why}",
+                       o.now + timedelta(seconds=grace))
+        new = write_stop(o, out, cur.plan, nxt, cur.members)
+        cur = replace(cur, plan=new, members=[], acked=False)
+        out.event("Warning", "Evicted" if a.evicted else reason, f"checkpoint and stop: {why}")
+    stopping = cur.plan is not None and cur.plan.is_stop and not cur.acked and cur.plan.deadline is not None \
+        and cur.plan.deadline > o.now
+    if stopping:
+        assert cur.plan is not None and cur.plan.deadline is not None
+        out.requeue((cur.plan.deadline - o.now).total_seconds() + 0.1)
+    else:
+        live = [p["metadata"]["name"] for p in o.pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        for name in live:
+            if name not in d.delete_pods:
+                d.delete_pods.append(name)
+        if live:
+            out.event("Normal", "PodsReleased", f"released {len(live)} pod(s): {why}")
+        elif a.workload is not None and kueue.has_admission(a.workload) and not runs(o):
+            d.workload.release = a.workload_name  # nothing runs: the quota goes back to the queue
+    st["phase"] = JobPhase.SUSPENDED
+    st["message"] = why
+    st["replicas"] = sum(1 for w in o.workers if not w.deleting and w.name not in d.delete_pods)
+    cond(o, out, ConditionType.SUSPENDED, True, reason, why)
+    cond(o, out, QUEUED, True, reason, why)
+    cond(o, out, ConditionType.READY, False, JobPhase.SUSPENDED, why)
+    pending = cur.plan is not None and not cur.acked
+    cond(o, out, ConditionType.RECONFIGURING, pending, "PlanPending" if pending else "Idle",
+         f"waiting for the runtime to checkpoint and stop (generation {cur.plan.generation})"
+         if pending and cur.plan else "")
+    return cur
+
+
+def admitted(o: Observation, out: Outputs) -> None:
+    """A job that runs under its admission: its pods get the admitted flavors' placement; an
+    elastic job's Workload follows its size (lowered in place, grown by a replacement slice)."""
+    a = o.admission
+    if a is None:
+        return
+    assert o.spec is not None and a.workload is not None
+    d = out.decision
+    d.placements = dict(a.placements)
+    _sync_active(o, out)
+    cq = ((a.workload.get("status") or {}).get("admission") or {}).get("clusterQueue", "")
+    cond(o, out, QUEUED, False, "Admitted", f"admitted by ClusterQueue {cq}: {a.workers} worker pod(s)")
+    requested = a.requested or 0
+    want = o.spec.workers.replicas
+    if not a.elastic:
+        return
+    if want < requested:
+        # scaled down: hand the quota back at once (Kueue lets an elastic Workload shrink in place)
+        d.workload.shrink = (a.workload_name or "", want)
+        out.event("Normal", "WorkloadShrunk", f"Workload {a.workload_name}: {requested} -> {want} worker pods")
+    elif want > requested and a.pending_slice is None:
+        index = _slice_index(a.workload_name or "") + 1
+        d.workload.create = kueue.build_workload(o.job, o.spec, workers=want, slice_index=index,
+                                                 replaces=a.workload_name, priority=a.priority)
+        out.event("Normal", "WorkloadSliceRequested",
+                  f"asked Kueue for {want} worker pods (slice {d.workload.create['metadata']['name']} "
+                  f"replaces {a.workload_name})")
+
+
+def _slice_index(name: str) -> int:
+    head, _, tail = name.rpartition("-s")
+    return int(tail) if head and tail.isdigit() else 0
+
+
+def _sync_active(o: Observation, out: Outputs) -> None:
+    """``spec.suspend`` deactivates the Workload (``spec.active: false``: Kueue evicts it)."""
+    a = o.admission
+    assert a is not None
+    if a.workload is not None and bool((a.workload.get("spec") or {}).get("active", True)) == a.held:
+        out.decision.workload.active = (a.workload_name or "", not a.held)
+
