@@ -41,6 +41,8 @@ from liveshard.runtime.contract.keys import SECRET_ENV, Keys
 from liveshard.runtime.contract.training import TRAINING_ENV, TrainingSpec, read_training
 from liveshard.runtime.data.batches import BatchPlan
 from liveshard.runtime.errors import ConfigError, RunFailed, RunTimedOut
+from liveshard.runtime.lifeline import preexec
+from liveshard.runtime.notice import NOTICES_ENV
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner import FEWEST_CHANGES, GPU, Constraints, ParallelPlan, plan_world
 from liveshard.runtime.spec import ModelSpec
@@ -266,6 +268,7 @@ class LocalRun:
         # where every checkpoint of the run goes (the job's spec.checkpoint.path when it names one)
         self.checkpoint_dir = Path(run.checkpoint_dir) if run.checkpoint_dir else self.dir / "checkpoints" / "periodic"
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.notices = self.dir / "notices.jsonl"  # every process of the run appends its notices here
         self.procs = Procs()
         self.started = time.time()
         self.history: dict[int, dict] = {}
@@ -304,6 +307,7 @@ class LocalRun:
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PYTHONUNBUFFERED"] = "1"
         env[SECRET_ENV] = self.secret.decode()  # this run's store is authenticated like a job's
+        env[NOTICES_ENV] = str(self.notices)  # what the console must say (a damaged checkpoint, a resume)
         env[Env.JOB_INCARNATION] = self.run_id
         # What to train, handed over as the operator hands it to a job's pods.
         env[Env.MODEL] = json.dumps(self.run.spec.to_dict(), sort_keys=True)
@@ -996,8 +1000,8 @@ class LocalRun:
         out = {}
         # oldest first: a step recomputed after a restart takes the later record
         for f in sorted(self.dir.glob("*.json"), key=lambda f: f.stat().st_mtime):
-            if f.name in ("run.json",):
-                continue
+            if f.name in ("run.json",) or f.stat().st_mtime < self.started - 1.0:
+                continue  # the report, or an earlier run's result in a reused workdir
             try:
                 data = json.loads(f.read_text())
             except json.JSONDecodeError:
@@ -1165,7 +1169,7 @@ def run_local(run: RunSpec) -> dict:
 
     job = LocalRun(run)
     job.refuse_foreign_checkpoints()
-    printer = StepPrinter(job.dir, run.steps, job.say).start() if run.log is not None else None
+    printer = StepPrinter(job.dir, run.steps, job.say, notices=job.notices).start() if run.log is not None else None
     job.say(f"starting the coordinator and {run.workers} workers in {job.dir} (each worker loads torch and "
             "megatron-core and builds its model and data: seconds to a minute)")
     try:

@@ -195,13 +195,22 @@ def newest_complete(root: str | os.PathLike | None, identity: JobIdentity | None
         if identity is not None and not identity.owns(meta):
             continue
         found.append({"path": str(entry), "step": int(meta.get("step", -1)), "config": meta.get("config")})
+    from liveshard.runtime.notice import notice
+
+    damaged: list[tuple[dict, str]] = []
+    chosen = None
     for candidate in sorted(found, key=lambda c: c["step"], reverse=True):
         problem = verify(candidate["path"])
         if problem is None:
-            return candidate
+            chosen = candidate
+            break
+        damaged.append((candidate, problem))
         logging.getLogger("liveshard.checkpoint").warning(
             "checkpoint %s (step %d) skipped: %s", candidate["path"], candidate["step"], problem)
-    return None
+    for candidate, problem in damaged:  # one console line each (run-local's, a pod's log)
+        instead = f"resuming from {Path(chosen['path']).name}" if chosen else "no intact checkpoint is left"
+        notice(f"checkpoint {Path(candidate['path']).name} is damaged ({problem}); {instead}")
+    return chosen
 
 
 def read_meta(directory: str | os.PathLike) -> dict:

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from liveshard.runtime.agent.training import is_comm_failure
 from liveshard.runtime.control.barrier import Backoff, wait_until
+from liveshard.runtime.notice import notice
 
 if TYPE_CHECKING:
     from liveshard.runtime.agent.worker import WorkerAgent
@@ -105,6 +106,18 @@ def finished_record(step: int, consumed_samples: int, checkpoint: str | None, ge
             "time": now, **({"error": error} if error else {})}
 
 
+def console_line(root: str, failure: str, following: Attempt | None) -> str:
+    """The console's one line for a failed attempt in ``root`` and what follows it: ``final
+    checkpoint: no space left in DIR; next attempt in 5 s``. Pure."""
+    what = "no space left" if "no space left" in failure.lower() else failure
+    if following is None:
+        then = "giving up"
+    else:
+        then = "next attempt" + (f" in {following.root}" if following.root != root else "")
+        then += f" in {following.wait:.0f} s" if following.wait else " now"
+    return f"final checkpoint: {what} in {root}; {then}"
+
+
 def give_up_reason(step: int, tried: list[str], last_error: str, waited: float) -> str:
     """The one line a job that cannot save its final checkpoint fails with. Pure."""
     where = " and ".join(dict.fromkeys(tried)) or "nowhere (no checkpoint directory)"
@@ -133,6 +146,8 @@ def save(agent: WorkerAgent) -> Saved | GaveUp:
         if failure is None:
             if cp.failed_saves:
                 cp.resolved(t.step_count)
+                if agent.state.rank == 0:
+                    notice(f"final checkpoint: saved in {path}")
             return Saved(path)
         tried.append(attempt.root)
         last_error = failure
@@ -141,6 +156,7 @@ def save(agent: WorkerAgent) -> Saved | GaveUp:
                 + (f" in {following.wait:.0f} s" if following.wait else ""))
         if agent.state.rank == 0:
             shutil.rmtree(path, ignore_errors=True)  # what the attempt left: never taken for a checkpoint
+            notice(console_line(attempt.root, failure, following))
         cp.failed(t.step_count, RuntimeError(f"final checkpoint in {attempt.root}: {failure}; {then}"))
     return GaveUp(give_up_reason(t.step_count, tried, last_error, waited))
 

@@ -17,6 +17,7 @@ from liveshard.runtime.coordinator.generations import Generation
 from liveshard.runtime.coordinator.phases import Deferred, Restart
 from liveshard.runtime.coordinator.requests import PlanningInputs, PlanRequest
 from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.notice import notice
 from liveshard.runtime.planner import NoFeasiblePlan
 
 if TYPE_CHECKING:
@@ -104,8 +105,7 @@ def start(core: CoordinatorCore, request: PlanRequest, obs: Observation | None,
         # every process of the job was replaced (a whole spot pool gone, a restart), not a new run.
         found = restore or core.checkpoints.on_volume()
         if found is not None:
-            log.warning("a first world with a checkpoint on the job's volume: continuing from step %s (%s)",
-                        found.get("step"), found["path"])
+            notice(f"resuming from the checkpoint of step {found.get('step')} ({found['path']})")
             plan = replace(plan, restore_from=found["path"])
         return publish(core, plan)
     return _with_restore_if_needed(core, request, plan)
@@ -156,7 +156,7 @@ def _with_restore_if_needed(core: CoordinatorCore, request: PlanRequest, plan: W
             if any(m in core.dead for m in core.current.members):
                 return fail(core, "NoSurvivingCopy", why)  # the state is gone: nothing can continue
             return reject(core, request, why)  # a plan the running world need not take
-        log.warning("%s: restoring step %s from %s", no_copy, checkpoint.get("step"), checkpoint["path"])
+        notice(f"{no_copy}: resuming from the checkpoint of step {checkpoint.get('step')} ({checkpoint['path']})")
         plan = replace(plan, restore_from=checkpoint["path"])
     return publish(core, plan)
 
