@@ -330,8 +330,10 @@ class LocalRun:
             cmd += ["--adaptive-threshold", str(a.threshold), "--adaptive-window", str(a.window),
                     "--adaptive-horizon", str(a.horizon), "--adaptive-min-gain", str(a.min_gain),
                     "--adaptive-probation", str(a.probation), *(["--adaptive"] if a.enabled else [])]
+        # its own process group (a kill ends what it started too), and SIGKILLed by the kernel
+        # if this process dies (lifeline): no coordinator outlives its run
         self.procs.coordinator = subprocess.Popen(cmd, stdout=self._logfile("coordinator"), stderr=subprocess.STDOUT,
-                                                  env=self._env(), start_new_session=True)
+                                                  env=self._env(), start_new_session=True, preexec_fn=preexec())
 
     def start_worker(self, wid: str, port: int, *, extra: list[str] | None = None,
                      holds: tuple[int, ...] = ()) -> None:
@@ -363,7 +365,7 @@ class LocalRun:
         if not r.pulse:
             cmd.append("--no-pulse")
         self.procs.workers[wid] = subprocess.Popen(cmd, stdout=self._logfile(safe), stderr=subprocess.STDOUT,
-                                                   env=self._env(), start_new_session=True)
+                                                   env=self._env(), start_new_session=True, preexec_fn=preexec())
 
     def connect(self, port: int, timeout: float = 120.0):
         """The job's store at ``port``, served by the coordinator process: retried while that
