@@ -46,8 +46,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    default=int(os.environ.get(Env.METRICS_PORT) or (9400 if os.environ.get(Env.ROLE)
                                                                             == "coordinator" else 0)),
                    help="serve Prometheus metrics of the job on this port (0: off; default 9400 in a job's pod)")
-    p.add_argument("--metrics-address", default="0.0.0.0", metavar="ADDR",
-                   help="address the metrics port listens on (default 0.0.0.0: every interface)")
+    p.add_argument("--metrics-address", default=None, metavar="ADDR",
+                   help="address the metrics port listens on (default: the store's, --host)")
     p.add_argument("--checkpoint-dir", default=os.environ.get(Env.CHECKPOINT_DIR) or None,
                    help="the job's checkpoints: a first world continues from the newest complete one")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
@@ -112,13 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         from liveshard.runtime.control.metrics import JobMetrics
 
-        metrics = JobMetrics(args.job_name)
-        try:
-            metrics.serve(args.metrics_port, args.metrics_address)
-        except OSError as e:  # the job trains without its metrics rather than not at all
-            logging.getLogger("liveshard.coordinator").warning(
-                "metrics: cannot serve on port %d (%s); the job's Prometheus metrics are off", args.metrics_port, e)
-            metrics = None
+        metrics = serve_metrics(JobMetrics(args.job_name), args.metrics_port, args.metrics_address or args.host)
     coordinator = Coordinator(store, spec, source, planning, heartbeat_timeout=args.heartbeat_timeout,
                               transition_timeout=args.transition_timeout, training=training, metrics=metrics, checkpoint_dir=args.checkpoint_dir)
     coordinator.run()
@@ -148,3 +142,26 @@ def _refuse_foreign_checkpoints(args: argparse.Namespace, training: Any, source:
         except Exception as e:  # the exit (and the pod's log) still says it
             logging.getLogger("liveshard.coordinator").warning("could not report the refusal in the job's status: %s", e)
     raise refused
+
+
+def serve_metrics(metrics: Any, port: int, address: str) -> Any:
+    """``metrics`` served on ``address:port``; on a port another process holds (a second job on
+    this machine) on a free one, said in one line; None (the job trains without its metrics
+    rather than not at all) when it cannot be served."""
+    import errno
+
+    say = logging.getLogger("liveshard.coordinator").warning
+    try:
+        metrics.serve(port, address)
+        return metrics
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            say("metrics: cannot serve on %s:%d (%s); the job's Prometheus metrics are off", address, port, e)
+            return None
+    try:
+        server = metrics.serve(0, address)
+    except OSError as e:
+        say("metrics: cannot serve on %s (%s); the job's Prometheus metrics are off", address, e)
+        return None
+    say("metrics: port %d is in use; serving on %s:%d instead", port, address, server.server_port)
+    return metrics

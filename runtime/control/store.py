@@ -81,6 +81,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any
+import errno
 
 import torch.distributed as dist
 
@@ -92,11 +93,19 @@ from liveshard.runtime.errors import ConfigError
 
 
 def serve_store(host: str, port: int, timeout: float = 30.0) -> dist.TCPStore:
-    """Start the store server (the coordinator's); ``port=0`` picks a free port. A port that
-    cannot be listened on is the caller's ``--port`` (``ConfigError``, one line)."""
+    """Start the store server (the coordinator's) on ``host``; ``port=0`` picks a free port. A
+    port that cannot be listened on is the caller's ``--port`` (``ConfigError``, one line).
+
+    c10d's TCPStore server listens on every interface whatever host it is given; for an address
+    of its own (``--host 127.0.0.1``, ``$LIVESHARD_BIND``) the socket is bound here and handed to
+    it (``master_listen_fd``), so the store listens there only."""
+    listen_fd = None if host in EVERY_INTERFACE else _listen(host, port)
+    if listen_fd is not None:
+        port = listen_fd[1]
     try:
         return dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                             timeout=timedelta(seconds=timeout))
+                             timeout=timedelta(seconds=timeout),
+                             master_listen_fd=listen_fd[0] if listen_fd is not None else None)
     except dist.DistNetworkError as e:
         why = "address already in use" if "EADDRINUSE" in str(e) else str(e).splitlines()[0]
         raise ConfigError("--port", f"cannot listen on {host}:{port}: {why}",
@@ -104,6 +113,8 @@ def serve_store(host: str, port: int, timeout: float = 30.0) -> dist.TCPStore:
 
 
 def connect_store(host: str, port: int, timeout: float = 30.0) -> dist.TCPStore:
+EVERY_INTERFACE = ("", "0.0.0.0", "::")
+
     return dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
                          timeout=timedelta(seconds=timeout))
 
@@ -112,11 +123,40 @@ log = logging.getLogger("liveshard.store")
 
 
 def job_secret() -> bytes | None:
+        if listen_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(listen_fd[0])
     """The job's secret from the environment. In a pod the operator built (``LIVESHARD_ROLE``
     set) it is required: a ``ConfigError`` rather than a job anyone on the network can steer."""
     value = os.environ.get(SECRET_ENV, "")
     if not value and os.environ.get(Env.ROLE):
         raise ConfigError(SECRET_ENV, "not set: the job's store would accept values from anyone",
+def _listen(host: str, port: int) -> tuple[int, int]:
+    """A socket listening on ``host:port`` (its file descriptor, handed over, and its port)."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise ConfigError("--host", f"cannot listen on {host}: {e.strerror or e}",
+                          "give an address of this machine, or 0.0.0.0 for every interface") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as c10d's own server does
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ConfigError("--port", f"cannot listen on {host}:{port}: address already in use",
+                              "choose a free port, or 0 for any") from None
+        raise ConfigError("--host", f"cannot listen on {host}:{port}: {e.strerror or e}",
+                          "give an address of this machine, or 0.0.0.0 for every interface") from None
+    bound = int(sock.getsockname()[1])
+    return sock.detach(), bound  # the store owns the descriptor from here
+
+
                           "run the pod as the operator builds it (the job's Secret is mounted as this variable)")
     return value.encode() if value else None
 
