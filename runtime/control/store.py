@@ -67,6 +67,7 @@ valid value, which ages. The rendezvous keys under ``prefixed`` are c10d's own a
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
 import json
@@ -81,7 +82,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any
-import errno
 
 import torch.distributed as dist
 
@@ -90,6 +90,8 @@ from liveshard.runtime.contract.keys import INCARNATION_ENV, SECRET_ENV, Keys
 from liveshard.runtime.control.barrier import Backoff, wait_until
 from liveshard.runtime.control.protocol import WorldPlan
 from liveshard.runtime.errors import ConfigError
+
+EVERY_INTERFACE = ("", "0.0.0.0", "::")
 
 
 def serve_store(host: str, port: int, timeout: float = 30.0) -> dist.TCPStore:
@@ -107,30 +109,14 @@ def serve_store(host: str, port: int, timeout: float = 30.0) -> dist.TCPStore:
                              timeout=timedelta(seconds=timeout),
                              master_listen_fd=listen_fd[0] if listen_fd is not None else None)
     except dist.DistNetworkError as e:
+        if listen_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(listen_fd[0])
         why = "address already in use" if "EADDRINUSE" in str(e) else str(e).splitlines()[0]
         raise ConfigError("--port", f"cannot listen on {host}:{port}: {why}",
                           "choose a free port, or 0 for any") from None
 
 
-def connect_store(host: str, port: int, timeout: float = 30.0) -> dist.TCPStore:
-EVERY_INTERFACE = ("", "0.0.0.0", "::")
-
-    return dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
-                         timeout=timedelta(seconds=timeout))
-
-
-log = logging.getLogger("liveshard.store")
-
-
-def job_secret() -> bytes | None:
-        if listen_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(listen_fd[0])
-    """The job's secret from the environment. In a pod the operator built (``LIVESHARD_ROLE``
-    set) it is required: a ``ConfigError`` rather than a job anyone on the network can steer."""
-    value = os.environ.get(SECRET_ENV, "")
-    if not value and os.environ.get(Env.ROLE):
-        raise ConfigError(SECRET_ENV, "not set: the job's store would accept values from anyone",
 def _listen(host: str, port: int) -> tuple[int, int]:
     """A socket listening on ``host:port`` (its file descriptor, handed over, and its port)."""
     import socket
@@ -157,6 +143,20 @@ def _listen(host: str, port: int) -> tuple[int, int]:
     return sock.detach(), bound  # the store owns the descriptor from here
 
 
+def connect_store(host: str, port: int, timeout: float = 30.0) -> dist.TCPStore:
+    return dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout))
+
+
+log = logging.getLogger("liveshard.store")
+
+
+def job_secret() -> bytes | None:
+    """The job's secret from the environment. In a pod the operator built (``LIVESHARD_ROLE``
+    set) it is required: a ``ConfigError`` rather than a job anyone on the network can steer."""
+    value = os.environ.get(SECRET_ENV, "")
+    if not value and os.environ.get(Env.ROLE):
+        raise ConfigError(SECRET_ENV, "not set: the job's store would accept values from anyone",
                           "run the pod as the operator builds it (the job's Secret is mounted as this variable)")
     return value.encode() if value else None
 
