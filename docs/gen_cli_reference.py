@@ -103,8 +103,11 @@ def render_here() -> str:
     lines += [
         "## Renamed flags",
         "",
-        "One flag name has one meaning across commands. These old spellings still work (hidden from "
-        "`--help`; an error about the flag names both spellings):",
+        "One flag name has one meaning across commands (`tests/unit/test_cli_reference.py` walks every "
+        "command's parser for it). A flag is read only as spelled: no prefix of it (`--job` is not "
+        "`--jobs`). These old spellings still work until liveshard 0.3, with one warning line (hidden "
+        "from `--help`; an error about the flag names both spellings); the old and the new spelling "
+        "given together are refused (exit 2):",
         "",
         "| command | old spelling | flag |",
         "|---|---|---|",

@@ -248,7 +248,7 @@ def test_local_cluster_up_down_with_kubectl(tmp_path):
     kubectl = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
     workdir = tmp_path / "lc"
     cli = [sys.executable, "-m", "liveshard.runtime.cli", "local-cluster"]
-    up = subprocess.Popen([*cli, "up", "--nodes", "2", "--dir", str(workdir)], stdout=subprocess.PIPE,
+    up = subprocess.Popen([*cli, "up", "--nodes", "2", "--workdir", str(workdir)], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     try:
         first = up.stdout.readline()
@@ -278,7 +278,7 @@ def test_local_cluster_up_down_with_kubectl(tmp_path):
         assert out.strip() == "1", k("get", "etj,pods", "-o", "wide")
         pods = k("get", "pods", "-o", "jsonpath={range .items[*]}{.metadata.name}={.spec.nodeName} {end}")
         assert f"{worker(0)}=gpu-0" in pods  # not on the tainted node
-        down = subprocess.run([*cli, "down", "--dir", str(workdir)], capture_output=True, text=True, timeout=150)
+        down = subprocess.run([*cli, "down", "--workdir", str(workdir)], capture_output=True, text=True, timeout=150)
         if down.returncode != 0:
             up.kill()
             pytest.fail(f"down: {down.stdout}{down.stderr}\nup: {up.communicate()[0][-3000:]}")

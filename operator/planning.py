@@ -239,10 +239,37 @@ def _try_plan(o: Observation, candidates: list[Candidate], current: StatusPlan |
     running = current if current is not None and not current.is_stop else None
     lost = [m for m in running.members if is_lost(o, m)] if running else []
     try:
-        return plan_for(spec, candidates, running.config if running else "",
-                        running.members if running else (), lost), None
+        assignment = plan_for(spec, candidates, running.config if running else "",
+                              running.members if running else (), lost)
     except NoFeasiblePlan as e:
         return None, f"no feasible plan: {e}"
+    return _keeping_members(o, candidates, running, lost, assignment), None
+
+
+def _keeping_members(o: Observation, candidates: list[Candidate], running: StatusPlan | None, lost: list[str],
+                     assignment: PodAssignment) -> PodAssignment:
+    """``assignment``, or one that keeps every running member still a candidate: a plan moves
+    the pods a signal names (a notice, a loss), never a healthy member the planner would rather
+    swap for a standby (a faster one, say): that member would restart for nothing. The
+    standbys fill what fits around the members: the planner's world over the members and the
+    most standbys (in candidate order) with which it keeps them all. A world too small for
+    them all (a spec that shrank it) stays as planned."""
+    pods = {c.pod for c in candidates}
+    members = [m for m in (running.members if running else ()) if m in pods and m not in lost]
+    if set(members) <= set(assignment.members) or len(assignment.members) < len(members):
+        return assignment
+    assert running is not None
+    standbys = [c for c in candidates if c.pod not in members]
+    kept = [c for c in candidates if c.pod in members]
+    for k in range(len(standbys) - 1, -1, -1):
+        try:
+            other = plan_for(o.spec, kept + standbys[:k], running.config, running.members, lost)
+        except NoFeasiblePlan:
+            continue
+        if set(members) <= set(other.members):
+            return other
+    return assignment
+
 
 
 def write_plan(o: Observation, out: Outputs, old: StatusPlan | None, nxt: NextPlan,
@@ -260,7 +287,7 @@ def write_plan(o: Observation, out: Outputs, old: StatusPlan | None, nxt: NextPl
         micro_batches=micro_batches(o.spec, new.plan),
         step_seconds=round(float(new.plan.step_seconds), 6),
         tokens_per_second=round(float(new.plan.tokens_per_second), 3),
-        explanation=tuple(new.plan.explanation)[:12],
+        explanation=_with_device(o, new)[:12],
         member_uids={m: o.by_name[m].uid for m in (*new.members, *old_members)
                      if m in o.by_name and o.by_name[m].uid})
     _record_plan(o, out, old, plan)
@@ -268,6 +295,28 @@ def write_plan(o: Observation, out: Outputs, old: StatusPlan | None, nxt: NextPl
     out.event("Normal", "Replanned", f"generation {gen}: {new.config} on {new.world_size} GPUs "
               f"({len(new.members)} pods); {nxt.text}{standby}")
     return plan
+
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU feature discovery: the GPU model of a node
+
+
+def _with_device(o: Observation, new: PodAssignment) -> tuple[str, ...]:
+    """The plan's explanation, saying whose figures its prediction (``stepSeconds``,
+    ``tokensPerSecond``) uses where the members' nodes are not of that GPU (no GPU model
+    labelled: CPU nodes advertising ``nvidia.com/gpu``, or another model)."""
+    from liveshard.runtime.planner.cost_model import Hardware
+
+    figures = Hardware().name
+    nodes = {o.by_name[m].node for m in new.members if m in o.by_name}
+    products = sorted({(o.node_labels.get(n) or {}).get(GPU_PRODUCT_LABEL) or "" for n in nodes})
+    head, *rest = new.plan.explanation or ("",)
+    if products and all(figures.lower() in p.lower() for p in products):
+        return tuple(new.plan.explanation)
+    devices = ("no GPU model (no " + GPU_PRODUCT_LABEL + " label: a CPU job runs far slower)") if products == [""] \
+        else ", ".join(p or "no GPU model" for p in products)
+    note = (f"stepSeconds and tokensPerSecond are GPU figures ({figures}), not a measurement: the nodes report "
+            f"{devices}; status.progress.tokensPerSecond is measured")
+    return (head, note, *rest)
 
 
 def write_stop(o: Observation, out: Outputs, old: StatusPlan | None, nxt: NextPlan,

@@ -58,10 +58,41 @@ _EXTRA_OF = {"torch": "runtime", "megatron": "runtime", "numpy": "runtime", "psu
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, whose usage errors are one line naming the flag and the fix, exit 2, like every
-    other bad input (argparse's own print the whole usage first)."""
+    other bad input (argparse's own print the whole usage first). A flag is read only as it is
+    spelled (no prefixes: ``--job`` is not ``--jobs``), and one flag given in its old and new
+    spellings (``alias``) is refused, not decided by the order."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {_one_line(message)} (fix: see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        self._refuse_two_spellings(sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _refuse_two_spellings(self, argv: list[str]) -> None:
+        given: dict[int, list[str]] = {}
+        for token in argv:
+            if token == "--":
+                break
+            flag = token.partition("=")[0]
+            action = self._option_string_actions.get(flag) if flag.startswith("--") else None
+            if action is not None and getattr(action, "aliases", ()):
+                spellings = given.setdefault(id(action), [])
+                if flag not in spellings:
+                    spellings.append(flag)
+        for spellings in given.values():
+            if len(spellings) > 1:
+                new = next((f for f in spellings if f not in self._aliases_of(f)), spellings[-1])
+                old = [f for f in spellings if f != new]
+                self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {' and '.join([*old, new])} are one flag "
+                                          f"({', '.join(old)}: its old spelling) (fix: give only {new})\n")
+
+    def _aliases_of(self, flag: str) -> tuple[str, ...]:
+        return tuple(getattr(self._option_string_actions[flag], "aliases", ()))
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -86,6 +117,16 @@ def alias(parser: argparse.ArgumentParser, flag: str, *old: str) -> None:
         parser._option_string_actions[name] = action
         action.option_strings.append(name)
     action.aliases = (*getattr(action, "aliases", ()), *old)  # type: ignore[attr-defined]
+
+
+# ``--preallocate`` in every command that has it (worker, run-local, reshard-local): who allocates
+# its new tensors ahead of a transfer; a bare ``--preallocate`` is ``--preallocate all``.
+PREALLOCATE_CHOICES = ("auto", "all", "joiners")
+
+
+def add_preallocate(p: argparse.ArgumentParser, default: str | None, help_text: str) -> None:
+    p.add_argument("--preallocate", choices=PREALLOCATE_CHOICES, nargs="?", const="all", default=default,
+                   help=f"{help_text} (a bare --preallocate: all)")
 
 
 def byte_size(flag: str) -> Callable[[str], int]:

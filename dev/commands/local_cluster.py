@@ -28,10 +28,14 @@ DEFAULT_DIR = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp") / "liveshard-loc
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=("up", "down"), help="start the cluster, or stop the one started from --dir")
+    from liveshard.runtime.cli import alias
+
+    p.add_argument("action", choices=("up", "down"), help="start the cluster, or stop the one started from --workdir")
     p.add_argument("--nodes", type=int, default=4, help="fake GPU nodes (1 GPU = 1 CPU worker process each)")
     p.add_argument("--gpus-per-node", type=int, default=1, help="fake GPUs per node (default 1)")
-    p.add_argument("--dir", default=str(DEFAULT_DIR), help=f"kubeconfig, pid file and logs (default {DEFAULT_DIR})")
+    p.add_argument("--workdir", dest="dir", default=str(DEFAULT_DIR),
+                   help=f"kubeconfig, pid file and logs (default {DEFAULT_DIR})")
+    alias(p, "--workdir", "--dir")
     p.add_argument("--kubeconfig", metavar="FILE",
                    help="use the API server of this kubeconfig instead of the emulator: the node agent adds "
                         "its nodes there (liveshard-local-*) and runs liveshard's pods on them as processes here")
@@ -56,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     kubeconfig = getattr(args, "kubeconfig", None)
     if kubeconfig is not None and not Path(kubeconfig).is_file():
         raise ConfigError("--kubeconfig", f"{kubeconfig} is not a file", "give the kubeconfig of the API server to use")
-    _claim(pid_file)  # before anything starts: two `up`s on one --dir cannot both run
+    _claim(pid_file)  # before anything starts: two `up`s on one --workdir cannot both run
     cluster = LocalCluster(workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, kubeconfig=kubeconfig,
                            operator=getattr(args, "operator", True))
     stopping = False
@@ -82,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"API server: {cluster.server}; nodes: {', '.join(names)}", flush=True)
         print(f"sample job: kubectl --kubeconfig {cluster.kubeconfig} apply -f {workdir / 'job.yaml'}",
               flush=True)
-        print(f"logs: {workdir / 'logs'}; stop with Ctrl-C or `liveshard local-cluster down --dir {workdir}`",
+        print(f"logs: {workdir / 'logs'}; stop with Ctrl-C or `liveshard local-cluster down --workdir {workdir}`",
               flush=True)
         while not stopping and cluster.operator_alive():
             time.sleep(0.3)
@@ -108,16 +112,16 @@ def _claim(pid_file: Path) -> None:
             except (OSError, ValueError):
                 other = 0
             if other and _alive(other):
-                raise ConfigError("--dir", f"a local cluster already runs from {pid_file.parent} (pid {other})",
-                                  f"run `liveshard local-cluster down --dir {pid_file.parent}` or pick another "
-                                  "--dir") from None
+                raise ConfigError("--workdir", f"a local cluster already runs from {pid_file.parent} (pid {other})",
+                                  f"run `liveshard local-cluster down --workdir {pid_file.parent}` or pick another "
+                                  "--workdir") from None
             with contextlib.suppress(FileNotFoundError):
                 pid_file.unlink()  # stale: its process is gone
             continue
         with os.fdopen(fd, "w") as f:
             f.write(str(os.getpid()))
         return
-    raise ConfigError("--dir", f"{pid_file} keeps reappearing", "another `local-cluster up` is starting there")
+    raise ConfigError("--workdir", f"{pid_file} keeps reappearing", "another `local-cluster up` is starting there")
 
 
 def _alive(pid: int) -> bool:
@@ -136,8 +140,8 @@ def _down(pid_file: Path) -> int:
     from liveshard.runtime.errors import ConfigError
 
     if not pid_file.exists():
-        raise ConfigError("--dir", f"no local cluster runs from {pid_file.parent} (no {pid_file.name})",
-                          "pass the --dir given to `local-cluster up`")
+        raise ConfigError("--workdir", f"no local cluster runs from {pid_file.parent} (no {pid_file.name})",
+                          "pass the --workdir given to `local-cluster up`")
     pid = int(pid_file.read_text().strip() or 0)
     if not _alive(pid):
         pid_file.unlink()

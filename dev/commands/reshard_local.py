@@ -11,7 +11,7 @@ from liveshard.runtime.errors import ConfigError
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from liveshard.runtime.cli import alias
+    from liveshard.runtime.cli import add_preallocate, alias
 
     add_transition_args(p)
     p.add_argument("--procs", type=int, required=True, help="processes to spawn: old world + joiners")
@@ -22,9 +22,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="checksum every piece at both ends, and check every new shard bit for bit "
                         "against the reference; exit 0 only if all match")
     p.add_argument("--repeat", type=int, default=1, help="run the transfer this many times (timing)")
-    p.add_argument("--preallocate", action="store_true",
-                   help="allocate and touch the new tensors before each timed transfer, as a live job "
-                        "does while it still trains (timed apart: prepare_seconds)")
+    add_preallocate(p, None, "who allocates and touches its new tensors before each timed transfer, as a live "
+                             "job does while it still trains (timed apart: prepare_seconds): joiners, all "
+                             "members, or auto (all: gloo runs on the CPU); default: nobody")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before the run is abandoned")
 
 

@@ -23,13 +23,13 @@ from liveshard.runtime.commands import training_args
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from liveshard.runtime.cli import alias
+    from liveshard.runtime.cli import add_preallocate, alias
 
     training_args.add_arguments(p)
     alias(p, "--train-iters", "--steps")
     p.add_argument("--procs", dest="workers", type=int, default=None, metavar="N",
-                   help="training processes (one per emulated GPU) at the start (default: the job's workers.max x "
-                        "gpusPerWorker)")
+                   help="training processes (one per emulated GPU) at the start (default: the job's workers.replicas "
+                        "x gpusPerWorker, the operator's first pods)")
     alias(p, "--procs", "--workers")
     p.add_argument("--parallel", default=None,
                    help="the starting config, e.g. tp=2,pp=1,dp=2 (default: the planner's choice for --procs)")
@@ -40,8 +40,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "load a checkpoint (default live)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="periodic checkpoint interval (steps)")
     p.add_argument("--verify", action="store_true", help="checksum every transferred region")
-    p.add_argument("--preallocate", choices=("auto", "all", "joiners"), default="auto",
-                   help="which workers allocate their new tensors while training goes on (liveshard worker)")
+    add_preallocate(p, "auto", "who allocates its new tensors while training goes on: joiners, all members, "
+                               "or auto (all on CPU, joiners on GPU; liveshard worker)")
     p.add_argument("--build-world-ahead", choices=("auto", "on", "off"), default="auto",
                    help="new members connect the next world's communicators while training goes on (liveshard worker)")
     p.add_argument("--workdir", default=None, help="logs, checkpoints and per-worker results")
@@ -71,31 +71,48 @@ MAX_LOCAL_WORKERS = 256  # processes of one local run (each imports megatron and
 
 
 def _start_config(args: argparse.Namespace, spec, training, workers: int) -> str:
-    """``--parallel``, else the planner's choice for ``workers`` processes under the job's constraints."""
+    """``--parallel``, else the planner's choice for ``workers`` processes: with ``--job``, the
+    operator's own call (``planner.pods.plan_for`` on the job's spec, flags applied), so the
+    config and the processes left standing by are the ones the operator would plan on as many
+    GPUs; without, ``plan_world`` under the flags' batch."""
     if args.parallel:
         return args.parallel
-    from liveshard.runtime.planner import GPU, Constraints, plan_world
-
-    tp = pp = None
-    min_dp, dist_opt = 1, True
-    if args.job_file:
-        from liveshard.runtime.contract.jobspec import read_spec
-
-        raw = training_args.read_job_file(args.job_file).raw["spec"]
-        par = read_spec({**raw, "image": raw.get("image") or "local"}).parallelism
-        tp, pp, min_dp, dist_opt = par.tp, par.pp, par.min_dp, par.dist_opt
     from liveshard.runtime.errors import ConfigError
+    from liveshard.runtime.planner import GPU, Constraints, plan_world
     from liveshard.runtime.planner.search import NoFeasiblePlan
 
-    gpus = [GPU(id=f"w{i}", node="local", memory_bytes=80 << 30) for i in range(workers)]
     try:
-        plan = plan_world(spec, gpus, Constraints(tp=tp, pp=pp, global_batch=training.global_batch,
-                                                  micro_batch=training.micro_batch, min_dp=min_dp,
-                                                  dist_opt=dist_opt))
+        if args.job_file:
+            plan = _operator_plan(args.job_file, spec, training, workers).plan
+        else:
+            gpus = [GPU(id=f"w{i}", node="local", memory_bytes=80 << 30) for i in range(workers)]
+            plan = plan_world(spec, gpus, Constraints(global_batch=training.global_batch,
+                                                      micro_batch=training.micro_batch))
     except NoFeasiblePlan as e:
-        raise ConfigError("--workers", f"no parallel config fits {workers} worker(s): {e}",
-                          "give --parallel, or another number of --workers") from None
+        raise ConfigError("--procs", f"no parallel config fits {workers} worker(s): {e}",
+                          "give --parallel, or another number of --procs") from None
     return str(plan.config)
+
+
+def _operator_plan(job_file: str, spec, training, workers: int):
+    """The operator's first plan for the job in ``job_file`` (``operator.planning`` calls the same
+    ``plan_for``) on ``workers`` GPUs in pods of ``spec.workers.gpusPerWorker`` (one GPU each where
+    ``workers`` is not a whole number of pods), each on a node of its own with the job's
+    ``gpuMemory``."""
+    from dataclasses import replace
+
+    from liveshard.runtime.contract.jobspec import read_spec
+    from liveshard.runtime.planner.pods import Candidate, plan_for
+
+    raw = training_args.read_job_file(job_file).raw["spec"]
+    job = read_spec({**raw, "image": raw.get("image") or "local"})
+    job = replace(job, model=spec, training=training)  # the flags' overrides
+    if workers % job.workers.gpus_per_worker:
+        job = replace(job, workers=replace(job.workers, gpus_per_worker=1))
+    pods = workers // job.workers.gpus_per_worker
+    if pods > job.workers.max:  # more processes than the job's pods: as many as the operator plans on
+        job = replace(job, workers=replace(job.workers, max=pods))
+    return plan_for(job, [Candidate(pod=f"w{i}", node=f"local-{i}") for i in range(pods)])
 
 
 def prepare(args: argparse.Namespace):
@@ -114,7 +131,7 @@ def prepare(args: argparse.Namespace):
         if not args.job_file:
             raise ConfigError("--workers", "is required without --job", "give the number of local workers")
         job = training_args.read_job_file(args.job_file)
-        workers = job.workers_max * job.gpus_per_worker
+        workers = job.workers_replicas * job.gpus_per_worker  # the pods the operator starts
     if workers < 1:
         raise ConfigError("--workers", f"must be >= 1, got {workers}", "give the number of local workers")
     if workers > MAX_LOCAL_WORKERS:
@@ -180,6 +197,27 @@ def _job_checkpointing(job_file: str) -> dict[str, Any]:
     return out
 
 
+def _run_in_workdir(run_spec, run_local) -> dict:
+    """``run_local(run_spec)``; without --workdir, in a directory of its own in the system's temp
+    directory that goes with the run, failed or not (a failure says so: its logs went too)."""
+    if run_spec.workdir is not None:
+        return run_local(run_spec)
+    import dataclasses
+    import shutil
+    import tempfile
+
+    workdir = tempfile.mkdtemp(prefix="liveshard-run-")
+    try:
+        return run_local(dataclasses.replace(run_spec, workdir=workdir))
+    except BaseException:
+        if run_spec.log is not None:  # not --quiet
+            print(f"liveshard run-local: the run's logs were in {workdir}, removed with it; give --workdir DIR "
+                  "to keep them", file=sys.stderr)
+        raise
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def run(args: argparse.Namespace) -> int:
     # megatron-core warns at import that Apex / TransformerEngine kernels are missing: a matter
     # for the workers' training (their logs say it), noise on this console
@@ -189,10 +227,14 @@ def run(args: argparse.Namespace) -> int:
 
     run_spec = prepare(args)
     if args.check:
+        from liveshard.runtime.parallel import ParallelConfig
+
+        spare = run_spec.workers - ParallelConfig.parse(run_spec.parallel).world_size
         print(f"{args.job_file or 'the run'} is valid: {run_spec.spec.name}, {run_spec.workers} workers starting as "
-              f"{run_spec.parallel}, {run_spec.steps} steps, {len(run_spec.events)} event(s); nothing was started")
+              f"{run_spec.parallel}{f' ({spare} standing by)' if spare else ''}, {run_spec.steps} steps, "
+              f"{len(run_spec.events)} event(s); nothing was started")
         return 0
-    report = run_local(run_spec)
+    report = _run_in_workdir(run_spec, run_local)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     for e in report["events"]:

@@ -40,7 +40,10 @@ class LocalJob:
     release_old: bool = False
     repeat: int = 1  # timed executions (the first one is reported as cold)
     direct_min_bytes: int | None = None  # executor default unless set
-    preallocate: bool = False  # allocate and touch the new tensors before each timed transfer
+    # who allocates and touches its new tensors before each timed transfer, as the worker's
+    # --preallocate: None/False nobody, "all" (or True, or "auto": gloo runs on the CPU) every
+    # member, "joiners" only the devices joining
+    preallocate: bool | str | None = None
 
     def spec(self) -> ModelSpec:
         return self.model if isinstance(self.model, ModelSpec) else load_model(self.model)
@@ -86,7 +89,7 @@ def run_rank(rank: int, world: int, job: LocalJob) -> dict:
     dest_used = True
     for _ in range(max(1, job.repeat)):
         destinations = None
-        if job.preallocate:  # what a live job does while it still trains; timed apart
+        if _preallocates(job.preallocate, member, is_old):  # what a live job does while it trains; timed apart
             result = None  # the previous repeat's tensors go first, as they would in a job
             t0 = time.perf_counter()
             destinations = allocate_destinations(plan, rank) if member else LocalShards()
@@ -133,3 +136,12 @@ def _check_objects(plan, new_rank: int, objects: dict) -> list[str]:
         if not isinstance(got, dict) or got["owner"] != want["owner"] or not torch.equal(got["state"], want["state"]):
             errors.append(f"{name}: not the state of old rank {expect_src[name]}")
     return errors
+
+
+def _preallocates(mode: bool | str | None, member: bool, is_old: bool) -> bool:
+    """Whether this process allocates its new tensors ahead (``LocalJob.preallocate``)."""
+    if mode in (None, False):
+        return False
+    if mode == "joiners":
+        return member and not is_old
+    return member  # True, "all", "auto"

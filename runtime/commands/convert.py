@@ -30,10 +30,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", default=None, metavar="CFG",
                    help="import: the layout to write, e.g. tp=2,pp=2 (default: pp over --procs processes)")
     p.add_argument("--procs", type=int, default=None, metavar="N",
-                   help="local processes (import: the layout's world size; export: parallel file writers)")
+                   help="local processes doing the conversion (default 1): an import runs one per rank of the "
+                        "layout it writes (--procs N alone: pp=N), an export shares the files among them")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
-                   help="import: the model's parameter dtype (default: the config.json's); "
-                        "export: the safetensors dtype (default: the checkpoint's)")
+                   help="dtype of the weights written (default: the source's): the checkpoint's parameters "
+                        "(import) or the safetensors (export)")
     p.add_argument("--model", default=None, metavar="PRESET|FILE|hf:CONFIG_DIR",
                    help="export: the checkpoint's model when its liveshard.json does not record it "
                         "(Megatron-LM checkpoints)")
@@ -134,8 +135,8 @@ def _export(args: argparse.Namespace, source: str, target: str) -> int:
     if spec is None:
         raise ConfigError("--model", f"{source} does not record its model (no liveshard.json)",
                           "pass --model PRESET|FILE or --model hf:DIR (a config.json)")
-    if args.procs is not None and args.parallel:
-        raise ConfigError("--parallel", "is for import; an export reads any layout")
+    if args.parallel:
+        raise ConfigError("--parallel", "is for import; an export reads any layout", "leave --parallel out")
     run_export(source, spec, target, procs=args.procs or 1, dtype=args.dtype,
                max_shard_bytes=max_shard_bytes, tokenizer=args.tokenizer)
     print(f"exported {spec.name} from {source} to {target}")

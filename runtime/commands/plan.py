@@ -43,7 +43,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "parallelism and workers (max x gpusPerWorker GPUs, gpuMemory) are the defaults below")
     p.add_argument("--model", help="preset name or YAML file of ModelSpec fields (required without --job)")
     p.add_argument("--gpus", type=int, help="number of GPUs (required without --job; with it: workers.max x gpusPerWorker)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs sharing NVLink (default 8)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, sharing NVLink (default 8)")
     p.add_argument("--gpu-memory", metavar="SIZE", help=f"memory per GPU, e.g. 80GiB, 141GB (default: the job's gpuMemory, "
                                         f"else {DEFAULT_GPU_MEMORY})")
     p.add_argument("--speeds", help="YAML/JSON mapping GPU index, GPU id (node-K/I) or node name to relative speed")
@@ -278,7 +278,9 @@ def _print(spec: ModelSpec, args: argparse.Namespace, plan: ParallelPlan, second
     cfg = plan.config
     print(f"plan for {spec.name} on {args.gpus} GPUs ({args.gpus_per_node} per node, {args.gpu_memory} each): {cfg}")
     print(f"  sequence length {args.seq_length} tokens: {seq_source}")
-    print(f"  {fmt(plan.step_seconds)} per step, {plan.tokens_per_second:,.0f} tokens/s, "
+    from liveshard.runtime.planner.cost_model import Hardware
+
+    print(f"  {fmt(plan.step_seconds)} per step, {plan.tokens_per_second:,.0f} tokens/s ({Hardware().name} figures), "
           f"fullest GPU {plan.memory_bytes_per_gpu / 2**30:.1f} GiB, planned in {seconds * 1e3:.0f} ms")
     print("why:")
     for line in plan.explanation:

@@ -37,6 +37,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="default: sentencepiece for a .model path, else huggingface")
     p.add_argument("--output-prefix", metavar="PREFIX",
                    help="writes PREFIX.bin and PREFIX.idx (directories are created)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace PREFIX.bin and PREFIX.idx where they exist (default: refuse)")
     p.add_argument("--json-key", default="text", help="the key holding each document's text (default: text)")
     from liveshard.runtime.cli import alias
 
@@ -72,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(flag, e.problem, e.fix) from None
     try:
         summary = prepare(args.input, tokenizer, args.output_prefix, json_key=args.json_key,
-                          workers=args.workers, append_eod=args.append_eod, progress=not args.no_progress)
+                          workers=args.workers, append_eod=args.append_eod, progress=not args.no_progress,
+                          overwrite=args.overwrite)
     except KeyboardInterrupt:
         print("liveshard prepare-data: interrupted; nothing written", file=sys.stderr)
         return 130

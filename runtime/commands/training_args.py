@@ -31,6 +31,7 @@ class JobFile:
     name: str
     raw: dict[str, Any]
     workers_max: int
+    workers_replicas: int  # the pods the operator starts: spec.workers.replicas, else max
     gpus_per_worker: int
 
 
@@ -78,8 +79,10 @@ def read_job_file(path: str) -> JobFile:
             print(f"warning: {path}: {line}", file=sys.stderr)
     workers = spec.get("workers") if isinstance(spec.get("workers"), dict) else {}
     meta = job.get("metadata") if isinstance(job.get("metadata"), dict) else {}
-    return JobFile(name=str(meta.get("name") or "job"), raw=job,
-                   workers_max=_count(workers, "max", 1), gpus_per_worker=_count(workers, "gpusPerWorker", 8))
+    workers_max = _count(workers, "max", 1)
+    return JobFile(name=str(meta.get("name") or "job"), raw=job, workers_max=workers_max,
+                   workers_replicas=_count(workers, "replicas", workers_max),
+                   gpus_per_worker=_count(workers, "gpusPerWorker", 8))
 
 
 def _count(workers: dict[str, Any], key: str, default: int) -> int:

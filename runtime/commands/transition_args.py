@@ -16,7 +16,7 @@ from liveshard.runtime.vps.transition import InvalidDeviceOrder, NoSurvivingCopy
 
 
 def add_transition_args(p: argparse.ArgumentParser) -> None:
-    from liveshard.runtime.cli import alias
+    from liveshard.runtime.cli import alias, byte_size
 
     p.add_argument("--model", required=True, help="preset name or YAML file of ModelSpec fields")
     p.add_argument("--from-parallel", dest="old", required=True, metavar="CFG",
@@ -28,11 +28,10 @@ def add_transition_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dead", default="", help="old devices lost without notice (cannot serve as sources)")
     p.add_argument("--join", type=int, default=0, help="devices joining, numbered after the old ones, on new nodes")
     p.add_argument("--gpus-per-node", type=int, default=8, help="devices per node (default 8)")
-    # read by resolve() with the same parse_bytes as the worker's --budget (a bad one: a ConfigError),
-    # and the worker's default: the plan is the one a worker would carry out
-    p.add_argument("--budget", default=str(Defaults.STAGING_BUDGET), metavar="SIZE",
+    # read as the worker's --budget, with its default: the plan is the one a worker would carry out
+    p.add_argument("--budget", type=byte_size("--budget"), default=Defaults.STAGING_BUDGET, metavar="SIZE",
                    help="staging bytes per device per round: bytes or a size, e.g. 64MiB, 1GiB "
-                        "(default 64MiB, the worker's --budget)")
+                        f"(default {Defaults.STAGING_BUDGET >> 20}MiB, the worker's --budget)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -22,7 +22,7 @@ from liveshard.runtime.contract.env import Defaults, Env
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from liveshard.runtime.cli import alias, byte_size
+    from liveshard.runtime.cli import add_preallocate, alias, byte_size
 
     p.add_argument("--id", default=None,
                    help="worker id (default: $LIVESHARD_POD_NAME, $POD_NAME or hostname, plus /$LOCAL_RANK); "
@@ -43,9 +43,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="staging bytes per rank during a transfer: bytes or a size, e.g. 64MiB, 1GiB "
                         f"(default {Defaults.STAGING_BUDGET >> 20}MiB)")
     p.add_argument("--verify", action="store_true", help="checksum every transferred region")
-    p.add_argument("--preallocate", choices=("auto", "all", "joiners"), default="auto",
-                   help="who allocates its new tensors while training goes on: joiners, all members, "
-                        "or auto (all on CPU, joiners on GPU)")
+    add_preallocate(p, "auto", "who allocates its new tensors while training goes on: joiners, all members, "
+                               "or auto (all on CPU, joiners on GPU)")
     p.add_argument("--build-world-ahead", choices=("auto", "on", "off"), default="auto",
                    help="a new member connects the next training world's communicators while training goes "
                         "on (on), or at the commit (off); auto: on (NCCL and gloo), at the commit where megatron's groups "

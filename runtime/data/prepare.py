@@ -88,12 +88,18 @@ class PrepareSummary:
 
 
 def prepare(inputs: list[str], tokenizer: Tokenizer, output_prefix: str, json_key: str = "text",
-            workers: int = 1, append_eod: bool = False, progress: bool = True) -> PrepareSummary:
-    """Tokenize ``inputs`` into ``output_prefix.bin`` / ``.idx``; bad input is a ``ConfigError``."""
+            workers: int = 1, append_eod: bool = False, progress: bool = True,
+            overwrite: bool = False) -> PrepareSummary:
+    """Tokenize ``inputs`` into ``output_prefix.bin`` / ``.idx``; bad input is a ``ConfigError``,
+    and so is a dataset already there unless ``overwrite``."""
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
     start = time.perf_counter()
     _check_arguments(inputs, output_prefix, json_key, workers)
+    existing = [p for p in (output_prefix + ".bin", output_prefix + ".idx") if os.path.exists(p)]
+    if existing and not overwrite:
+        raise ConfigError("--output-prefix", f"{' and '.join(existing)} already exist{'s' if len(existing) == 1 else ''}",
+                          "give --overwrite to replace the dataset, or another --output-prefix")
     dtype = DType.optimal_dtype(tokenizer.vocab_size)
     eod = tokenizer.eod if append_eod else None
     bin_path, idx_path = output_prefix + ".bin", output_prefix + ".idx"

@@ -29,6 +29,7 @@ from liveshard.runtime.spec import ModelSpec
 class Hardware:
     """The cost model's constants. Defaults: H100 SXM, NVLink within a node, 400 Gb/s per GPU."""
 
+    name: str = "H100"  # the device these figures are of: every prediction says so
     peak_flops: float = 989e12  # dense bf16/fp16 tensor-core FLOP/s of a speed-1.0 GPU
     peak_flops_fp32: float = 494e12  # TF32, for fp32 models
     mfu: float = 0.45  # share of peak the matmuls reach

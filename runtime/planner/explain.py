@@ -128,7 +128,7 @@ def explain(search: _Search, p: _Priced, runner: _Priced | None, cfg: ParallelCo
     terms = dict(p.terms)
     lines = [
         f"{cfg} on {p.world} of {search.n} GPUs ({search.n - p.world} standby): "
-        f"{seconds(p.step)} per step, {c.global_batch * search.seq / p.step:,.0f} tokens/s "
+        f"{seconds(p.step)} per step, {c.global_batch * search.seq / p.step:,.0f} tokens/s from {hw.name} figures "
         f"({c.global_batch} x {search.seq}-token sequences; {f.m} micro-batch{'es' if f.m != 1 else ''} "
         f"of {c.micro_batch} per DP rank)",
     ]

@@ -420,6 +420,24 @@ def test_kubectl_get_shows_the_printer_columns_and_describe_only_this_jobs_event
 
 
 @needs_kubectl
+def test_kubectl_words_a_refused_job_as_the_real_server_makes_it_say(kubeconfig, tmp_path):
+    """A 422 names the object and splits each cause into field and message (details.kind,
+    details.name, causes[].field), so kubectl says ``The ElasticTrainingJob "x" is invalid:
+    spec...``, as against a real kube-apiserver, not ``The request is invalid: : spec...``."""
+    import yaml
+
+    body = job_body("bad422", "k422")
+    body["spec"]["workers"] = {"max": 2, "min": 3, "gpusPerWorker": 1}  # a CEL rule on spec.workers
+    manifest = tmp_path / "bad.yaml"
+    manifest.write_text(yaml.safe_dump(body))
+    done = kubectl(kubeconfig, "apply", "-f", str(manifest), check=False)
+    assert done.returncode != 0
+    assert done.stderr.startswith('The ElasticTrainingJob "bad422" is invalid: spec.workers: Invalid value: '), \
+        done.stderr
+    assert "request is invalid" not in done.stderr and ": : " not in done.stderr
+
+
+@needs_kubectl
 def test_kubectl_logs_prints_the_text_and_delete_waits_without_errors(kube, core, kubeconfig, tmp_path):
     ns = "klogs"
     log_file = tmp_path / "main.log"

@@ -88,18 +88,28 @@ RENAMED = [
     ("worker", "--max-steps", "5", "--stop-at-step", "max_steps"),
     ("demo", "--out", "d", "--workdir", "out"),
     ("prepare-data", "--workers", "4", "--jobs", "workers"),
+    ("local-cluster", "--dir", "/tmp/lc", "--workdir", "dir"),
 ]
 _REQUIRED = {"plan-transition": ["--model", "m", "--from-parallel", "tp=1", "--to-parallel", "tp=1"],
-             "reshard-local": ["--model", "m", "--from-parallel", "tp=1", "--to-parallel", "tp=1", "--procs", "1"]}
+             "reshard-local": ["--model", "m", "--from-parallel", "tp=1", "--to-parallel", "tp=1", "--procs", "1"],
+             "local-cluster": ["up"]}
+
+
+def _without(args: list[str], flag: str) -> list[str]:
+    """``args`` without ``flag`` and its value (a required flag given in its old spelling instead)."""
+    if flag not in args:
+        return args
+    i = args.index(flag)
+    return args[:i] + args[i + 2:]
 
 
 @pytest.mark.parametrize(("command", "old", "value", "flag", "dest"), RENAMED)
 def test_old_spellings_still_work(command, old, value, flag, dest):
     parser = build_parser()
-    base = [command, *_REQUIRED.get(command, [])]
+    base = [command, *_without(_REQUIRED.get(command, []), flag)]
     with_old = parser.parse_args([*base, old, value])
     with_new = parser.parse_args([*base, flag, value])
-    assert getattr(with_old, dest) == getattr(with_new, dest) != parser.parse_args(base).__dict__.get(dest)
+    assert getattr(with_old, dest) == getattr(with_new, dest) and str(getattr(with_new, dest)) == value
 
 
 def test_old_spellings_of_required_flags_satisfy_them():
@@ -143,3 +153,113 @@ def test_errors_about_a_renamed_flag_name_both_spellings(tmp_path):
     r = run_cli("run-local", "--mock-data", "--model", "tiny-gpt", "--workers", "0", "--check",
                 "--workdir", str(tmp_path))
     assert r.returncode == 2 and "--procs/--workers" in r.stderr, r.stderr
+
+
+# ---- every flag name, one meaning -----------------------------------------------------------------
+# Each flag name more than one command takes, with the words its help says in every one of them:
+# one meaning, written down. A new shared flag (or a new command taking one) fails
+# test_a_flag_name_has_one_meaning_in_every_command until it is listed here with the meaning it
+# shares, or gets a name of its own.
+SHARED_MEANINGS = {
+    "--adaptive": "slow", "--adaptive-horizon": "pay for itself", "--adaptive-min-gain": "saving",
+    "--adaptive-probation": "set aside", "--adaptive-threshold": "slow", "--adaptive-window": "speed estimate",
+    "--budget": "staging bytes", "--build-world-ahead": "communicators", "--checkpoint-dir": "checkpoint",
+    "--checkpoint-every": "checkpoint", "--data-prefix": "indexed dataset", "--dead": "lost without notice",
+    "--from-parallel": "old parallel config", "--global-batch": "sequences per", "--gpus-per-node": "per node",
+    "--job": "ElasticTrainingJob manifest", "--job-name": "the job's name", "--join": "joining", "--json": "JSON",
+    "--kubeconfig": "kubeconfig", "--leave": "leaving", "--lr": "learning rate",
+    "--metrics-address": "address the metrics port listens on", "--metrics-port": "metrics",
+    "--micro-batch": "per micro-batch", "--mock-data": "synthetic", "--model": "model",
+    "--namespace": "namespace", "--no-progress": "progress bar", "--parallel": "tp=",
+    "--preallocate": "allocate", "--precision": "dtype", "--procs": "processes", "--result": "(JSON",
+    "--seed": "random seed", "--seq-length": "tokens per sequence", "--to-parallel": "new parallel config",
+    "--tokenizer": "tokenizer", "--train-iters": "optimizer steps", "--verify": "checksum",
+    "--warmup-iters": "warm-up", "--workdir": "logs",
+}
+# Flags whose parsers differ although the meaning is one: why.
+SAME_MEANING_OTHER_FORM = {
+    "--namespace": "the Kubernetes namespace of the jobs a daemon serves: the coordinator serves one job, "
+                   "the operator watches one or more namespaces (repeatable)",
+}
+
+
+def _visible_flags(commands) -> dict[str, dict[str, argparse.Action]]:
+    """flag name -> {command: its action}, old spellings (``alias``) left out, and --help."""
+    flags: dict[str, dict[str, argparse.Action]] = {}
+    for name, parser in commands.items():
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help" and flag not in getattr(action, "aliases", ()):
+                    flags.setdefault(flag, {})[name] = action
+    return flags
+
+
+def _form(action: argparse.Action) -> tuple:
+    """What a parser makes of a flag: its action, the type it reads, its choices and arity."""
+    kind = getattr(action.type, "__name__", action.type)
+    return (type(action).__name__, kind, tuple(action.choices or ()), action.nargs, action.const)
+
+
+def test_a_flag_name_has_one_meaning_in_every_command(commands):
+    shared = {flag: by for flag, by in _visible_flags(commands).items() if len(by) > 1}
+    assert sorted(shared) == sorted(SHARED_MEANINGS), "list each shared flag's one meaning in SHARED_MEANINGS"
+    for flag, by in shared.items():
+        forms = {name: _form(action) for name, action in by.items()}
+        if flag not in SAME_MEANING_OTHER_FORM:
+            assert len(set(forms.values())) == 1, f"{flag} is read differently: {forms}"
+        for name, action in by.items():
+            assert SHARED_MEANINGS[flag].lower() in (action.help or "").lower(), \
+                f"liveshard {name} {flag}: its help does not say {SHARED_MEANINGS[flag]!r}: {action.help!r}"
+
+
+def test_an_old_spelling_never_names_another_commands_flag_in_a_visible_way(commands):
+    """An old spelling kept for a command is hidden there; where it is another command's own flag,
+    that command's meaning is the only one --help and the reference show."""
+    visible = _visible_flags(commands)
+    for name, parser in commands.items():
+        for action in parser._actions:
+            for old in getattr(action, "aliases", ()):
+                assert name not in visible.get(old, {}), (name, old)
+
+
+def test_every_parser_reads_flags_only_as_spelled(commands, capsys):
+    parser = build_parser()
+    assert parser.allow_abbrev is False
+    assert all(p.allow_abbrev is False for p in commands.values())
+    from liveshard.runtime.cli import main
+
+    with pytest.raises(SystemExit) as done:  # --jobs, abbreviated: not read as it
+        main(["prepare-data", "--job", "job.yaml", "--builtin-corpus"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "unrecognized arguments: --job" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("command", "old", "value", "flag", "dest"), RENAMED)
+def test_old_and_new_spelling_together_are_refused_in_one_line(command, old, value, flag, dest, capsys):
+    from liveshard.runtime.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([command, *_without(_REQUIRED.get(command, []), flag), flag, value, old, value])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{old} and {flag} are one flag" in err and f"give only {flag}" in err
+
+
+def test_an_old_spelling_warns_in_one_line(capsys):
+    from liveshard.runtime.cli import main
+
+    # local-cluster down: no cluster runs there (exit 2); the warning comes first
+    assert main(["local-cluster", "down", "--dir", "/nonexistent-liveshard-dir"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == ("liveshard local-cluster: warning: --dir is the old spelling of --workdir "
+                        "(read until liveshard 0.3)"), lines
+
+
+@pytest.mark.parametrize("command", ["worker", "run-local", "reshard-local"])
+def test_preallocate_is_one_choice_everywhere_and_bare_means_all(command):
+    parser = build_parser()
+    base = [command, *_REQUIRED.get(command, [])]
+    assert parser.parse_args([*base, "--preallocate"]).preallocate == "all"
+    assert parser.parse_args([*base, "--preallocate", "joiners"]).preallocate == "joiners"
+    with pytest.raises(SystemExit):
+        parser.parse_args([*base, "--preallocate", "yes"])

@@ -17,7 +17,7 @@ def test_a_live_claim_is_refused_and_a_stale_one_replaced(tmp_path):
     assert pid_file.read_text() == str(os.getpid())
     with pytest.raises(ConfigError) as e:  # this process is alive: a second `up` is refused
         _claim(pid_file)
-    assert e.value.field == "--dir" and "already runs" in str(e.value)
+    assert e.value.field == "--workdir" and "already runs" in str(e.value)
     gone = subprocess.Popen(["true"])
     gone.wait()
     pid_file.write_text(str(gone.pid))  # its process is gone

@@ -351,11 +351,29 @@ def test_failed_run_keeps_the_previous_dataset(tmp_path, hf):
     before = (prefix.with_suffix(".bin").read_bytes(), prefix.with_suffix(".idx").read_bytes())
     bad = _write_jsonl(tmp_path / "bad.jsonl", ["x", 3])
     with pytest.raises(ConfigError):
-        prepare([str(bad)], hf, str(prefix), progress=False)
+        prepare([str(bad)], hf, str(prefix), progress=False, overwrite=True)
     assert (prefix.with_suffix(".bin").read_bytes(), prefix.with_suffix(".idx").read_bytes()) == before
-    prepare([str(_write_jsonl(tmp_path / "new.jsonl", ["new", "texts"]))], hf, str(prefix), progress=False)
+    prepare([str(_write_jsonl(tmp_path / "new.jsonl", ["new", "texts"]))], hf, str(prefix), progress=False,
+            overwrite=True)
     assert _documents(str(prefix)) == hf.encode_batch(["new", "texts"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "ds.bin", "ds.idx", "new.jsonl", "old.jsonl"]
+
+
+def test_an_existing_dataset_is_refused_unless_overwrite(tmp_path, hf):
+    """As convert refuses a non-empty target: an earlier dataset is replaced only on purpose."""
+    prefix = tmp_path / "ds"
+    prepare([str(_write_jsonl(tmp_path / "old.jsonl", ["old text"]))], hf, str(prefix), progress=False)
+    before = (prefix.with_suffix(".bin").read_bytes(), prefix.with_suffix(".idx").read_bytes())
+    new = _write_jsonl(tmp_path / "new.jsonl", ["new", "texts"])
+    with pytest.raises(ConfigError) as e:
+        prepare([str(new)], hf, str(prefix), progress=False)
+    assert e.value.field == "--output-prefix" and "already exist" in e.value.problem and "--overwrite" in e.value.fix
+    assert (prefix.with_suffix(".bin").read_bytes(), prefix.with_suffix(".idx").read_bytes()) == before
+    prefix.with_suffix(".idx").unlink()  # half a dataset is still one to refuse
+    with pytest.raises(ConfigError):
+        prepare([str(new)], hf, str(prefix), progress=False)
+    prepare([str(new)], hf, str(prefix), progress=False, overwrite=True)
+    assert _documents(str(prefix)) == hf.encode_batch(["new", "texts"])
 
 
 def test_output_prefix_must_name_a_file(tmp_path, hf):
