@@ -1,6 +1,8 @@
 """The validating admission webhook: what the CRD schema and its CEL rules cannot say.
 
-The schema checks types, ranges and cross-field rules at the API server; this checks the model
+The schema checks types, ranges and cross-field rules at the API server, and its transition rules
+keep some fields fixed once the job exists (``FIXED_FIELDS``: this refuses the same edits with the
+same words); this checks the model
 itself (a valid ModelSpec, a known preset), that the parallelism constraints fit it, and what
 this operator refuses (``policy.refusal``: hostPath checkpoints). The job loop checks the same
 and reports a problem in the job's status, so the webhook only makes the refusal come earlier,
@@ -38,6 +40,42 @@ def job_problem(spec: Any, policy: JobPolicy) -> str | None:
     return problem
 
 
+# What an update may not change, each with the CRD's transition rule's message (a test checks they
+# agree): the API server refuses these edits by its CEL rules, and this webhook by the same words,
+# so a server without CEL transition rules refuses them too.
+TRAINING_FIXED = ("training is fixed once the job is created (its pods train with the spec they started with, "
+                  "so an edit would be ignored): to train longer or with other settings, create a new job whose "
+                  "training.resume.path names this job's newest checkpoint (status.checkpoints.latest.path)")
+FIXED_FIELDS: dict[tuple[str, ...], str] = {
+    ("model",): "model is immutable: start a new job to train another model",
+    ("workers", "gpusPerWorker"): "workers.gpusPerWorker is immutable",
+    ("training",): TRAINING_FIXED,
+    ("network",): "network is fixed when the job starts (the job's NetworkPolicies are made from it): "
+                  "start a new job to change it",
+}
+_ABSENT = object()
+
+
+def edit_problem(old: Any, new: Any) -> str | None:
+    """Why an update from spec ``old`` to spec ``new`` is refused (one line naming the field), or
+    None: every field of ``FIXED_FIELDS`` keeps its value (present or absent alike)."""
+    for path, message in FIXED_FIELDS.items():
+        before, after = _at(old, path), _at(new, path)
+        if before is not _ABSENT and before != after:
+            return f"spec.{'.'.join(path)}: {message}"
+        if before is _ABSENT and after is not _ABSENT and path == ("network",):
+            return f"spec.{'.'.join(path)}: {message}"
+    return None
+
+
+def _at(spec: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(spec, dict) or key not in spec:
+            return _ABSENT
+        spec = spec[key]
+    return spec
+
+
 def review(body: Any, policy: JobPolicy) -> dict[str, Any]:
     """Answer an AdmissionReview request (``admission.k8s.io/v1``) about an ElasticTrainingJob.
 
@@ -52,7 +90,9 @@ def review(body: Any, policy: JobPolicy) -> dict[str, Any]:
     new, old = request.get("object") or {}, request.get("oldObject") or {}
     if not request.get("subResource") and (
             operation == "CREATE" or (operation == "UPDATE" and new.get("spec") != old.get("spec"))):
-        problem = job_problem(new.get("spec"), policy)
+        if operation == "UPDATE":
+            problem = edit_problem(old.get("spec"), new.get("spec"))
+        problem = problem or job_problem(new.get("spec"), policy)
         warnings = deprecated_fields(new.get("spec"))  # kubectl prints each as "Warning: ..."
     response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": problem is None}
     if problem is not None:
@@ -88,4 +128,4 @@ async def serve(options: Options) -> None:
         raise
 
 
-__all__ = ["REVIEW_PATH", "job_problem", "review", "serve"]
+__all__ = ["FIXED_FIELDS", "REVIEW_PATH", "edit_problem", "job_problem", "review", "serve"]

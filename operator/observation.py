@@ -27,6 +27,7 @@ from liveshard.runtime.contract.status import (
     PlanAbort,
     PlanAck,
     RuntimeFailure,
+    StandbyPods,
     StatusPlan,
     Telemetry,
 )
@@ -82,6 +83,7 @@ _PARTS: dict[str, tuple[Callable[[dict[str, Any]], Any], Any]] = {
     "failure": (RuntimeFailure.from_status, None),
     "checkpoint": (CheckpointReport.from_status, CheckpointReport()),
     "adaptive": (AdaptiveReport.from_status, AdaptiveReport()),
+    "standby": (StandbyPods.from_status, StandbyPods()),
 }
 
 
@@ -142,6 +144,10 @@ class Observation:
     @property
     def world(self) -> CommittedWorld | None:
         return self.parts["world"]
+
+    @property
+    def standby(self) -> StandbyPods:
+        return self.parts["standby"]
 
     @property
     def speeds(self) -> Mapping[str, float]:

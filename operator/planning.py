@@ -42,7 +42,7 @@ def next_plan(o: Observation, out: Outputs, plan: StatusPlan | None, members: li
     if members and (leaving or lost):
         unnoticed = [m for m, why in leaving if why.kind in WITHOUT_NOTICE] + lost
         if not unnoticed:
-            return _plan_departures(o, out, plan, candidates, leaving, [])
+            return _plan_departures(o, out, plan, members, candidates, leaving, [])
         if not acked:
             # A plan the runtime does not run yet that names a pod lost since: it cannot run
             # as written. Replaced (it is a wish, not a world: no other authority is involved).
@@ -95,7 +95,7 @@ def _attempt(o: Observation, out: Outputs, plan: StatusPlan | None, candidates: 
     return NextPlan(assignment, stop_reason, cause, text, deadline)
 
 
-def _plan_departures(o: Observation, out: Outputs, plan, candidates, leaving, lost) -> NextPlan:
+def _plan_departures(o: Observation, out: Outputs, plan, members, candidates, leaving, lost) -> NextPlan:
     by_name = o.by_name
     deadline = None
     if leaving:
@@ -116,6 +116,14 @@ def _plan_departures(o: Observation, out: Outputs, plan, candidates, leaving, lo
             text += f"; lost: {', '.join(lost)}"
     else:
         cause, text = Cause.MEMBER_LOST, f"member-lost: pods {', '.join(lost)} no longer exist"
+    # A plan racing a notice names the members and the pods the runtime reports up
+    # (status.standby): a pod still starting (a recreated one imports for tens of seconds)
+    # would hold the switch until it registered. It joins by a scale-up once up.
+    ready = [c for c in candidates if c.pod in members or o.standby.up(c.pod, by_name[c.pod].uid)]
+    if len(ready) < len(candidates):
+        quick = _attempt(o, out, plan, ready, cause, text, deadline)
+        if quick.assignment is not None:
+            return quick
     return _attempt(o, out, plan, candidates, cause, text, deadline)
 
 
@@ -269,7 +277,6 @@ def _keeping_members(o: Observation, candidates: list[Candidate], running: Statu
         if set(members) <= set(other.members):
             return other
     return assignment
-
 
 
 def write_plan(o: Observation, out: Outputs, old: StatusPlan | None, nxt: NextPlan,

@@ -66,9 +66,11 @@ the kubernetes client and kubectl rely on, as kube-apiserver does it, and refuse
   names, or kubectl warns on every call); ``/version`` is v1.36, the server the operator was
   checked against; lists carry ``kind``/``apiVersion``.
 
-Namespaces are not objects here: ``/api/v1/namespaces`` lists ``default`` and every namespace
-in use. Still missing (don't depend on it): paging (``limit`` returns everything),
-``deletecollection``, the strategic merge of lists not in ``_MERGE_KEYS`` (e.g. ``finalizers``,
+Namespaces are lenient here: ``kubectl create namespace X`` (``POST /api/v1/namespaces``) and
+``GET /api/v1/namespaces/X`` work as on a real server, ``/api/v1/namespaces`` lists ``default``,
+those created and every namespace in use, but an object may be created in a namespace nobody
+created (a real server refuses it: docs and examples create theirs). Still missing (don't depend
+on it): paging (``limit`` returns everything), ``deletecollection``, the strategic merge of lists not in ``_MERGE_KEYS`` (e.g. ``finalizers``,
 which a real server merges as a set), server-side apply (``application/apply-patch+yaml`` is
 listed in /openapi/v3 as a real server lists it, but refused), ``/openapi/v2``, the built-in
 kinds' schemas (no field validation for them), and kubelet/scheduler behaviour (pods stay Pending
@@ -154,38 +156,57 @@ def _now(offset: float = 0.0) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-# A 422's message as the API server words it: ``Kind[.group] "name" is invalid: field: problem; ...``
-_INVALID = re.compile(r'(?P<kind>[A-Za-z]+)(?:\.(?P<group>[a-z0-9.-]+))? "(?P<name>[^"]*)" is invalid: (?P<rest>.*)',
-                      re.DOTALL)
-_CAUSE_REASONS = {"Required value": "FieldValueRequired", "Invalid value": "FieldValueInvalid",
-                  "Unsupported value": "FieldValueNotSupported", "Forbidden": "FieldValueForbidden",
-                  "Duplicate value": "FieldValueDuplicate", "Too long": "FieldValueTooLong",
-                  "Too many": "FieldValueTooMany", "Not found": "FieldValueNotFound"}
-
-
 def _error(status: int, reason: str, message: str, causes: list[str] | None = None) -> kmock.KubernetesError:
-    """A Status error as the API server sends it. A 422 names the object (``details.kind``,
-    ``name``, ``group``) and splits each cause into ``field`` and ``message``, which kubectl
-    prints as ``The Kind "name" is invalid: field: message``; without them it prints ``The
-    request is invalid: : field: ...``."""
-    details: dict[str, Any] = {}
-    named = _INVALID.fullmatch(message) if status == 422 else None
-    if named is not None:
-        details.update({"kind": named["kind"], "name": named["name"]},
-                       **({"group": named["group"]} if named["group"] else {}))
-        causes = causes or [named["rest"]]
-    if causes:
-        details["causes"] = [_cause(c) for c in causes]
+    details = {"causes": [{"message": c} for c in causes]} if causes else {}
     return kmock.KubernetesError(status=status, reason=reason, message=message, details=details)
 
 
-def _cause(text: str) -> dict[str, str]:
-    """``spec.workers: Invalid value: "object": ...`` as a StatusCause: field, message, reason."""
-    field, sep, rest = text.partition(": ")
-    if not sep or " " in field:
-        return {"message": text}
-    kind = next((r for prefix, r in _CAUSE_REASONS.items() if rest.startswith(prefix)), "FieldValueInvalid")
-    return {"reason": kind, "message": rest, "field": field}
+def _protobuf_fields(data: bytes) -> dict[int, list[Any]]:
+    """The fields of one protobuf message: varints as ints, length-delimited ones as bytes."""
+    out: dict[int, list[Any]] = defaultdict(list)
+    i = 0
+
+    def varint() -> int:
+        nonlocal i
+        value, shift = 0, 0
+        while True:
+            byte = data[i]
+            i += 1
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+
+    while i < len(data):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            out[number].append(varint())
+        elif wire == 2:
+            size = varint()
+            out[number].append(data[i:i + size])
+            i += size
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"protobuf wire type {wire}")
+    return out
+
+
+def _protobuf_object_name(data: bytes) -> str:
+    """``metadata.name`` of an object in Kubernetes' protobuf envelope (``k8s\\0`` +
+    runtime.Unknown, whose ``raw`` holds the object: field 1 its ObjectMeta, whose field 1 is
+    the name)."""
+    if not data.startswith(b"k8s\x00"):
+        raise ValueError("not a Kubernetes protobuf object")
+    raw = _protobuf_fields(data[4:])[2][0]
+    return bytes(_protobuf_fields(_protobuf_fields(raw)[1][0])[1][0]).decode()
+
+
+def _status_response(code: int, reason: str, message: str) -> aiohttp.web.Response:
+    """A failure as a real server writes it (a ``Status`` object)."""
+    return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                                      "message": message, "reason": reason, "code": code}, status=code)
 
 
 def _get_path(obj: dict[str, Any], dotted: str) -> Any:
@@ -350,6 +371,7 @@ class Emulator(kmock.KubernetesEmulator):
         self._expired: dict[Any, int] = {}  # per resource: the newest resourceVersion no longer kept
         self._wake = asyncio.Event()
         self._started = _now()
+        self._created_namespaces: dict[str, dict[str, Any]] = {}  # kubectl create namespace X
 
     # ---- CRDs -------------------------------------------------------------------------------
     def register_crd(self, crd: dict[str, Any]) -> None:
@@ -407,6 +429,14 @@ class Emulator(kmock.KubernetesEmulator):
         # watches it when it runs for named namespaces.
         if raw_request.path.rstrip("/") == "/api/v1/namespaces" and raw_request.method == "GET":
             return await self._namespaces(raw_request)
+        if raw_request.path.rstrip("/") == "/api/v1/namespaces" and raw_request.method == "POST":
+            return await self._create_namespace(raw_request)
+        one = re.fullmatch(r"/api/v1/namespaces/([^/]+)/?", raw_request.path)
+        if one and raw_request.method == "GET":
+            found = self._namespace_objects().get(one.group(1))
+            if found is None:
+                return _status_response(404, "NotFound", f'namespaces "{one.group(1)}" not found')
+            return aiohttp.web.json_response(found)
         if raw_request.path.startswith("/openapi/v3") and raw_request.method in ("GET", "HEAD"):
             return self._serve_openapi(raw_request)
         return await super().__call__(raw_request)
@@ -481,11 +511,43 @@ class Emulator(kmock.KubernetesEmulator):
             return aiohttp.web.Response(status=304, headers=headers)
         return aiohttp.web.Response(body=body, headers=headers)
 
-    async def _namespaces(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
-        names = sorted({"default", *(ns for _, ns, _ in self._objects if ns)})
-        items = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {
+    def _namespace_objects(self) -> dict[str, dict[str, Any]]:
+        """``default``, the namespaces created (``kubectl create namespace``) and every one in use."""
+        names = {"default", *(ns for _, ns, _ in self._objects if ns)}
+        out = {n: {"apiVersion": "v1", "kind": "Namespace", "metadata": {
             "name": n, "uid": f"ns-{n}", "creationTimestamp": self._started}, "status": {"phase": "Active"}}
-            for n in names]
+            for n in names}
+        out.update(self._created_namespaces)
+        return out
+
+    async def _create_namespace(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """``POST /api/v1/namespaces``: a Namespace object (201), or AlreadyExists/Invalid as a
+        real server answers."""
+        data = await raw_request.read()
+        try:
+            if raw_request.content_type == "application/vnd.kubernetes.protobuf":  # kubectl create namespace
+                body = {"metadata": {"name": _protobuf_object_name(data)}}
+            else:
+                body = json.loads(data or b"{}")
+            name = str(((body.get("metadata") or {}).get("name")) or "")
+        except (ValueError, AttributeError, IndexError):
+            return _status_response(400, "BadRequest", "the body is not a Namespace")
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 63:
+            return _status_response(422, "Invalid", f'Namespace "{name}" is invalid: metadata.name: Invalid value: '
+                                    f'"{name}": a lowercase RFC 1123 label must consist of lower case alphanumeric '
+                                    "characters or '-', and must start and end with an alphanumeric character")
+        if name in self._namespace_objects():
+            return _status_response(409, "AlreadyExists", f'namespaces "{name}" already exists')
+        obj = {"apiVersion": "v1", "kind": "Namespace",
+               "metadata": {**(body.get("metadata") or {}), "name": name, "uid": str(uuid.uuid4()),
+                            "resourceVersion": self._next_rv(), "creationTimestamp": _now()},
+               "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}
+        if raw_request.query.get("dryRun") != "All":
+            self._created_namespaces[name] = obj
+        return aiohttp.web.json_response(obj, status=201)
+
+    async def _namespaces(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        items = [obj for _, obj in sorted(self._namespace_objects().items())]
         if raw_request.query.get("watch") not in _TRUE:
             return aiohttp.web.json_response({"apiVersion": "v1", "kind": "NamespaceList",
                                               "metadata": {"resourceVersion": str(self._last_rv)},

@@ -41,9 +41,11 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime
+import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -210,6 +212,35 @@ def log_tail(path: Path, start: int = 0) -> str:
     return "".join(lines[-TERMINATION_LOG_LINES:])
 
 
+def translate(value: str, mounts: dict[str, str]) -> str:
+    """``value`` with a path under one of ``mounts`` (``{mountPath: host directory}``, the
+    longest mount path first) rewritten to the host directory; a JSON object or list string by
+    string."""
+    if not mounts:
+        return value
+    if value[:1] in "{[":
+        try:
+            data = json.loads(value)
+        except ValueError:
+            pass
+        else:
+            return json.dumps(_translate_json(data, mounts), sort_keys=True)
+    for path in sorted(mounts, key=len, reverse=True):
+        if value == path or value.startswith(path.rstrip("/") + "/"):
+            return mounts[path] + value[len(path):]
+    return value
+
+
+def _translate_json(data: Any, mounts: dict[str, str]) -> Any:
+    if isinstance(data, str):
+        return translate(data, mounts) if data[:1] not in "{[" else data
+    if isinstance(data, list):
+        return [_translate_json(v, mounts) for v in data]
+    if isinstance(data, dict):
+        return {k: _translate_json(v, mounts) for k, v in data.items()}
+    return data
+
+
 def expand(text: str, env: dict[str, str]) -> str:
     """The kubelet's ``$(VAR)`` expansion in command and args (``$$`` escapes)."""
     return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
@@ -340,7 +371,10 @@ class NodeAgent:
                 pod = live.get(key)
                 if pod is None or pod["metadata"].get("uid") != proc.uid or pod["metadata"].get("deletionTimestamp"):
                     grace = (pod or {}).get("metadata", {}).get("deletionGracePeriodSeconds")
-                    self._kill(self.procs.pop(key), 5.0 if grace is None else min(5.0, float(grace)))
+                    gone = self.procs.pop(key)
+                    self._kill(gone, 5.0 if grace is None else min(5.0, float(grace)))
+                    # its emptyDirs go with it, as a kubelet removes them
+                    shutil.rmtree(self.pod_dir(gone.namespace, gone.name, gone.uid), ignore_errors=True)
         for pod in live.values():
             node = (pod.get("spec") or {}).get("nodeName")
             if node and node not in nodes:
@@ -448,6 +482,39 @@ class NodeAgent:
         found = self.logs.get((namespace, name))
         return (found[1], found[2]) if found is not None and found[0] == uid else None
 
+    # ---- volumes -----------------------------------------------------------------------------
+    def pod_dir(self, namespace: str, name: str, uid: str) -> Path:
+        """Where a pod's own volumes (its emptyDirs) are, as under a kubelet's pods/<uid>."""
+        return self.dir / "pods" / f"{namespace}_{name}_{uid}"
+
+    def volumes(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        """The container's mounts as host directories, ``{mountPath: directory}``: an ``emptyDir``
+        is a directory of the pod's own (removed with the pod), a ``persistentVolumeClaim`` one
+        directory per claim, shared by the pods that mount it and kept, both under the agent's
+        directory; a ``hostPath`` is that path. A container sees them through its paths: every
+        environment value and argument under a mount path is rewritten to the directory (values
+        that are JSON, such as the job's training spec, string by string). Memory-backed
+        emptyDirs (``/dev/shm``) and other kinds are the host's own."""
+        meta = pod["metadata"]
+        by_name = {v.get("name"): v for v in pod["spec"].get("volumes") or []}
+        out: dict[str, str] = {}
+        for mount in container.get("volumeMounts") or []:
+            volume, path = by_name.get(mount.get("name")) or {}, mount.get("mountPath")
+            if not path:
+                continue
+            empty, claim, host = volume.get("emptyDir"), volume.get("persistentVolumeClaim"), volume.get("hostPath")
+            if isinstance(empty, dict) and empty.get("medium") != "Memory":
+                where = self.pod_dir(meta["namespace"], meta["name"], meta.get("uid", "")) / "volumes" / mount["name"]
+            elif isinstance(claim, dict) and claim.get("claimName"):
+                where = self.dir / "claims" / meta["namespace"] / claim["claimName"]
+            elif isinstance(host, dict) and host.get("path"):
+                where = Path(host["path"])
+            else:
+                continue
+            where.mkdir(parents=True, exist_ok=True)
+            out[path.rstrip("/") or "/"] = str(where)
+        return out
+
     # ---- processes ---------------------------------------------------------------------------
     def coordinator_port(self, namespace: str, job: str) -> int:
         with self._lock:
@@ -499,6 +566,12 @@ class NodeAgent:
         container = pod["spec"]["containers"][0]  # liveshard's pods have one container
         env = self._env(pod, container, node)
         argv = [expand(a, env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+        mounts = self.volumes(pod, container)
+        own = {e.get("name") for e in container.get("env") or []}  # not the host's own environment
+        env = {k: translate(v, mounts) if k in own else v for k, v in env.items()}
+        argv = [translate(a, mounts) for a in argv]
+        if "/tmp" in mounts:  # what /tmp is inside the container: Python's tempfile goes there
+            env["TMPDIR"] = mounts["/tmp"]
         if not argv:
             self._set_phase(meta["namespace"], meta["name"], "Failed", "no command: images are not run here")
             return

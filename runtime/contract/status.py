@@ -533,6 +533,38 @@ class RuntimeFailure:
 
 
 @dataclass(frozen=True)
+class StandbyPods:
+    """``status.standby``: the pods outside the running world whose every worker is *up* (its
+    process registered from that very pod, by uid, and beats as the process that registered;
+    not judged dead), written by the coordinator when the set changes. A plan racing a notice
+    names only members and these: a pod still importing (a recreated one takes tens of seconds)
+    would hold the switch until it registered."""
+
+    pods: Mapping[str, str] = field(default_factory=dict)  # pod name -> uid
+
+    def to_status(self) -> dict[str, Any]:
+        return {"standby": [{"pod": p, "uid": u} for p, u in sorted(self.pods.items())]}
+
+    def up(self, pod: str, uid: str) -> bool:
+        return bool(uid) and self.pods.get(pod) == uid
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> StandbyPods:
+        raw = status.get("standby")
+        if raw is None:
+            return cls()
+        if not isinstance(raw, list):
+            raise InvalidStatus("standby", f"is not a list: {str(raw)[:100]}")
+        pods: dict[str, str] = {}
+        for entry in raw:
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("pod"), str) \
+                    or not isinstance(entry.get("uid"), str):
+                raise InvalidStatus("standby", f"has an entry that is not {{pod, uid}}: {str(entry)[:100]}")
+            pods[entry["pod"]] = entry["uid"]
+        return cls(pods)
+
+
+@dataclass(frozen=True)
 class Waiting:
     """What the coordinator waits for, in words, with how long of its bound (``status.waiting``,
     e.g. "generation 5: waiting for w3's ready vote, 4.2 s of 20 s"; the coordinator's report's

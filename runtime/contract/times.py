@@ -14,7 +14,7 @@ def parse_time(value: Any) -> datetime | None:
     if isinstance(value, datetime):
         return value if value.tzinfo else value.replace(tzinfo=UTC)
     if isinstance(value, int | float) or (isinstance(value, str) and re.fullmatch(r"\d{9,11}", value)):
-        return datetime.fromtimestamp(int(value), tz=UTC)
+        return datetime.fromtimestamp(float(value), tz=UTC)  # with its fraction: microseconds survive
     if isinstance(value, str):
         text = value.strip().replace("Z", "+00:00")
         try:

@@ -76,6 +76,7 @@ from liveshard.runtime.contract.status import (
     PlanAck,
     Progress,
     RuntimeFailure,
+    StandbyPods,
     StatusPlan,
     Straggler,
     Telemetry,
@@ -94,6 +95,7 @@ from liveshard.runtime.planner.pods import constraints_for
 log = logging.getLogger("liveshard.kube_source")
 
 SPEEDS_INTERVAL = 30.0  # seconds between speed reports (they feed the next plan, not this one)
+STANDBY_INTERVAL = 1.0  # seconds between looks at which pods outside the world are up (status.standby)
 PROGRESS_INTERVAL = 10.0  # seconds between status.progress updates (kubectl get etj's Step and Loss)
 REGISTER_TIMEOUT = 300.0  # how long a plan waits for its joining workers to come up
 
@@ -144,6 +146,8 @@ class KubePlanSource:
         self._next_progress = 0.0
         self._waiting_what: str | None = None  # status.waiting as last written, its seconds left out
         self._next_waiting = 0.0
+        self._standby_written: dict[str, Any] | None = None  # status.standby as last written
+        self._next_standby = 0.0
         self._finished_written = False
         self._failure_written = False
         self._checkpoints_written: dict[str, Any] | None = None
@@ -297,24 +301,41 @@ class KubePlanSource:
         assert self.store is not None
         dead = set(self.current.get("dead") or ())
         uids = plan.member_uids if plan is not None else {}
-        out = []
-        for m in members:
-            reg = None if m in dead else self._registration(m)
-            if reg is None:
-                out.append(m)
-                continue
-            uid = uids.get(pod_of(m))
-            if uid and reg.pod_uid and reg.pod_uid != uid:
-                out.append(m)  # an earlier pod's registration: this pod's process has not registered yet
-                continue
-            try:
-                beat = Heartbeat.parse(self.store.get_json(Keys.heartbeat(m)))
-            except ValueError:  # not JSON: read as absent
-                beat = None
-            if beat is None or beat.ended or (reg.incarnation and beat.incarnation
-                                              and beat.incarnation != reg.incarnation):
-                out.append(m)
-        return out
+        return [m for m in members if m in dead or self._up_as(m, uids.get(pod_of(m))) is None]
+
+    def _up_as(self, worker: str, uid: str | None) -> Registration | None:
+        """``worker``'s registration if it is up: registered (from the pod ``uid``, when given;
+        a registration of an earlier pod of the same name stays in the store) and heartbeating
+        as the process that registered; else None."""
+        reg = self._registration(worker)
+        if reg is None or (uid and reg.pod_uid and reg.pod_uid != uid):
+            return None
+        try:
+            beat = Heartbeat.parse(self.store.get_json(Keys.heartbeat(worker)))  # type: ignore[union-attr]
+        except ValueError:  # not JSON: read as absent
+            return None
+        if beat is None or beat.ended or (reg.incarnation and beat.incarnation
+                                          and beat.incarnation != reg.incarnation):
+            return None
+        return reg
+
+    def standby(self, status: dict[str, Any]) -> StandbyPods:
+        """The pods outside the running world whose every registered worker is up (by the pod
+        uid each registered from): ``status.standby``."""
+        assert self.store is not None
+        dead = set(status.get("dead") or ())
+        world = {pod_of(m) for m in status.get("members") or ()}
+        by_pod: dict[str, list[str]] = {}
+        for m in dict.fromkeys(self.store.members()):
+            if pod_of(m) not in world:
+                by_pod.setdefault(pod_of(m), []).append(m)
+        pods: dict[str, str] = {}
+        for pod, workers in by_pod.items():
+            regs = [None if m in dead else self._up_as(m, None) for m in workers]
+            uids = {r.pod_uid for r in regs if r is not None}
+            if all(r is not None for r in regs) and len(uids) == 1 and None not in uids:
+                pods[pod] = str(uids.pop())
+        return StandbyPods(pods)
 
     def report(self, status: dict[str, Any]) -> None:
         self.current = status
@@ -369,6 +390,11 @@ class KubePlanSource:
             self._checkpoints_written = checkpoints
         self._report_progress(status, now)
         self._report_waiting(status, now)
+        if now >= self._next_standby:
+            self._next_standby = now + STANDBY_INTERVAL
+            standby = self.standby(status).to_status()
+            if standby != self._standby_written and self._write(standby):
+                self._standby_written = standby
         health = status.get("health") or {}
         stragglers = self._stragglers(status)
         changed = tuple(s.device for s in stragglers) != self._stragglers_written

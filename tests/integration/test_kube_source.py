@@ -246,3 +246,30 @@ def test_a_plan_naming_a_pod_whose_process_the_coordinator_judged_dead_is_aborte
     assert source.poll() is None
     st = status(custom)
     assert st["abortedGeneration"] == 4 and "dead" in st["abortReason"]
+
+
+def test_status_standby_names_pods_outside_the_world_whose_every_worker_is_up_by_uid(env):
+    """``status.standby``: what a plan racing a notice may name besides the world's members."""
+    source, store, custom = env
+    for w in ("j-worker-0/0", "j-worker-0/1"):  # in the world
+        store.register_member(w, {"pid": 1, "incarnation": f"i-{w}", "pod_uid": "uid-0"})
+        store.set_json(Keys.heartbeat(w), {"time": time.time(), "state": "training", "incarnation": f"i-{w}"})
+    for w in ("j-worker-1/0", "j-worker-1/1"):  # standing by, up
+        store.register_member(w, {"pid": 2, "incarnation": f"i-{w}", "pod_uid": "uid-1"})
+        store.set_json(Keys.heartbeat(w), {"time": time.time(), "state": "waiting", "incarnation": f"i-{w}"})
+    # a recreated pod: one process registered, the other still importing (its key holds the
+    # earlier process's registration and an ended beat)
+    store.register_member("j-worker-2/0", {"pid": 3, "incarnation": "new-0", "pod_uid": "uid-2-new"})
+    store.set_json(Keys.heartbeat("j-worker-2/0"), {"time": time.time(), "state": "waiting", "incarnation": "new-0"})
+    store.register_member("j-worker-2/1", {"pid": 4, "incarnation": "old-1", "pod_uid": "uid-2-old"})
+    store.set_json(Keys.heartbeat("j-worker-2/1"), {"time": time.time(), "state": "exited", "incarnation": "old-1"})
+    report = {"members": ["j-worker-0/0", "j-worker-0/1"], "dead": [], "history": []}
+    assert source.standby(report).pods == {"j-worker-1": "uid-1"}
+    source.report(report)
+    assert status(custom)["standby"] == [{"pod": "j-worker-1", "uid": "uid-1"}]
+    # its second process registers from the new pod: the pod is up
+    store.register_member("j-worker-2/1", {"pid": 5, "incarnation": "new-1", "pod_uid": "uid-2-new"})
+    store.set_json(Keys.heartbeat("j-worker-2/1"), {"time": time.time(), "state": "waiting", "incarnation": "new-1"})
+    assert source.standby(report).pods == {"j-worker-1": "uid-1", "j-worker-2": "uid-2-new"}
+    # one the coordinator judged dead is not up
+    assert source.standby({**report, "dead": ["j-worker-1/1"]}).pods == {"j-worker-2": "uid-2-new"}

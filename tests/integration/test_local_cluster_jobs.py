@@ -145,6 +145,47 @@ def test_what_a_pod_started_ends_with_it_when_it_is_deleted(kube, tmp_path):
         agent.stop()
 
 
+def test_a_pods_volumes_are_its_own_directories_under_the_agents(kube, tmp_path):
+    """An emptyDir is the pod's own directory (a second pod of the same spec never sees what the
+    first wrote, and it goes when the pod is deleted), a claim is one directory its pods share, and
+    the container's paths under a mount (env, JSON env, args) and its temporary files land there:
+    nothing outside the agent's directory."""
+    ns = "volumes"
+    core = k8s.CoreV1Api(kube.api_client())
+    agent = NodeAgent(kube.api_client(), tmp_path, period=0.05)
+    script = ('test ! -e "$CKPT/seen" && echo "$SPEC" > "$CKPT/seen" && f=$(mktemp "$SHARED/x.XXXXXX") && echo "$0" > "$f" '
+              '&& python3 -c "import tempfile; print(tempfile.mkdtemp())" > "$CKPT/tmp"')
+
+    def body(name: str) -> dict:
+        pod = pod_body(name, script)
+        container = pod["spec"]["containers"][0]
+        container["args"] = ["/shared/arg"]
+        container["env"] = [{"name": "CKPT", "value": "/checkpoints"}, {"name": "SHARED", "value": "/shared"},
+                            {"name": "SPEC", "value": json.dumps({"path": "/checkpoints/x", "n": 1})}]
+        container["volumeMounts"] = [{"name": "ckpt", "mountPath": "/checkpoints"},
+                                     {"name": "data", "mountPath": "/shared"}, {"name": "tmp", "mountPath": "/tmp"}]
+        pod["spec"]["volumes"] = [{"name": "ckpt", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}},
+                                  {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
+        return pod
+    try:
+        agent.add_node("volumes-node", gpus=0)
+        core.create_namespaced_pod(ns, body("a"))
+        first = settle(agent, core, ns, "a", "Succeeded")
+        own = tmp_path / "pods" / f"{ns}_a_{first.metadata.uid}" / "volumes"
+        assert json.loads((own / "ckpt" / "seen").read_text()) == {"n": 1, "path": f"{own / 'ckpt'}/x"}
+        assert Path((own / "ckpt" / "tmp").read_text().strip()).parent == own / "tmp"
+        core.delete_namespaced_pod("a", ns)
+        agent.sync()
+        assert not own.parent.exists()  # the emptyDirs went with the pod
+        core.create_namespaced_pod(ns, body("a"))  # the same spec again: an empty checkpoint directory
+        settle(agent, core, ns, "a", "Succeeded")
+        shared = sorted((tmp_path / "claims" / ns / "data").iterdir())
+        assert len(shared) == 2 and {p.read_text() for p in shared} == {f"{tmp_path / 'claims' / ns / 'data'}/arg\n"}
+        assert not Path("/checkpoints/seen").exists() and not Path("/shared").exists()
+    finally:
+        agent.stop()
+
+
 # ---- through the operator -----------------------------------------------------------------------
 class Jobs:
     def __init__(self, kube, tmp_path, ns: str, nodes: int) -> None:

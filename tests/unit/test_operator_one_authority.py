@@ -36,6 +36,7 @@ def standby_job():
     assert plan["members"] == W[:2] and ",dp=2," in plan["config"], plan
     assert plan["memberUids"] == {"train-worker-0": "pod-0", "train-worker-1": "pod-1"}
     job = with_world(ack(job), 0, W[:2], plan["config"], plan_generation=1)
+    job["status"]["standby"] = [{"pod": W[2], "uid": "pod-2"}]  # the coordinator: its process is up
     d, job = step(job, pods, healthy(3), T0 + timedelta(seconds=5))
     assert job["status"]["phase"] == "Running" and job["status"]["worldSize"] == 2
     return job, pods

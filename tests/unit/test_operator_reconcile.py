@@ -559,3 +559,27 @@ def test_workers_the_planner_leaves_standing_by_are_not_a_degraded_job():
     assert after["status"]["phase"] == "Running"
     degraded = {c["type"]: c for c in after["status"]["conditions"]}["Degraded"]
     assert degraded["status"] == "True" and degraded["reason"] == "BelowDesiredSize", degraded
+
+
+@pytest.mark.parametrize("up", [False, True])
+def test_a_notice_plan_names_no_pod_still_starting_but_takes_a_standby_that_is_up(up):
+    """A pod outside the world whose process has not registered yet (a recreated one imports for
+    tens of seconds) would hold a notice's switch until it registered: the plan names the
+    members and the pods the runtime reports up (status.standby, matched by uid), and the
+    starting pod joins later by a scale-up."""
+    job, pods = running_job(3)
+    recreated = make_pod(3, uid="pod-3-new")
+    pods = [*pods, recreated]
+    now = T0 + timedelta(seconds=30)
+    nodes = healthy(4)
+    if up:
+        job["status"]["standby"] = [{"pod": "train-worker-3", "uid": "pod-3-new"}]
+    else:  # an earlier pod of the same name was up: its uid does not make this one up
+        job["status"]["standby"] = [{"pod": "train-worker-3", "uid": "pod-3"}]
+    nodes["node-1"] = signals.classify_node({"metadata": {"name": "node-1"}, "spec": {"taints": [SPOT]}}, now)
+    d, job = step(job, pods, nodes, now)
+    plan = d.status["plan"]
+    assert plan["leaving"] == ["train-worker-1"] and plan["deadline"] is not None
+    assert ("train-worker-3" in plan["members"]) is up, plan["members"]
+    if not up:  # once acked, the starting pod is a scale-up candidate like any other
+        assert set(plan["members"]) == {"train-worker-0", "train-worker-2"}
