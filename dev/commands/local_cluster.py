@@ -3,7 +3,10 @@
 ``up`` runs in the foreground until Ctrl-C (or ``down`` from another shell): it starts the API
 emulator, the operator and the node agent, writes ``DIR/kubeconfig`` and ``DIR/local-cluster.pid``,
 prints the kubeconfig path, and stops everything (pods' processes included) when it ends.
-``down`` sends SIGTERM to the process in the pid file and waits for it to finish.
+``down`` sends SIGTERM to the process in the pid file and waits for it to finish. ``add-node``
+adds a fake GPU node to the running cluster as a kubelet registers one: the Node, then its status
+through the status subresource (a Node from ``kubectl create`` has no status, hence no GPUs and
+no Ready condition, until ``kubectl patch node NAME --subresource=status`` writes them).
 ``up --kubeconfig FILE`` uses that API server instead of the emulator (cluster.py): the node
 agent's fake GPU nodes join it, and liveshard's pods bound to them run as processes here.
 
@@ -30,7 +33,9 @@ DEFAULT_DIR = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp") / "liveshard-loc
 def configure(p: argparse.ArgumentParser) -> None:
     from liveshard.runtime.cli import alias
 
-    p.add_argument("action", choices=("up", "down"), help="start the cluster, or stop the one started from --workdir")
+    p.add_argument("action", choices=("up", "down", "add-node"),
+                   help="start the cluster, stop the one started from --workdir, or add a fake GPU node to it "
+                        "(with --gpus-per-node GPUs), as a kubelet registers one")
     p.add_argument("--nodes", type=int, default=4, help="fake GPU nodes (1 GPU = 1 CPU worker process each)")
     p.add_argument("--gpus-per-node", type=int, default=1, help="fake GPUs per node (default 1)")
     p.add_argument("--workdir", dest="dir", default=str(DEFAULT_DIR),
@@ -50,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     pid_file = workdir / "local-cluster.pid"
     if args.action == "down":
         return _down(pid_file)
+    if args.action == "add-node":
+        return _add_node(workdir, args.gpus_per_node)
     if args.nodes < 0 or args.gpus_per_node < 1:
         raise ConfigError("--nodes/--gpus-per-node", "must be >= 0 and >= 1", "e.g. --nodes 4 --gpus-per-node 1")
     import yaml
@@ -134,6 +141,36 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _add_node(workdir: Path, gpus: int) -> int:
+    """A fake GPU node for the cluster running from ``workdir``: the Node object and then its
+    status (capacity, allocatable GPUs, Ready) through the status subresource, as a kubelet
+    registers a node (``kubectl create`` alone leaves a node without status, which nothing is
+    scheduled on). The node agent runs the pods bound to it like its own nodes'."""
+    from liveshard.runtime.errors import ConfigError
+
+    if gpus < 1:
+        raise ConfigError("--gpus-per-node", f"must be >= 1, got {gpus}", "e.g. --gpus-per-node 1")
+    kubeconfig = workdir / "kubeconfig"
+    if not (workdir / "local-cluster.pid").exists():
+        raise ConfigError("--workdir", f"no local cluster runs from {workdir} (no local-cluster.pid)",
+                          "pass the --workdir given to `local-cluster up`")
+    if not kubeconfig.exists():  # `up --kubeconfig`: the agent uses only the nodes it added itself
+        raise ConfigError("--workdir", f"the local cluster in {workdir} runs on another API server "
+                          "(up --kubeconfig), whose nodes only `up` adds", "start it with more --nodes")
+    from kubernetes import client, config
+
+    from liveshard.dev.localcluster.node_agent import GPU, node_object
+
+    core = client.CoreV1Api(config.new_client_from_config(str(kubeconfig)))
+    taken = {n.metadata.name for n in core.list_node().items}
+    name = next(f"gpu-{i}" for i in range(len(taken) + 1) if f"gpu-{i}" not in taken)
+    node = node_object(name, gpus, {"karpenter.sh/capacity-type": "spot"})
+    core.create_node({k: v for k, v in node.items() if k != "status"})
+    core.patch_node_status(name, {"status": node["status"]})
+    print(f"node {name} added ({gpus} {GPU})")
+    return 0
 
 
 def _down(pid_file: Path) -> int:

@@ -453,3 +453,25 @@ def test_kubectl_logs_prints_the_text_and_delete_waits_without_errors(kube, core
         kube.emulator.pod_logs = None
     done = kubectl(kubeconfig, "delete", "pod", "trainer", "-n", ns)  # waits for the deletion (a watch)
     assert done.stdout.startswith('pod "trainer" deleted') and done.stderr == ""  # no "Failed to watch"
+
+
+def test_local_cluster_add_node_registers_a_node_the_agent_schedules_on(kube, core, tmp_path):
+    """``liveshard local-cluster add-node``: the Node and then its status (GPUs, Ready) through
+    the status subresource, as a kubelet registers one (``kubectl create`` alone writes no
+    status: such a node has no GPUs to schedule on)."""
+    from liveshard.runtime.cli import main
+
+    workdir = tmp_path / "lc"
+    workdir.mkdir()
+    kube.write_kubeconfig(workdir / "kubeconfig")
+    assert main(["local-cluster", "add-node", "--workdir", str(workdir)]) == 2  # no cluster runs there
+    (workdir / "local-cluster.pid").write_text(str(os.getpid()))
+    before = {n.metadata.name for n in core.list_node().items}
+    assert main(["local-cluster", "add-node", "--workdir", str(workdir), "--gpus-per-node", "2"]) == 0
+    (added,) = [n for n in core.list_node().items if n.metadata.name not in before]
+    assert added.metadata.name.startswith("gpu-")
+    assert added.status.allocatable["nvidia.com/gpu"] == "2"
+    assert {c.type: c.status for c in added.status.conditions}["Ready"] == "True"
+    from liveshard.dev.localcluster.node_agent import _ready
+
+    assert _ready(core.api_client.sanitize_for_serialization(added))  # what the agent schedules on
