@@ -111,10 +111,13 @@ def admitted(o: Observation, out: Outputs) -> None:
     want = o.spec.workers.replicas
     if not a.elastic:
         return
-    if want < requested:
-        # scaled down: hand the quota back at once (Kueue lets an elastic Workload shrink in place)
-        d.workload.shrink = (a.workload_name or "", want)
-        out.event("Normal", "WorkloadShrunk", f"Workload {a.workload_name}: {requested} -> {want} worker pods")
+    keep = min(want, a.workers)
+    if keep < requested:
+        # scaled down, or Kueue admits fewer (a partial admission or preemption): the Workload
+        # asks for no more than runs, so the quota goes back at once (an elastic Workload
+        # shrinks in place); growing back is a replacement slice
+        d.workload.shrink = (a.workload_name or "", keep)
+        out.event("Normal", "WorkloadShrunk", f"Workload {a.workload_name}: {requested} -> {keep} worker pods")
     elif want > requested and a.pending_slice is None:
         index = _slice_index(a.workload_name or "") + 1
         d.workload.create = kueue.build_workload(o.job, o.spec, workers=want, slice_index=index,

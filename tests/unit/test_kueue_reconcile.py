@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 from datetime import timedelta
 
+from test_kueue_workload import FLAVORS, NOW, admit
+from test_operator_reconcile import T0, ack, coordinator, healthy, make_job, make_pod, step
+
 from liveshard.operator import kueue
 from liveshard.operator.conditions import condition
 from liveshard.runtime.contract.jobspec import read_spec
-from test_kueue_workload import FLAVORS, NOW, admit
-from test_operator_reconcile import T0, ack, coordinator, healthy, make_job, make_pod, step
 
 
 def queued_job(replicas=4, elastic=False, **kw):
@@ -167,3 +168,16 @@ def test_an_elastic_job_shrinks_its_workload_in_place_and_grows_by_a_replacement
     assert d.workload.create is None
     d, _ = step(up, pods, healthy(4), T0 + timedelta(seconds=12), admission=admission(up, wl, admit(new)))
     assert d.create_workers == [4, 5]
+
+
+def test_an_elastic_job_admitted_fewer_gives_the_rest_back_then_asks_for_a_slice():
+    job, wl, pods = running_queued(elastic=True)
+    partial = admit(wl, workers=2)
+    d, job = step(job, pods, healthy(4), T0 + timedelta(seconds=10), admission=admission(job, partial))
+    assert d.workload.shrink == ("etj-train", 2) and d.status["plan"]["members"] == ["train-worker-0",
+                                                                                    "train-worker-1"]
+    shrunk = copy.deepcopy(partial)
+    shrunk["spec"].update(kueue.shrink_patch(partial, 2)["spec"])
+    d, job = step(ack(job), pods, healthy(4), T0 + timedelta(seconds=15), admission=admission(job, shrunk))
+    assert d.workload.create["metadata"]["annotations"][kueue.REPLACEMENT_FOR] == "ml/etj-train"
+    assert kueue.podset_count(d.workload.create, "workers") == 4
