@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from liveshard.operator import kueue
 from liveshard.operator.options import Options
 from liveshard.operator.policy import JobPolicy, refusal
 from liveshard.runtime.contract.jobspec import deprecated_fields, validate_spec
@@ -92,7 +93,7 @@ def review(body: Any, policy: JobPolicy) -> dict[str, Any]:
             operation == "CREATE" or (operation == "UPDATE" and new.get("spec") != old.get("spec"))):
         if operation == "UPDATE":
             problem = edit_problem(old.get("spec"), new.get("spec"))
-        problem = problem or job_problem(new.get("spec"), policy)
+        problem = problem or job_problem(new.get("spec"), policy) or kueue.workload_problem(new)
         warnings = deprecated_fields(new.get("spec"))  # kubectl prints each as "Warning: ..."
     response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": problem is None}
     if problem is not None:

@@ -23,6 +23,7 @@ slice that counts them is admitted.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -74,6 +75,34 @@ def managed(job: Mapping[str, Any]) -> bool:
     return queue_name(job) is not None or suspended(job)
 
 
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")  # DNS-1123 subdomain
+# a resource quantity as Kueue's Workload schema requires it (podSets[].template...resources)
+_QUANTITY = re.compile(r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+                       r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+
+
+def workload_problem(job: Mapping[str, Any]) -> str | None:
+    """Why a job labelled with a queue cannot be a Workload Kueue accepts (one line naming the
+    field and the fix), or None (also for a job without a queue)."""
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    if QUEUE_LABEL not in labels:
+        return None
+    for label, what in ((QUEUE_LABEL, "a LocalQueue"), (PRIORITY_CLASS_LABEL, "a WorkloadPriorityClass")):
+        value = labels.get(label)
+        if value is not None and not (_NAME.match(value) and len(value) <= 253):
+            return (f"metadata.labels[{label}]: {value!r} cannot name {what} (a lowercase DNS subdomain): "
+                    "Kueue could never admit the job's Workload")
+    spec = job.get("spec") or {}
+    for where, res in (("spec.template.resources", (spec.get("template") or {}).get("resources")),
+                       ("spec.coordinator.resources", (spec.get("coordinator") or {}).get("resources"))):
+        for kind, values in (res or {}).items() if isinstance(res, dict) else ():
+            for name, q in (values or {}).items() if isinstance(values, dict) else ():
+                if not _QUANTITY.match(str(q)):
+                    return (f"{where}.{kind}[{name}]: {q!r} is not a resource quantity: the job's Workload "
+                            "(its pod sets' requests, what Kueue counts against the quota) would be refused")
+    return None
+
+
 def workload_name(job_name: str, slice_index: int = 0) -> str:
     """``etj-<job>`` for the first slice, ``etj-<job>-s<i>`` for the replacements (job names are
     at most 48 characters: a valid object name)."""
@@ -93,7 +122,8 @@ def _template(pod: dict[str, Any], extra_labels: Mapping[str, str]) -> dict[str,
 
 def pod_sets(job: dict[str, Any], spec: JobSpec, workers: int) -> list[dict[str, Any]]:
     """The job's pod sets: the coordinator (one pod) and ``workers`` worker pods, at least
-    ``workers.min`` of them (Kueue's partial admission: ``minCount``)."""
+    ``workers.min`` of them (Kueue's partial admission: ``minCount``; not for an elastic job,
+    which Kueue's Workload webhook refuses it for: it grows and shrinks by slices instead)."""
     worker = builders.worker_pod(job, spec, 0)
     worker["metadata"]["labels"].pop(LABEL_INDEX, None)
     sets = [{"name": PODSET_COORDINATOR, "count": 1,
@@ -101,7 +131,7 @@ def pod_sets(job: dict[str, Any], spec: JobSpec, workers: int) -> list[dict[str,
             {"name": PODSET_WORKERS, "count": workers,
              "template": _template(worker, {PODSET_LABEL: PODSET_WORKERS})}]
     lowest = max(1, spec.workers.min)
-    if lowest < workers:
+    if lowest < workers and not elastic(job):
         sets[1]["minCount"] = lowest
     return sets
 
@@ -275,9 +305,10 @@ class WorkloadChange:
     shrink: tuple[str, int] | None = None
     release: str | None = None
     active: tuple[str, bool] | None = None  # spec.active to write (spec.suspend edited)
+    finish: str | None = None  # the job succeeded: Finished, so its quota goes back
 
     def __bool__(self) -> bool:
-        return any(x is not None for x in (self.create, self.shrink, self.release, self.active))
+        return any(x is not None for x in (self.create, self.shrink, self.release, self.active, self.finish))
 
 
 def release_patch(wl: Mapping[str, Any], now_iso: str) -> dict[str, Any]:
@@ -295,6 +326,15 @@ def release_patch(wl: Mapping[str, Any], now_iso: str) -> dict[str, Any]:
             c["observedGeneration"] = gen
         conds.append(c)
     return {"status": {"admission": None, "conditions": conds}}
+
+
+def finish_patch(wl: Mapping[str, Any], now_iso: str, message: str) -> dict[str, Any]:
+    """``Finished`` True (reason ``Succeeded``), as Kueue's job reconciler marks a finished job's
+    Workload: Kueue stops counting its quota."""
+    conds = [dict(c) for c in (wl.get("status") or {}).get("conditions") or [] if c.get("type") != FINISHED]
+    conds.append({"type": FINISHED, "status": "True", "reason": "Succeeded", "message": message,
+                  "lastTransitionTime": now_iso})
+    return {"status": {"conditions": conds}}
 
 
 def shrink_patch(wl: Mapping[str, Any], workers: int) -> dict[str, Any]:

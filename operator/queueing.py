@@ -139,3 +139,10 @@ def _sync_active(o: Observation, out: Outputs) -> None:
     if a.workload is not None and bool((a.workload.get("spec") or {}).get("active", True)) == a.held:
         out.decision.workload.active = (a.workload_name or "", not a.held)
 
+
+
+def finished(o: Observation, out: Outputs) -> None:
+    """The job succeeded: its Workload is marked ``Finished`` (Kueue stops counting its quota)."""
+    a = o.admission
+    if a is not None and a.workload is not None and not kueue.is_true(a.workload, kueue.FINISHED):
+        out.decision.workload.finish = a.workload_name

@@ -135,6 +135,7 @@ def _decide(o: Observation, out: Outputs) -> None:
     finished = part(o, out, "finished")
     if finished is not None:
         succeeded(o, out, finished)
+        queueing.finished(o, out)
         return
     _coordinator_pod(o, out)
     _settling(o, out)

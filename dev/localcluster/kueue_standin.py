@@ -13,8 +13,9 @@ conditions), so that the operator can be exercised without it:
 * **preemption** by priority within the ClusterQueue (``preemption.withinClusterQueue:
   LowerPriority``): lower-priority Workloads are evicted (``Evicted`` True, reason
   ``Preempted``) until the preemptor fits. Unlike Kueue, which preempts whole Workloads, an
-  elastic victim (``kueue.x-k8s.io/elastic-job``) above its ``minCount`` is first *partially*
-  preempted: its admitted count is lowered;
+  elastic victim (``kueue.x-k8s.io/elastic-job``) is first *partially* preempted: its admitted
+  workers' count is lowered (down to one), which Kueue's own webhook would refuse (admission is
+  immutable while set): it plays the partial preemption liveshard answers with a live shrink;
 * **slice replacement** (elastic jobs): a Workload annotated
   ``kueue.x-k8s.io/workload-slice-replacement-for`` is sized against the quota without the slice
   it replaces; admitted, the old slice gets ``Finished`` (reason ``WorkloadSliceReplaced``);
@@ -258,7 +259,7 @@ class KueueStandIn:
                            if a["name"] == kueue.PODSET_WORKERS), None)
         if workers is None or assignment is None:
             return False
-        lowest = int(workers.get("minCount") or workers.get("count", 1))
+        lowest = 1  # an elastic Workload has no minCount: it may run on one worker
         per_pod = pod_requests(workers.get("template") or {})
         for n in range(int(assignment["count"]) - 1, lowest - 1, -1):
             assignment["count"] = n

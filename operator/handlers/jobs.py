@@ -161,6 +161,9 @@ async def _change_workloads(ctx: Context, namespace: str, change: kueue.Workload
         await ctx.kube.patch_workload(namespace, change.shrink[0], kueue.shrink_patch(current, change.shrink[1]))
     if change.active is not None:
         await ctx.kube.patch_workload(namespace, change.active[0], {"spec": {"active": change.active[1]}})
+    if change.finish is not None and current is not None:
+        await ctx.kube.patch_workload(namespace, change.finish, kueue.finish_patch(
+            current, now.strftime("%Y-%m-%dT%H:%M:%SZ"), "the job succeeded"), status=True)
     if change.release is not None and current is not None:
         await ctx.kube.patch_workload(namespace, change.release,
                                       kueue.release_patch(current, now.strftime("%Y-%m-%dT%H:%M:%SZ")), status=True)

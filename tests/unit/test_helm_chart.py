@@ -39,7 +39,10 @@ MINIMAL = {"serviceAccount": {"create": False, "name": "preexisting"}, "rbac": {
 
 # The operator's permissions, verb by verb: what operator/kube.py and operator/handlers/ call,
 # plus what the per-job Role it creates grants (RBAC escalation rules: it must hold them).
-EXPECTED_NODE_RULES = {("", "nodes"): {"get", "list", "watch"}}
+EXPECTED_NODE_RULES = {("", "nodes"): {"get", "list", "watch"},
+                       # Kueue: cluster-scoped reads of the flavors an admission names, the priority class
+                       ("kueue.x-k8s.io", "resourceflavors"): {"get"},
+                       ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"}}
 EXPECTED_JOB_RULES = {
     ("", "pods"): {"create", "delete", "get", "list", "watch", "patch"},
     ("", "events"): {"create"},
@@ -53,6 +56,9 @@ EXPECTED_JOB_RULES = {
     ("liveshard.io", "elastictrainingjobs/status"): {"get", "patch", "update"},
     # ownerReferences with blockOwnerDeletion (OwnerReferencesPermissionEnforcement)
     ("liveshard.io", "elastictrainingjobs/finalizers"): {"update"},
+    # Kueue: a queued job's Workloads, owned by the operator (operator/kueue.py)
+    ("kueue.x-k8s.io", "workloads"): {"create", "list", "patch"},
+    ("kueue.x-k8s.io", "workloads/status"): {"patch"},
 }
 
 
@@ -625,3 +631,25 @@ def test_pod_monitor_needs_no_operator_metrics():
     (pm,) = by_kind(render({**MINIMAL, "metrics": {"enabled": False, "jobs": {"podMonitor": {"enabled": True}}}}),
                     "PodMonitor")
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_the_kueue_calls_are_the_ones_the_roles_grant(default_objs):
+    """Derived from the code: the kubernetes client methods the operator's Kueue calls use."""
+    import inspect
+
+    from liveshard.operator.kube import Kube
+
+    roles = {r["metadata"]["name"]: r for r in by_kind(default_objs, "ClusterRole")}
+    jobs, nodes = rules_of(roles["ls-liveshard-jobs"]), rules_of(roles["ls-liveshard-nodes"])
+    verbs = {"list_namespaced_custom_object": ("list", "workloads", jobs),
+             "create_namespaced_custom_object": ("create", "workloads", jobs),
+             "patch_namespaced_custom_object": ("patch", "workloads", jobs),
+             "patch_namespaced_custom_object_status": ("patch", "workloads/status", jobs),
+             "get_cluster_custom_object": ("get", "resourceflavors", nodes)}
+    source = "".join(inspect.getsource(getattr(Kube, m)) for m in
+                     ("list_workloads", "get_cluster_object", "create_workload", "patch_workload"))
+    used = {m for m in verbs if f"self.custom.{m}" in source}
+    assert used == set(verbs)
+    for verb, resource, held in verbs.values():
+        assert verb in held[("kueue.x-k8s.io", resource)], (verb, resource)
+    assert "get" in nodes[("kueue.x-k8s.io", "workloadpriorityclasses")]

@@ -181,3 +181,15 @@ def test_an_elastic_job_admitted_fewer_gives_the_rest_back_then_asks_for_a_slice
     d, job = step(ack(job), pods, healthy(4), T0 + timedelta(seconds=15), admission=admission(job, shrunk))
     assert d.workload.create["metadata"]["annotations"][kueue.REPLACEMENT_FOR] == "ml/etj-train"
     assert kueue.podset_count(d.workload.create, "workers") == 4
+
+
+def test_a_succeeded_job_marks_its_workload_finished():
+    job, wl, pods = running_queued()
+    job["status"].update(finishedAt="2026-03-01T12:10:00Z", finishedStep=1000, finalCheckpoint="/ckpt/step-1000")
+    d, _ = step(job, pods, healthy(4), T0 + timedelta(seconds=20), admission=admission(job, wl))
+    assert d.workload.finish == "etj-train"
+    done = copy.deepcopy(wl)
+    done["status"].update(kueue.finish_patch(wl, NOW, "the job succeeded")["status"])
+    assert kueue.is_true(done, "Finished")
+    d, _ = step(job, pods, healthy(4), T0 + timedelta(seconds=21), admission=admission(job, done))
+    assert d.workload.finish is None

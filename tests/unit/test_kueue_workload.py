@@ -96,6 +96,7 @@ def test_an_elastic_slice_names_the_slice_it_replaces():
     wl = build(job, workers=6, slice_index=1, replaces="etj-train")
     assert WORKLOADS.errors(copy.deepcopy(wl)) == []
     assert wl["metadata"]["name"] == "etj-train-s1"
+    assert "minCount" not in wl["spec"]["podSets"][1]  # Kueue: no partial admission for an elastic job
     assert wl["metadata"]["annotations"] == {kueue.ELASTIC_JOB: "true", kueue.REPLACEMENT_FOR: "ml/etj-train"}
     assert kueue.podset_count(wl, "workers") == 6
 
@@ -155,7 +156,10 @@ def test_shrinking_in_place_lowers_the_workers_count_and_the_newest_admitted_sli
     old = admit(build(job))
     patch = kueue.shrink_patch(old, 1)
     assert [s["count"] for s in patch["spec"]["podSets"]] == [1, 1]
-    assert patch["spec"]["podSets"][1]["minCount"] == 1
+    shrunk = copy.deepcopy(old)
+    shrunk["spec"].update(patch["spec"])
+    assert WORKLOADS.errors(copy.deepcopy(shrunk), old=copy.deepcopy(old)) == []
+    assert kueue.shrink_patch(admit(build(make_job())), 1)["spec"]["podSets"][1]["minCount"] == 1
     new = build(job, workers=6, slice_index=1, replaces="etj-train")
     a = kueue.read_admission(job, [old, new], FLAVORS)
     assert a.workload_name == "etj-train" and a.pending_slice["metadata"]["name"] == "etj-train-s1"
@@ -176,3 +180,22 @@ def test_queued_job_answers_kueues_generic_job_questions():
     assert not running.is_suspended() and running.pods_ready()
     assert running.pod_placement("worker").node_selector == {"karpenter.sh/capacity-type": "spot"}
     assert running.restore_pod_sets_info() and running.pod_placement("worker") == kueue.Placement()
+
+
+@pytest.mark.parametrize(("labels", "spec_extra", "why"), [
+    ({kueue.QUEUE_LABEL: "Team_A"}, {}, "cannot name a LocalQueue"),
+    ({kueue.PRIORITY_CLASS_LABEL: "very_high"}, {}, "cannot name a WorkloadPriorityClass"),
+    ({}, {"template": {"resources": {"requests": {"memory": "lots"}}}}, "is not a resource quantity"),
+])
+def test_the_webhook_refuses_a_queued_job_that_cannot_be_a_workload(labels, spec_extra, why):
+    from liveshard.operator.admission import review
+    from liveshard.operator.policy import JobPolicy
+
+    job = make_job(labels=labels, **spec_extra)
+    request = {"request": {"uid": "u", "operation": "CREATE", "object": job}}
+    response = review(request, JobPolicy())["response"]
+    assert not response["allowed"] and why in response["status"]["message"]
+    del job["metadata"]["labels"][kueue.QUEUE_LABEL]  # without a queue: not Kueue's to admit
+    job["metadata"]["labels"].pop(kueue.PRIORITY_CLASS_LABEL, None)
+    if not spec_extra:
+        assert review(request, JobPolicy())["response"]["allowed"]
