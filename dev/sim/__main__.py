@@ -2,7 +2,7 @@
 schedule's seed and trace, 2 on bad arguments, 3 when ``--mutant``'s text is not in its module.
 
 ``--mutant NAME`` plants one of ``sim.mutants.MUTANTS`` in the shipped code first (exit 1: the
-simulator caught it)."""
+simulator caught it); a mutant with a scripted scenario of its own runs that first."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     from liveshard.dev.sim.run import run_schedules
 
     try:
+        scenario = mutants.BY_NAME[args.mutant].scenario if args.mutant else None
+        if scenario is not None and (caught := _scenario(scenario)):
+            print(caught)
+            return 1
         report = run_schedules(args.schedules, args.seed, faults)
     except mutants.NotPlanted as e:
         print(e, file=sys.stderr)
@@ -48,6 +52,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"VIOLATION in schedule seed {f.seed}:", *f.violations, sep="\n  ")
             print("trace:", *f.trace[-80:], sep="\n  ")
     return 0 if report.failed is None else 1
+
+
+def _scenario(name: str) -> str | None:
+    """Run a scripted scenario (a mutant's own case); what it found, or None."""
+    import logging
+
+    from liveshard.dev.sim.scenarios import SCENARIOS
+
+    logging.getLogger("liveshard").setLevel(logging.CRITICAL)
+    result, problems = SCENARIOS[name]()
+    if result.ok and not problems:
+        return None
+    return "\n  ".join([f"VIOLATION in scenario {name}:", *result.violations, *problems, "trace:", *result.trace[-80:]])
 
 
 if __name__ == "__main__":

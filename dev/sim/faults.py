@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from liveshard.dev.sim.store import ATTACKER, Link, SimClient, full
 from liveshard.runtime.contract.keys import COMMITTED, Keys
-from liveshard.runtime.control.protocol import MemberResult, Registration
+from liveshard.runtime.control.protocol import Heartbeat, MemberResult, Registration
 from liveshard.runtime.coordinator.requests import PlanRequest
 
 if TYPE_CHECKING:
@@ -82,8 +82,12 @@ class Faults:
             self._kill_coordinator(f"pending {core.pending.plan.generation if core.pending else None}")
         elif kind == "forge":
             self._forge(rng.choice(alive) if alive else self.workers["w0"])
+        elif kind.startswith("forge-hb:"):  # scripted: forge-hb:<member>:<seconds, or 'once'>
+            _, member, seconds = kind.split(":")
+            self._forge_beat(member, None if seconds == "once" else float(seconds))
         elif kind.startswith("unforge:"):
             self.forged_beats.discard(kind.split(":", 1)[1])
+            self.solid_forged.discard(kind.split(":", 1)[1])
         elif kind == "replay":
             prefix = rng.choice(("hb/", "hb/", "members/", "gen/", "plan/", "dead/"))
             keys = server.stale_keys((prefix,)) if rng.random() < 0.5 else []
@@ -133,6 +137,13 @@ class Faults:
     def _forge(self: Simulation, target: Worker) -> None:
         """Values an attacker without the secret writes: well-formed, and harmful if taken as valid."""
         rng, server, core = self.rng, self.server, self.core
+        if rng.random() < 0.35:
+            # overwritten before every read of the coordinator, for longer than three heartbeat
+            # timeouts: the key shows the coordinator nothing valid all along
+            from liveshard.dev.sim.world import HB_TIMEOUT
+
+            self._forge_beat(target.id, rng.uniform(3.2, 4.0) * HB_TIMEOUT)
+            return
         what = rng.choice(("hb", "decision", "latest", "result", "dead", "member", "index", "garbage"))
         if what == "hb":
             self.forged_beats.add(target.id)
@@ -154,6 +165,20 @@ class Faults:
             else:
                 server.forge(*value)
         self.log(f"FAULT forge {what} {target.id}")
+
+    def _forge_beat(self: Simulation, member: str, seconds: float | None) -> None:
+        """An attacker overwrites ``member``'s heartbeat before every read of the coordinator for
+        ``seconds`` (None: once, and the forged value is left in the key)."""
+        if seconds is None:
+            w = self.workers[member]
+            self.server.forge(Keys.heartbeat(member), Heartbeat(time=self.now, state="training",
+                                                                incarnation=w.inc).to_json())
+            self.log(f"FAULT forge hb {member} once")
+            return
+        self.forged_beats.add(member)
+        self.solid_forged.add(member)
+        self.at(self.now + seconds, "fault", f"unforge:{member}")
+        self.log(f"FAULT forge hb {member} before every read for {seconds:.1f} s")
 
     def _kill_coordinator(self: Simulation, when: str) -> None:
         """The coordinator's process dies, and the store it serves with it; Kubernetes restarts

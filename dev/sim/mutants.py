@@ -29,6 +29,7 @@ class Mutant:
     old: str  # the text replaced (exactly once)
     new: str
     why: str  # what the planted bug breaks
+    scenario: str | None = None  # a scripted case (``sim.scenarios``) run before the random schedules
 
 
 R = "liveshard.runtime."
@@ -63,6 +64,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "            if now - w.fresh_at > limit:",
            "            if now - (w.beat.time if w.beat is not None else w.fresh_at) > limit:",
            "a heartbeat's age is judged against the sender's clock, not the reader's"),
+    Mutant("contested-silence-kills", R + "coordinator.membership",
+           "            if m not in corroborated:\n                return None\n",
+           "",
+           "a member whose heartbeat key an attacker overwrites all along is judged by its silence: "
+           "a client without the secret decides its death", scenario="heartbeat-forged-for-three-timeouts"),
+    Mutant("forged-beat-left-in-place", R + "control.store",
+           "                elif _HEARTBEAT.fullmatch(key):\n                    repair = self._clear(key, raw, accepted)\n",
+           "",
+           "a forged heartbeat left behind once keeps its member contested for ever: a dead member is found "
+           "dead late, or never", scenario="forged-beat-left-on-a-dead-worker"),
     Mutant("tampering-uncounted", R + "control.store",
            "            self.tampering[seen] += 1\n",
            "",

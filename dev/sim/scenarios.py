@@ -52,7 +52,38 @@ def scale_up_one_to_four() -> tuple[SimResult, list[str]]:
     return result, problems
 
 
+def _deaths(sim: Simulation, member: str) -> list[float]:
+    return [float(line.split()[0]) for line in sim.trace if f"declared dead: {member} " in line]
+
+
+def heartbeat_forged_for_three_timeouts() -> tuple[SimResult, list[str]]:
+    """An attacker without the secret overwrites a live worker's heartbeat before every read of
+    the coordinator for 3.5 heartbeat timeouts: the worker is never declared dead (the
+    invariant: nobody dead while heartbeating validly), and the world is not changed."""
+    sim = Simulation(3, faults=frozenset(), workers=3, config="dp",
+                     script=((4.0, f"forge-hb:w1:{3.5 * HB_TIMEOUT}"),))
+    result = sim.run()
+    problems = [f"w1 declared dead at {t:.1f} s" for t in _deaths(sim, "w1")] + _aborted(sim)
+    return result, problems
+
+
+def forged_beat_left_on_a_dead_worker() -> tuple[SimResult, list[str]]:
+    """A forged heartbeat written once over a worker that is killed right after, and left in its
+    key: the tampering ended, so its silence counts again, and it is found dead within two
+    heartbeat timeouts of the forgery (not kept alive by a value nobody writes any more)."""
+    t_forge = 4.0
+    sim = Simulation(4, faults=frozenset(), workers=3, config="dp",
+                     script=((t_forge, "forge-hb:w2:once"), (t_forge + 0.05, "kill:w2")))
+    result = sim.run()
+    deaths = _deaths(sim, "w2")
+    problems = [] if deaths and deaths[0] <= t_forge + 2 * HB_TIMEOUT + 0.5 else \
+        [f"w2 killed at {t_forge + 0.05:.2f} s was declared dead at {deaths[:1] or 'no time'}"]
+    return result, problems
+
+
 SCENARIOS: dict[str, Callable[[], tuple[SimResult, list[str]]]] = {
     "node-deleted-then-operator-plan": node_deleted_then_operator_plan,
     "scale-up-one-to-four": scale_up_one_to_four,
+    "heartbeat-forged-for-three-timeouts": heartbeat_forged_for_three_timeouts,
+    "forged-beat-left-on-a-dead-worker": forged_beat_left_on_a_dead_worker,
 }

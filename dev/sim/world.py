@@ -298,6 +298,7 @@ class Simulation(Faults):
         self.seen_plans: dict[int, WorldPlan] = {}  # what some worker read under each generation
         self.seen_by: dict[int, set[str]] = {}  # the processes that read it
         self.forged_beats: set[str] = set()  # heartbeat keys overwritten by an attacker all along
+        self.solid_forged: set[str] = set()  # ... before every read of the coordinator
         self._queue: list[tuple[float, int, str, str]] = []
         self._n = 0
         self.faults_left = 0  # fault events still queued
@@ -399,7 +400,7 @@ class Simulation(Faults):
         if coordinator is None or not self.server.up:
             return
         for m in sorted(self.forged_beats):
-            if self.rng.random() < 0.7:  # an attacker overwriting a heartbeat all along
+            if self.rng.random() < 0.7 or m in self.solid_forged:  # an attacker overwriting a heartbeat all along
                 w = self.workers.get(m)
                 self.server.forge(Keys.heartbeat(m), Heartbeat(time=self.now, state="training",
                                                                incarnation=w.inc if w else None).to_json())

@@ -20,9 +20,9 @@ sees (``JobStore.read`` -> ``StoreRead``, ``Seen``):
   deletes a key: a legitimate deletion is ``JobStore.delete``, a sealed tombstone.
 
 For ``FORGED``, ``REPLAYED`` and ``DELETED`` the last accepted value stands: ``get`` returns it
-(None only when nothing valid was ever read). Each such observation is tampering: logged once per
-key and kind, counted per distinct bad value (``tampering``, ``tampered_keys``; the coordinator
-exports it as ``liveshard_store_tampering_total``).
+(None only when nothing valid was ever read). Each such observation is tampering: counted per
+distinct bad value (``tampering``, ``tampered_keys``; the coordinator exports it as
+``liveshard_store_tampering_total``) and logged within bounds (below).
 
 **Seal.** ``v2.<seq>.<flag>.<mac>.<value>``; the MAC (HMAC-SHA256) covers the job name, the job's
 incarnation (``$LIVESHARD_JOB_INCARNATION``: the job object's uid, so a value from an earlier job
@@ -54,14 +54,28 @@ so it never overwrites anything else) for readers that come after it. ``decide``
 point's compare-and-set: the first *valid* writer wins even if forged values were planted first.
 
 **Counters.** ``store.add`` values cannot be sealed. Registration and plan requests therefore do
-not use them: ``append`` claims the first free slot of an indexed list with a compare-and-set and
-``entries`` reads slots up to the first absent one, skipping forged ones, so planted or skipped
-counter values cannot hide or block an entry. ``gen/<N>/arrived`` is still a counter (see
-``contract.keys``).
+not use them: ``append`` claims the first slot of an indexed list that holds no valid entry (an
+absent one, or one an attacker planted) with a compare-and-set, and ``entries`` reads slots up
+to ``LIST_GAP`` in a row without a valid entry: however many slots are planted, a reader reads a
+few past the last entry and a writer passes over valid entries only. ``gen/<N>/arrived`` is
+still a counter (see ``contract.keys``).
+
+**Bounded tampering report.** Each bad value is counted; the first ``LOGGED_KEYS`` keys found
+tampered with are logged one line each, and after that one summary line at most every
+``SUMMARY_EVERY`` seconds ("store: 1,204 forged values on 3 keys in the last 10 s"), whatever
+an attacker plants.
+
+**Heartbeat keys** (``hb/<id>``): a reader that finds one tampered with puts the last valid beat
+back (compare-and-set against exactly what it found; a sealed tombstone where it never read one),
+so one bad value left behind reads as silence at the next read, and only an attacker writing the
+key again and again shows as tampering at every read (``coordinator.membership`` then judges the
+member by its peers, never by its silence alone).
 
 **Limits.** An attacker can still delete or overwrite everything: a reader that never read a key
 before sees it absent, and a key it keeps overwriting (``hb/<id>``) shows the reader only the last
-valid value, which ages. The rendezvous keys under ``prefixed`` are c10d's own and not sealed.
+valid value, which ages. A copy of a key's last valid bytes written back over every newer value
+faster than the reader reads is, to the reader, the silence of the key's writer. The rendezvous
+keys under ``prefixed`` are c10d's own and not sealed (``docs/architecture.md``, threat model).
 """
 
 from __future__ import annotations
@@ -188,6 +202,7 @@ class StoreRead:
 
 
 _WRITE_ONCE = re.compile(r"(gen/\d+/(decision|outcome|result/.+)|plan/\d+)")
+_HEARTBEAT = re.compile(r"hb/[^/]+")  # tampered with: a reader puts the last valid beat back (``_clear``)
 # Reads go through compare_set(key, _PROBE, _PROBE): one round trip that never waits (c10d's get
 # waits for an absent key, and a key deleted between check() and get() would block a reader for
 # the store's whole timeout). An absent key answers _PROBE itself; _PROBE is no valid seal.
@@ -195,8 +210,11 @@ _PROBE = b"\0liveshard-probe"
 _SEQ = re.compile(r"[0-9]{1,30}")
 _VERSION = "v2"
 _FLAGS = ("s", "r", "d")  # a value, a value going back in its own order (rewind), a tombstone
-LIST_GAP = 4  # absent slots in a row that end an indexed list (``entries``)
+LIST_GAP = 4  # slots in a row without a valid entry that end an indexed list (``entries``)
 DECIDE_ATTEMPTS = 32  # compare-and-set tries against planted values before decide gives up
+LOGGED_KEYS = 20  # (key, kind) pairs of tampering logged one line each; then summaries only
+KEPT_KEYS = 1000  # keys ``tampered_keys`` names at most
+SUMMARY_EVERY = 10.0  # seconds between two summary lines of tampering
 
 
 def write_once(key: str) -> bool:
@@ -250,6 +268,9 @@ class JobStore:
         self._tampered: dict[str, set[Seen]] = {}
         self._slot_hint: dict[str, int] = {}
         self.tampering: Counter[Seen] = Counter()
+        self._window: Counter[Seen] = Counter()  # bad values since the last summary (``_summarize``)
+        self._window_keys: set[str] = set()
+        self._window_start: float | None = None
 
     # ---- sealing ----------------------------------------------------------------------------
     def _mac(self, key: str, seq: int, flag: str, value: str) -> str:
@@ -327,23 +348,67 @@ class JobStore:
                 self._tampering(key, seen, raw)
                 if accepted is not None and accepted.value is not None and write_once(key):
                     repair = (raw or b"", accepted.raw)
+                elif _HEARTBEAT.fullmatch(key):
+                    repair = self._clear(key, raw, accepted)
             else:
                 self._last_bad.pop(key, None)
         if repair is not None:
             # Put the final value back for readers that come after this one: compare-and-set
             # against exactly the bytes judged here, so nothing written since is overwritten.
-            self._cas(key, *repair)
+            landed = self._cas(key, *repair) == repair[1]
+            if landed and repair[1] != (accepted.raw if accepted else None):  # a tombstone of ``_clear``
+                opened = self._unseal(key, repair[1])
+                if opened is not None:
+                    with self._lock:
+                        self._accepted[key] = _Accepted(opened[0], None, repair[1], None)
         return StoreRead(last, seen)
+
+    def _clear(self, key: str, raw: bytes | None, accepted: _Accepted | None) -> tuple[bytes, bytes] | None:
+        """The repair of a tampered heartbeat key (under the lock): the last valid value back (a
+        sealed tombstone where there was none), so that tampering shows at a later read only if
+        it is done again. One bad value left behind then reads as the silence it is, while an
+        attacker overwriting the key all along shows as tampering at every read
+        (``coordinator.membership``: contested members are not judged by silence alone)."""
+        if accepted is not None:
+            return raw or b"", accepted.raw
+        if raw is None:
+            return None
+        return raw, self._seal(key, "", "d")[1]  # accepted once it lands (``_judge``)
 
     def _tampering(self, key: str, seen: Seen, raw: bytes | None) -> None:
         if self._last_bad.get(key) != (seen, raw):  # a new bad value, not the same one read again
             self._last_bad[key] = (seen, raw)
             self.tampering[seen] += 1
-            self._tampered.setdefault(key, set()).add(seen)
-        if (key, seen) not in self._logged:
+            if key in self._tampered or len(self._tampered) < KEPT_KEYS:
+                self._tampered.setdefault(key, set()).add(seen)
+            if not self._window:
+                self._window_start = time.monotonic()  # a summary covers from its first bad value
+            self._window[seen] += 1
+            self._window_keys.add(key)
+        if (key, seen) not in self._logged and len(self._logged) < LOGGED_KEYS:
             self._logged.add((key, seen))
             log.warning("store key %s is tampered with (%s): %s", key, seen.value,
                         "the last valid value stands" if key in self._accepted else "ignored")
+        self._summarize()
+
+    def _summarize(self, force: bool = False) -> None:
+        """Log what was found since the last summary, at most every ``SUMMARY_EVERY`` seconds."""
+        now = time.monotonic()
+        start = now if self._window_start is None else self._window_start
+        if not self._window or (not force and now - start < SUMMARY_EVERY):
+            return
+        counts = ", ".join(f"{n:,} {kind.value}" for kind, n in sorted(self._window.items()))
+        log.warning("store: %s values on %s keys in the last %.0f s (the last valid values stand)",
+                    counts, f"{len(self._window_keys):,}", now - start)
+        self._window.clear()
+        self._window_keys.clear()
+        self._window_start = now
+
+    def log_tampering(self) -> None:
+        """Log the summary of tampering found since the last one if it is due (a reader calls it
+        now and then: the summary does not wait for the next bad value)."""
+        with self._lock:
+            self._summarize()
 
     def tampered_keys(self) -> dict[str, frozenset[Seen]]:
         """Every key this ``JobStore`` saw tampered with, and how."""
@@ -443,40 +508,56 @@ class JobStore:
 
     # ---- indexed lists (instead of counters) --------------------------------------------------
     def append(self, slot: Callable[[int], str], value: str, lowest: bool = False) -> int:
-        """Add ``value`` to the list ``slot(0), slot(1), ...`` in the first free slot, claimed with
-        a compare-and-set on the absent key (value and claim are one write: no slot is ever
-        claimed but empty). Slots others hold, forged ones included, are passed over. The search
-        starts after this store's last entry, or at 0 with ``lowest`` (filling a slot an attacker
-        emptied). Returns the index."""
+        """Add ``value`` to the list ``slot(0), slot(1), ...`` in the first slot that holds no
+        valid entry, claimed with a compare-and-set against exactly what it holds (nothing, or a
+        forged value: a planted slot is nobody's entry, and taking it keeps the list dense, so
+        readers stop at the first few slots without a valid entry; ``entries``). Value and claim
+        are one write: no slot is ever claimed but empty. The search starts after this store's
+        last entry, or at 0 with ``lowest`` (filling a slot an attacker emptied). Work: one
+        round trip per valid entry passed over, plus at most ``DECIDE_ATTEMPTS`` per slot an
+        attacker keeps rewriting. Returns the index."""
         i = 0 if lowest else self._slot_hint.get(slot(0), 0)
         while True:
             key = slot(i)
             if self._secret is None:
                 if self.store.compare_set(key, "", value).decode() == value:
                     break
-            else:
-                seq, sealed = self._seal(key, value)
-                held = self._cas(key, b"", sealed)
+                i += 1
+                continue
+            seq, sealed = self._seal(key, value)
+            expected, claimed = b"", False
+            for _ in range(DECIDE_ATTEMPTS):
+                held = self._cas(key, expected, sealed)
                 if held == sealed:
-                    with self._lock:
-                        self._accepted[key] = _Accepted(seq, value, sealed, None)
+                    claimed = True
                     break
-                self._judge(key, held)  # another's entry, or a planted one: counted, passed over
+                if expected and held == expected:
+                    expected = b""  # the planted value was deleted meanwhile
+                    continue
+                if self._judge(key, held).value is not None:
+                    break  # another's entry: passed over
+                expected = held  # forged (counted by the judge): take the slot over
+            if claimed:
+                with self._lock:
+                    self._accepted[key] = _Accepted(seq, value, sealed, None)
+                    self._last_bad.pop(key, None)
+                break
             i += 1
         self._slot_hint[slot(0)] = i + 1
         return i
 
     def entries(self, slot: Callable[[int], str], start: int = 0) -> list[tuple[int, str]]:
         """(index, value) of the valid entries of the list ``slot(start), slot(start+1), ...``,
-        up to ``LIST_GAP`` absent slots in a row. A forged slot is skipped (an attacker cannot
-        hide what follows it); a deleted one keeps the value this store read before, or reads as
-        absent to a store that never read it: the gap lets a reader see past a few of those,
-        and their writers fill them again (``registration_intact``, ``append(lowest=True)``)."""
+        up to ``LIST_GAP`` slots in a row without a valid entry (absent or forged): bounded work
+        whatever was planted (writers take planted slots over, ``append``, so the list stays
+        dense). A deleted entry keeps the value this store read before, or reads as absent to a
+        store that never read it: the gap lets a reader see past a few of those, and their
+        writers fill them again (``registration_intact``, ``append(lowest=True)``)."""
         out: list[tuple[int, str]] = []
-        i, absent = start, 0
-        while absent < LIST_GAP:
+        i, missing = start, 0
+        while missing < LIST_GAP:
             read = self.read(slot(i))
-            absent = absent + 1 if read.seen is Seen.ABSENT else 0
+            missing = missing + 1 if read.value is None else 0
             if read.value is not None:
                 out.append((i, read.value))
             i += 1

@@ -213,6 +213,9 @@ class Coordinator:
             return
         now = self.clock()
         self.kept.restore(core.dead, now)
+        summarize = getattr(self.store, "log_tampering", None)
+        if summarize is not None:
+            summarize()  # the tampering summary, when one is due
         observation = self._observe(now)
         if paused > 0:
             log.warning("this coordinator did not run for %.1f s: that time counts against no member", paused)

@@ -12,11 +12,16 @@ The rules:
   compared with the reader's, so clock skew and clock jumps on either side cannot kill anyone.
 * **Silent** past ``timeout`` is dead; past half of it when a peer of the same world reports that
   world broken (a failed collective is the first sign of a loss without notice).
-* **Contested is not silent.** When the member's heartbeat key holds a forged, replayed or deleted
-  value (someone without the job's secret writes the store), the missing beats are tampering, not
-  silence: while contested, a member is dead only once no new valid beat came for
-  ``contest_limit`` (tampering must neither kill a live member quickly nor keep a dead one alive
-  for ever), whatever its peers report.
+* **Contested is not silent.** When the member's heartbeat key held a forged, replayed or deleted
+  value within the last ``timeout`` (someone without the job's secret writes the store), the
+  missing beats may be tampering, not silence, and a client without the secret must not be able
+  to decide a death: silence alone never kills a contested member. It is dead only with
+  authenticated evidence besides: its peers of the same world report that world broken (their
+  beats are sealed; a forger cannot write them) and no new valid beat of its own came for
+  ``contest_limit``. A contested member with no peer to report (a world of one, a joiner) is
+  kept while the tampering goes on: an attack can delay the finding of a death by its own
+  length plus ``timeout``, never cause one (a pending generation that waits on it still ends
+  by its own timeout).
 * **Unresponsive**: the coordinator may declare a member dead that answers no transition
   (``declare``), with its reason; the verdict is this judge's like any other.
 * **Exited**: a member whose last heartbeat says its process is ending is dead for the world
@@ -189,10 +194,13 @@ class Liveness:
                 return Death(m, w.incarnation, "its process exited")
             if beat.ended:
                 return None  # left by plan, or the job finished
-        # Contested: the missing beats may be tampering, so the limit is ``contest_limit``
-        # whatever the peers say (a forger must not turn their report into a quick death);
-        # otherwise half the timeout once a peer reports the world broken, else the timeout.
-        if w.contested_at is not None:
+        # Contested (tampering seen on its key within the timeout): the missing beats may be
+        # tampering, which must not decide a death; only the peers' sealed report that its
+        # world broke does, after ``contest_limit``. Otherwise half the timeout once a peer
+        # reports the world broken, else the timeout.
+        if w.contested_at is not None and now - w.contested_at <= self.timeout:
+            if m not in corroborated:
+                return None
             limit = self.contest_limit if self.contest_limit is not None else 3 * self.timeout
         else:
             limit = self.timeout / 2 if m in corroborated else self.timeout

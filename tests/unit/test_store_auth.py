@@ -19,7 +19,7 @@ import torch.distributed as dist
 from liveshard.runtime.contract.keys import COMMITTED, SECRET_ENV, Keys
 from liveshard.runtime.control.metrics import JobMetrics
 from liveshard.runtime.control.protocol import WorldPlan
-from liveshard.runtime.control.store import JobStore, Seen, connect_store, job_secret, serve_store
+from liveshard.runtime.control.store import JobStore, Seen, StoreRead, connect_store, job_secret, serve_store
 from liveshard.runtime.errors import ConfigError
 
 SECRET = b"s3cret"
@@ -73,23 +73,28 @@ def net(tcp, request) -> Net:
     return Net(client, Synced(dist.PrefixStore(f"liveshard/{name}/", attacker)), name)
 
 
-def test_a_forged_heartbeat_keeps_the_last_valid_one_and_is_counted_once_per_value(net, caplog):
+def test_a_forged_heartbeat_keeps_the_last_valid_one_is_put_back_and_counted_once_per_value(net, caplog):
+    """A reader puts the last valid beat back over a forged one: tampering shows only while it
+    is done again (an attacker that stops leaves silence, not a key forged for ever)."""
     worker, coordinator, attacker = net.job(), net.job(), net.attacker
     worker.set_json(Keys.heartbeat("w0"), {"time": 1.0, "state": "training"})
     assert coordinator.read(Keys.heartbeat("w0")).seen is Seen.VALID
     caplog.set_level(logging.WARNING, logger="liveshard.store")
     for i in range(3):  # garbage every few ms; the coordinator reads each twice
         attacker.set(Keys.heartbeat("w0"), f"garbage {i}")
-        for _ in range(2):
-            r = coordinator.read(Keys.heartbeat("w0"))
-            assert r.seen is Seen.FORGED and json.loads(r.value)["time"] == 1.0
+        first, second = coordinator.read(Keys.heartbeat("w0")), coordinator.read(Keys.heartbeat("w0"))
+        assert first.seen is Seen.FORGED and json.loads(first.value)["time"] == 1.0
+        assert second.seen is Seen.VALID and json.loads(second.value)["time"] == 1.0  # put back
     assert coordinator.get_json(Keys.heartbeat("w0"))["time"] == 1.0
-    assert coordinator.tampering[Seen.FORGED] == 3  # three bad values, six reads
+    assert coordinator.tampering[Seen.FORGED] == 3  # three bad values
     assert coordinator.tampered_keys() == {Keys.heartbeat("w0"): frozenset({Seen.FORGED})}
     assert len([r for r in caplog.records if "hb/w0" in r.getMessage()]) == 1  # logged once
     worker.set_json(Keys.heartbeat("w0"), {"time": 2.0, "state": "training"})  # the next valid beat
     assert coordinator.read(Keys.heartbeat("w0")).seen is Seen.VALID
     assert coordinator.get_json(Keys.heartbeat("w0"))["time"] == 2.0
+    attacker.set(Keys.heartbeat("w9"), "garbage")  # a key never validly written: a tombstone over it
+    assert coordinator.read(Keys.heartbeat("w9")).seen is Seen.FORGED
+    assert coordinator.read(Keys.heartbeat("w9")) == StoreRead(None, Seen.VALID)
 
 
 def test_a_key_never_validly_written_reads_as_absent_or_forged_never_a_value(net):
@@ -252,8 +257,39 @@ def test_a_bumped_counter_and_forged_slots_neither_hide_nor_block_members(net):
     job.register_member("a", {"host": "h"})
     job.register_member("b", {"host": "h"})
     assert coordinator.members() == ["a", "b"]
-    assert coordinator.entries(Keys.member_index) == [(1, "a"), (2, "b")]
-    assert coordinator.tampering[Seen.FORGED] == 1
+    assert coordinator.entries(Keys.member_index) == [(0, "a"), (1, "b")]  # the planted slot taken over
+    assert job.tampering[Seen.FORGED] == 1  # the writer saw it, and counted it
+
+
+def test_thousands_of_forged_slots_cost_a_reader_and_a_writer_a_few_reads_and_log_one_summary(net, caplog,
+                                                                                              monkeypatch):
+    """Slots planted ahead of a list's writers are taken over (the list stays dense), and a
+    reader stops a few slots past the last entry: bounded work whatever was planted; the
+    tampering is logged in a bounded number of lines, then as a summary."""
+    from liveshard.runtime.control import store as store_module
+
+    job, coordinator, attacker = net.job(), net.job(), net.attacker
+    planted = 5000
+    attacker.multi_set([Keys.member_index(i) for i in range(planted)], ["evil"] * planted)
+    attacker.multi_set([Keys.request(i) for i in range(planted)], ["evil"] * planted)
+    attacker.num_keys()  # the writes have landed
+    caplog.set_level(logging.WARNING, logger="liveshard.store")
+    reads = []
+    probe = JobStore._probe
+    monkeypatch.setattr(JobStore, "_probe", lambda self, key: reads.append(key) or probe(self, key))
+    job.register_member("a", {"host": "h"})
+    job.append(Keys.request, "r1")
+    assert coordinator.members() == ["a"] and coordinator.entries(Keys.request) == [(0, "r1")]
+    assert len(reads) < 40, len(reads)
+    for i in range(1, 1201):
+        coordinator.read(Keys.member_index(i))  # a reader that walks the planted slots anyway
+    later = store_module.time.monotonic() + store_module.SUMMARY_EVERY
+    monkeypatch.setattr(store_module.time, "monotonic", lambda: later)
+    coordinator.log_tampering()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) <= 2 * store_module.LOGGED_KEYS + 1, len(lines)
+    # the 1,200 walked and the 4 request slots read past the entry
+    assert "store: 1,204 forged values on 1,204 keys in the last 10 s" in lines[-1], lines[-1]
 
 
 def test_the_coordinator_exports_tampering_by_kind(net):
