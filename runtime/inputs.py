@@ -82,15 +82,16 @@ def json_problem(e: json.JSONDecodeError, *, line: bool = True) -> str:
 
 def parse_json(text: str, source: str, field: str) -> Any:
     """The JSON value of ``text``; nesting past Python's recursion limit is bad input too."""
+    it = "" if source == field else f"{source} "  # the error names its field first: a file's path once
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(field, f"{source} is not valid JSON ({json_problem(e)})",
+        raise ConfigError(field, f"{it}is not valid JSON ({json_problem(e)})",
                           "fix the JSON at the place named") from None
     except RecursionError:
-        raise ConfigError(field, f"{source} nests too deeply", "write it with far fewer levels of nesting") from None
+        raise ConfigError(field, f"{it}nests too deeply", "write it with far fewer levels of nesting") from None
     except ValueError as e:  # e.g. an integer of more digits than Python converts
-        raise ConfigError(field, f"{source} holds a value JSON cannot read: {_first_line(e)}") from None
+        raise ConfigError(field, f"{it}holds a value JSON cannot read: {_first_line(e)}") from None
 
 
 def load_json(path: str | os.PathLike, field: str, *, what: str = "JSON file") -> Any:
