@@ -15,6 +15,14 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from liveshard.runtime import quiet
+
+    out = Path(args.out or tempfile.mkdtemp(prefix="liveshard-demo-"))
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    # megatron-core's import warnings (the corpus build imports it) go to the log, once each
+    quiet.warnings_to(out / "logs" / "warnings.log")
     from liveshard.dev.localcluster.demo import run_demo
 
-    return run_demo(args.out or tempfile.mkdtemp(prefix="liveshard-demo-"))
+    return run_demo(out)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -116,6 +117,12 @@ class Demo:
             from liveshard.runtime.control.store import JobStore, connect_store
 
             port = self.cluster.agent.coordinator_port(self.ns, self.job)
+            try:
+                # a plain TCP probe first: before the coordinator listens, c10d logs every failed
+                # connect with a C++ stack trace on this console
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            except OSError:
+                return {}
             try:
                 # values are bound to the job's incarnation (its uid), as its pods' are
                 uid = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, self.job)["metadata"]["uid"]

@@ -14,6 +14,7 @@ A job can also start from Hugging Face weights with no conversion step:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 
@@ -48,6 +49,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from liveshard.runtime import quiet
+
+    # megatron-core's and torch's warnings (here and in the processes it spawns, through the
+    # variable) are no news to a person converting weights: off the console (``quiet``)
+    os.environ.setdefault(quiet.WARNINGS_ENV, os.devnull)
+    quiet.warnings_to(os.environ[quiet.WARNINGS_ENV])
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*")
         return _run(args)

@@ -109,6 +109,9 @@ def _quiet_fallback_warnings() -> None:
 
     for pattern in _FALLBACK_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
+    # megatron-core's FSDP package logs at import how it would run ("Using Megatron-FSDP without
+    # Transformer Engine", "Detected Megatron Core"): a worker does not use it
+    logging.getLogger("megatron.core.distributed.fsdp").setLevel(logging.WARNING)
     if importlib.util.find_spec("transformer_engine") is None:
         logging.getLogger("liveshard.worker").info(
             "Transformer Engine is not installed: megatron-core's local layers and torch's optimizer "
