@@ -44,6 +44,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", metavar="FILE",
                    help="use the API server of this kubeconfig instead of the emulator: the node agent adds "
                         "its nodes there (liveshard-local-*) and runs liveshard's pods on them as processes here")
+    p.add_argument("--kueue", action="store_true",
+                   help="also install Kueue's CRDs (stand-in copies) and run a stand-in for Kueue's scheduler, with a "
+                        "ClusterQueue 'local' (the GPU nodes' GPUs as quota) and a LocalQueue 'default'; the sample "
+                        "job is labelled kueue.x-k8s.io/queue-name: default (not with --kubeconfig: install Kueue "
+                        "there)")
     p.add_argument("--no-operator", dest="operator", action="store_false",
                    help="do not start the operator (it runs elsewhere, e.g. installed with the Helm chart)")
 
@@ -67,9 +72,13 @@ def run(args: argparse.Namespace) -> int:
     kubeconfig = getattr(args, "kubeconfig", None)
     if kubeconfig is not None and not Path(kubeconfig).is_file():
         raise ConfigError("--kubeconfig", f"{kubeconfig} is not a file", "give the kubeconfig of the API server to use")
+    with_kueue = getattr(args, "kueue", False)
+    if with_kueue and kubeconfig is not None:
+        raise ConfigError("--kueue", "the stand-in for Kueue runs with the emulator only",
+                          "install Kueue on the cluster of --kubeconfig (docs/deploy.md), or drop --kubeconfig")
     _claim(pid_file)  # before anything starts: two `up`s on one --workdir cannot both run
     cluster = LocalCluster(workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, kubeconfig=kubeconfig,
-                           operator=getattr(args, "operator", True))
+                           operator=getattr(args, "operator", True), kueue=with_kueue)
     stopping = False
 
     def _stop(signum, frame):
@@ -87,6 +96,11 @@ def run(args: argparse.Namespace) -> int:
         job = sample_job(replicas=min(3, max(1, args.nodes)), gpus_per_worker=args.gpus_per_node, corpus=corpus,
                          global_batch=240 if args.gpus_per_node == 1 else 320,
                          checkpoint_dir=str(workdir.resolve() / "checkpoints"))
+        if with_kueue:
+            from liveshard.operator import kueue
+
+            job["metadata"]["labels"] = {**job["metadata"].get("labels", {}), kueue.QUEUE_LABEL: "default"}
+            job["metadata"]["annotations"] = {**job["metadata"].get("annotations", {}), kueue.ELASTIC_JOB: "true"}
         (workdir / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
         print(f"kubeconfig: {cluster.kubeconfig}", flush=True)
         names = [cluster.node_name("control-0"), *(cluster.node_name(f"gpu-{i}") for i in range(args.nodes))]

@@ -7,7 +7,10 @@
   serving its validating admission webhook on a loopback port with a self-signed certificate
   (``DIR/webhook/``), registered as a ValidatingWebhookConfiguration by URL, so ``kubectl apply``
   is answered as on a cluster with the Helm chart (refusals, deprecation warnings);
-* the node agent (``node_agent.NodeAgent``), in a thread: fake GPU nodes, pods as processes.
+* the node agent (``node_agent.NodeAgent``), in a thread: fake GPU nodes, pods as processes;
+* with ``kueue=True``: Kueue's CRDs (stand-in copies) and a stand-in for Kueue's scheduler
+  (``kueue_standin.KueueStandIn``) in a thread, with a ClusterQueue ``local`` (the GPU nodes'
+  GPUs as quota) and a LocalQueue ``default``.
 
 Nodes: ``control-0`` (on-demand, no GPU: where the coordinator goes) and ``gpu-0 ..
 gpu-{N-1}`` labelled as Karpenter spot capacity with ``gpus_per_node`` ``nvidia.com/gpu`` each.
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from liveshard.dev import tls
+from liveshard.dev.localcluster import kueue_standin
 from liveshard.dev.localcluster.emulator import KubeEmulator
 from liveshard.dev.localcluster.node_agent import NodeAgent
 from liveshard.dev.ports import free_port
@@ -59,9 +63,11 @@ def crd_path() -> Path:
 class LocalCluster:
     def __init__(self, workdir: str | Path, nodes: int = 4, gpus_per_node: int = 1,
                  operator_args: tuple[str, ...] = (), kubeconfig: str | Path | None = None,
-                 operator: bool = True) -> None:
+                 operator: bool = True, kueue: bool = False) -> None:
         """``kubeconfig``: a real API server's (see the module doc); ``operator=False``: the
-        operator runs elsewhere (e.g. installed with the Helm chart)."""
+        operator runs elsewhere (e.g. installed with the Helm chart); ``kueue``: Kueue's CRDs
+        (stand-in copies) and the stand-in for Kueue's scheduler (``kueue_standin.py``), with
+        the queues of ``kueue_standin.local_queues`` (the emulator only)."""
         self.dir = Path(workdir).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
@@ -69,7 +75,10 @@ class LocalCluster:
         self.gpus_per_node = gpus_per_node
         self.operator_args = operator_args
         self.attached = kubeconfig is not None
-        self.kube = None if self.attached else KubeEmulator(crds=[crd_path()])
+        self.kueue = kueue and not self.attached
+        extra = kueue_standin.crd_paths() if self.kueue else []
+        self.kube = None if self.attached else KubeEmulator(crds=[crd_path(), *extra])
+        self.standin: kueue_standin.KueueStandIn | None = None
         self.kubeconfig = Path(kubeconfig).resolve() if kubeconfig is not None else self.dir / "kubeconfig"
         self.run_operator = operator
         self.node_prefix = "liveshard-local-" if self.attached else ""
@@ -99,6 +108,12 @@ class LocalCluster:
         for i in range(self.nodes):
             self.add_gpu_node(self.node_name(f"gpu-{i}"))
         self.agent.start()
+        if self.kueue:
+            from kubernetes import client
+
+            custom = client.CustomObjectsApi(self.api)
+            kueue_standin.local_queues(custom, self.nodes * self.gpus_per_node)
+            self.standin = kueue_standin.KueueStandIn(custom, interval=0.5).start()
         if self.run_operator:
             webhook = self._webhook_args() if self.kube is not None else []
             self.webhook = bool(webhook)
@@ -175,6 +190,8 @@ class LocalCluster:
 
     def stop(self) -> None:
         self.stop_operator()
+        if self.standin is not None:
+            self.standin.stop()
         if self.agent is not None:
             self.agent.stop()
             if self.attached:  # a real server keeps what it is given: take the fake nodes back

@@ -31,6 +31,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from liveshard.operator import kueue
@@ -304,3 +305,43 @@ class KueueStandIn:
 
 def _fmt(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
+
+
+CRD_DIR = Path(__file__).resolve().parent / "kueue"
+
+
+def crd_paths() -> list[Path]:
+    """The stand-in copies of Kueue's CRDs (Workload, ClusterQueue, LocalQueue, ResourceFlavor,
+    WorkloadPriorityClass)."""
+    return sorted(CRD_DIR.glob("kueue.x-k8s.io_*.yaml"))
+
+
+def local_queues(custom: Any, gpus: int, namespace: str = "default") -> None:
+    """The local cluster's queues: a ``spot`` flavor (its GPU nodes) with ``gpus`` GPUs of quota,
+    an ``on-demand`` flavor (``control-0``: the coordinators' CPU and memory), one ClusterQueue
+    ``local`` preempting by priority, a LocalQueue ``default`` and two WorkloadPriorityClasses
+    (``low`` 10, ``high`` 1000)."""
+    def create(plural: str, body: dict[str, Any], ns: str | None = None) -> None:
+        body = {"apiVersion": f"{kueue.GROUP}/{kueue.VERSION}", **body}
+        if ns:
+            custom.create_namespaced_custom_object(kueue.GROUP, kueue.VERSION, ns, plural, body)
+        else:
+            custom.create_cluster_custom_object(kueue.GROUP, kueue.VERSION, plural, body)
+
+    create("resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": "spot"},
+                               "spec": {"nodeLabels": {"karpenter.sh/capacity-type": "spot"}}})
+    create("resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": "on-demand"},
+                               "spec": {"nodeLabels": {"karpenter.sh/capacity-type": "on-demand"}}})
+    create("clusterqueues", {"kind": "ClusterQueue", "metadata": {"name": "local"}, "spec": {
+        "namespaceSelector": {}, "preemption": {"withinClusterQueue": "LowerPriority"},
+        "resourceGroups": [
+            {"coveredResources": ["nvidia.com/gpu"], "flavors": [
+                {"name": "spot", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": gpus}]}]},
+            {"coveredResources": ["cpu", "memory"], "flavors": [
+                {"name": "on-demand", "resources": [{"name": "cpu", "nominalQuota": 64},
+                                                    {"name": "memory", "nominalQuota": "256Gi"}]}]}]}})
+    create("localqueues", {"kind": "LocalQueue", "metadata": {"name": "default", "namespace": namespace},
+                           "spec": {"clusterQueue": "local"}}, namespace)
+    for name, value in (("low", 10), ("high", 1000)):
+        create("workloadpriorityclasses", {"kind": "WorkloadPriorityClass", "metadata": {"name": name},
+                                           "value": value})
