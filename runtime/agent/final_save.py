@@ -109,7 +109,8 @@ def finished_record(step: int, consumed_samples: int, checkpoint: str | None, ge
 def console_line(root: str, failure: str, following: Attempt | None) -> str:
     """The console's one line for a failed attempt in ``root`` and what follows it: ``final
     checkpoint: no space left in DIR; next attempt in 5 s``. Pure."""
-    what = "no space left" if "no space left" in failure.lower() else failure
+    full = "no space left" in failure.lower() or "[errno 28]" in failure.lower()  # ENOSPC
+    what = "no space left" if full else failure
     if following is None:
         then = "giving up"
     else:
