@@ -114,6 +114,12 @@ def _lower_quartile(values: Iterable[float]) -> float:
 # 200-step runs (against 36-54 % for rules without the per-step conditions).
 SEVERE_SPEED = 0.62
 CONFIRM_STEPS = 4
+# A sharper slowdown is found a step sooner: SHARP_CONFIRM_STEPS steps, each below the threshold,
+# whose mean speed is below SHARP_SPEED. A device at 0.4x under ±35 % noise is at most 0.62 in
+# any step (0.41 on average): it is found in 3 steps nearly always; a healthy one under that noise
+# is never below 0.74 in a step, and a busy host's burst must fill all 3 steps.
+SHARP_SPEED = 0.55
+SHARP_CONFIRM_STEPS = 3
 
 
 @dataclass
@@ -143,9 +149,11 @@ class SpeedTracker:
       newest ``confirm`` steps is slow against the other devices' median rate (below
       ``threshold + recover_margin``, all but one below ``threshold``) and their mean speed is
       below ``severe`` (each device measured against the others, so a world of two finds its
-      slow half). Noise of a loaded host (±35 % per step) does not reach that, and a busy host's
-      burst on one device must nearly fill ``confirm`` steps to. The device's window then
-      restarts at the change point, so its estimate is the new speed, not a blend with the old.
+      slow half); or in ``SHARP_CONFIRM_STEPS`` (3) steps, each below ``threshold``, whose mean
+      is below ``SHARP_SPEED``. Noise of a loaded host (±35 % per step) does not reach that, and
+      a busy host's burst on one device must (nearly) fill those steps to. The device's window
+      then restarts at the change point, so its estimate is the new speed, not a blend with the
+      old.
     - **A mild one**: the speed has stayed below ``threshold`` for another ``window`` steps after
       a full window first put it there; or at once when its GPU reports hardware throttling.
 
@@ -262,16 +270,19 @@ class SpeedTracker:
                 d.slow_since = None
 
     def _find_change_points(self, members: list[str], now: float) -> None:
-        """A device whose newest ``confirm`` steps are all slow against the other devices (each
-        below ``threshold + recover_margin``, all but one below ``threshold``, their mean below
-        ``severe``) is a straggler now, its window restarted at the first slow one of them."""
+        """A device whose newest steps are all slow against the other devices is a straggler
+        now, its window restarted at the first slow one of them: ``confirm`` steps (each below
+        ``threshold + recover_margin``, all but one below ``threshold``, their mean below
+        ``severe``), or ``SHARP_CONFIRM_STEPS`` steps each below ``threshold`` with their mean
+        below ``SHARP_SPEED`` (a sharper slowdown, found a step sooner)."""
+        sharp = min(SHARP_CONFIRM_STEPS, self.confirm)
         recent: dict[str, list[float]] = {}
         typical: dict[str, float] = {}
         for m in members:
             d = self.devices.get(m)
             if d is not None and d.rates:
                 typical[m] = statistics.median(r for _, r in d.rates)
-                if len(d.rates) >= self.confirm:
+                if len(d.rates) >= sharp:
                     recent[m] = [r for _, r in list(d.rates)[-self.confirm:]]
         if len(typical) < 2:
             return
@@ -281,15 +292,25 @@ class SpeedTracker:
                 continue
             others = statistics.median(v for k, v in typical.items() if k != m)
             speeds = [others / r for r in rs]
-            fastest_first = sorted(speeds, reverse=True)
+            newest = speeds[-sharp:]
             # a busy host only adds time: one slow step among fast ones is not the device, so
             # every step must be slow, all but one clearly, and the mean by a margin
-            if (fastest_first[0] < self.threshold + self.recover_margin and fastest_first[1] < self.threshold
-                    and sum(speeds) / len(speeds) < self.severe):
+            if all(v < self.severe for v in newest) and sum(newest) / sharp < min(SHARP_SPEED, self.severe):
+                start = len(speeds) - sharp  # a sharp slowdown: its first slow step is the change point
+            elif len(speeds) >= self.confirm and self._slow_for_confirm(speeds):
                 start = next(i for i, v in enumerate(speeds) if v < self.threshold)  # the change point
-                kept = list(d.rates)[-self.confirm + start:]
-                d.rates = deque(kept, maxlen=d.rates.maxlen)
-                d.changed_at, d.slow_since, d.below_since = kept[0][0], now, None
+            else:
+                continue
+            kept = list(d.rates)[-len(speeds) + start:]
+            d.rates = deque(kept, maxlen=d.rates.maxlen)
+            d.changed_at, d.slow_since, d.below_since = kept[0][0], now, None
+
+    def _slow_for_confirm(self, speeds: list[float]) -> bool:
+        """``confirm`` steps' speeds: each below ``threshold + recover_margin``, all but one below
+        ``threshold``, their mean below ``severe``."""
+        fastest_first = sorted(speeds, reverse=True)
+        return (fastest_first[0] < self.threshold + self.recover_margin and fastest_first[1] < self.threshold
+                and sum(speeds) / len(speeds) < self.severe)
 
     def summary(self, members: Iterable[str]) -> dict:
         """Relative speed per device among ``members`` and which are stragglers (read-only:

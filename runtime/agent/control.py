@@ -40,6 +40,9 @@ log = logging.getLogger("liveshard.worker")
 
 # Seconds between checks that this worker's registration is still in the store (two reads).
 REGISTRATION_CHECK = 5.0
+# Heartbeats sent because a step ended are at least this far apart (a fast model's steps would
+# otherwise write one per step).
+STEP_BEAT_SPACING = 0.1
 
 
 def involved(worker_id: str, plan: WorldPlan, current: WorldPlan | None) -> bool:
@@ -106,6 +109,7 @@ class ControlThread:
         self.peers = PeerWatch(worker_id, options, state)  # cuts the world off when a peer is declared dead
         self._registration_checked = time.monotonic()
         self._stop = threading.Event()
+        self._stepped = threading.Event()  # a step ended: its compute sample goes out at once
         self.thread = threading.Thread(target=self._loop, name=f"control-{worker_id}", daemon=True)
 
     def start(self) -> None:
@@ -113,14 +117,25 @@ class ControlThread:
 
     def stop(self) -> None:
         self._stop.set()
+        self._stepped.set()
+
+    def stepped(self) -> None:
+        """A training step ended (called by the training thread): heartbeat and look for plans
+        now, not at the next interval. The coordinator's straggler policy acts on each step's
+        compute sample, and a plan it publishes is read at the next step boundary."""
+        self._stepped.set()
 
     def _loop(self) -> None:
-        next_hb = 0.0
+        next_hb = last_hb = 0.0
+        owed = False
         failures = 0
         handled = -1  # newest generation whose plan this thread has looked at
         while not self._stop.is_set():
             now = time.time()
-            if now >= next_hb:
+            owed = owed or self._stepped.is_set()  # a step's compute sample not sent yet
+            self._stepped.clear()
+            if now >= next_hb or (owed and now >= last_hb + STEP_BEAT_SPACING):
+                owed, last_hb = False, now
                 try:
                     self.heartbeat(now)
                 except Exception:  # never let one bad heartbeat end the thread (and the worker's life)
@@ -138,7 +153,11 @@ class ControlThread:
             # Every poll takes CPU (and the GIL) from training. Plans come with notice (a spot
             # warning gives minutes) and are prepared in the background, so a few polls a second
             # are prompt enough; a failed poll retries sooner (the coordinator may be restarting).
-            time.sleep(self.options.poll_interval if failures == 0 else 0.05)
+            # A step's end wakes it early (``stepped``); heartbeats at most every ``STEP_BEAT_SPACING``.
+            wait = self.options.poll_interval if failures == 0 else 0.05
+            if owed:
+                wait = min(wait, max(0.0, last_hb + STEP_BEAT_SPACING - time.time()))
+            self._stepped.wait(wait)
 
     def _poll(self, handled: int) -> int:
         """One look at the store; returns the newest generation whose plan has been acted on."""

@@ -139,6 +139,7 @@ class StepBoundary:
         the same result, so they decide alike.
         """
         step = trainer.step_count
+        self.control.stepped()  # this step's compute sample goes to the coordinator now
         self.checkpoints.finalize(step)
         if self.step_gate is not None and self.step_gate(step):
             self._refresh_latest()

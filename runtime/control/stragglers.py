@@ -38,6 +38,7 @@ log = logging.getLogger("liveshard.coordinator")
 
 DEFAULT_SWITCH_SECONDS = 2.0  # the cost of a switch before one was measured
 MAX_DECISIONS = 20  # kept in the status
+MAX_LEAD_STEPS = 1000  # a switch's step is at most this far after the decision's
 
 
 class StragglerLoop:
@@ -132,7 +133,7 @@ class StragglerLoop:
             return None  # not every member is measured enough in this world yet
         measured = self.measured_step(current.generation)
         if self._trial is not None and self._trial["generation"] == current.generation:
-            return None if measured is None else self._judge(current, step, measured, now)
+            return None if measured is None else self._judge(current, step, measured, now, history)
         measured_step = measured or measured_step
         if step < self._hold_until:
             return None
@@ -173,7 +174,8 @@ class StragglerLoop:
                                     "members": current.members, "standbys": current.standbys,
                                     "predicted": decision.predicted_after}}
         return {"members": (*best.members, *best.standbys), "config": str(best.config),
-                "reason": f"straggler policy: {decision.reason}", "cause": Cause.STRAGGLER.value, "ordered": True}
+                "reason": f"straggler policy: {decision.reason}", "cause": Cause.STRAGGLER.value, "ordered": True,
+                "switch_at_step": step + self.switch_lead(history, measured_step)}
 
     def taken(self, generation: int, *, now: float) -> None:
         """The request was published as generation ``generation``: it counts now (``now``: the
@@ -204,7 +206,8 @@ class StragglerLoop:
                           "reason": f"the coordinator refused {proposed['record']['config']}"}, now)
             self._evaluated_at = proposed["step"] + self.policy.window
 
-    def _judge(self, current: WorldPlan, step: int, measured: float, now: float) -> dict[str, Any] | None:
+    def _judge(self, current: WorldPlan, step: int, measured: float, now: float,
+               history: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         """A switch on trial, measured: kept if the step got faster, else undone (the model was
         wrong for this job: no new switch for a probation)."""
         trial, self._trial = self._trial, None
@@ -226,12 +229,29 @@ class StragglerLoop:
                   "time": now, "stragglers": [], "reason": reason}
         self._proposed = {"record": record, "step": step, "config": None, "best": None, "trial": None}
         return {"members": (*trial["members"], *trial["standbys"]), "config": trial["config"],
-                "reason": f"straggler policy: {reason}", "cause": Cause.STRAGGLER.value, "ordered": True}
+                "reason": f"straggler policy: {reason}", "cause": Cause.STRAGGLER.value, "ordered": True,
+                "switch_at_step": step + self.switch_lead(history, measured)}
 
     def _record(self, decision: dict[str, Any], now: float) -> None:
         self.decisions.append({"time": now, "stragglers": [], **decision})
         del self.decisions[:-MAX_DECISIONS]
         self._last_reason = decision.get("reason")
+
+    @staticmethod
+    def switch_lead(history: Sequence[dict[str, Any]], step_seconds: float | None) -> int:
+        """Steps from the step a decision saw to the step its switch follows (``switch_at_step``).
+
+        A straggler makes every step slow, so the switch is bound in steps, not left to whenever
+        every rank has prepared (on a loaded host that drifts by steps): the steps the last
+        switches' preparation took (their median ``prepare`` phase over the step time), plus
+        one; one before any was measured. Preparation runs while those steps train; a rank that
+        reaches the step unprepared waits there for its own preparation."""
+        prepares = [float(h["phases"]["prepare"]) for h in history[-5:]
+                    if h.get("outcome") == "committed" and isinstance(h.get("phases"), dict)
+                    and isinstance(h["phases"].get("prepare"), int | float)]
+        if not prepares or not step_seconds or step_seconds <= 0:
+            return 1
+        return 1 + min(MAX_LEAD_STEPS, int(statistics.median(prepares) / step_seconds))
 
     @staticmethod
     def switch_cost(history: Sequence[dict[str, Any]]) -> float:

@@ -325,6 +325,53 @@ def test_a_sharp_slowdown_is_switched_around_within_five_steps_of_it():
     assert "layers=" in request["config"] and request["cause"] == "straggler"
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_an_unseen_sharp_slowdown_is_requested_with_its_switch_at_most_five_steps_after_it(seed):
+    """A slowdown whose step and factor (0.25-0.45x) come from a seed, under ±35 % noise: the
+    request comes on the tick that reads the third slow step, and names the step after the one
+    it saw as its switch step (``switch_at_step``): at most 5 steps after the last healthy one."""
+    rng = random.Random(seed)
+    slow_at, factor = rng.randint(12, 30), rng.uniform(0.25, 0.45)
+    loop = StragglerLoop(SPEC16, replace(POLICY, window=8), global_batch=8, micro_batch=1, seq_length=32)
+    world = plan(0, "tp=1,pp=4,dp=1", ("w0", "w1", "w2", "w3"))
+    loop.committed(world)
+    request, step = None, 0
+    for step in range(1, slow_at + 10):
+        for m in world.members:
+            r = (1 / factor if m == "w1" and step > slow_at else 1.0) * (1 + rng.uniform(-0.35, 0.35))
+            loop.observe(m, {"compute": [[step, r, 1.0]]})
+        loop.update(world.members, now=0.0)
+        request = loop.consider(world, step, 10.0, [{"outcome": "committed", "downtime": 0.4}], now=0.0)
+        if request is not None:
+            break
+    assert request is not None and slow_at + 3 <= step <= slow_at + 4, (slow_at, factor, step)
+    assert request["switch_at_step"] == step + 1 <= slow_at + 5
+
+
+def test_the_switch_step_leaves_room_for_the_measured_preparation():
+    lead = StragglerLoop.switch_lead
+    assert lead([], 0.5) == 1  # nothing measured: the step after the one the decision saw
+    history = [{"outcome": "committed", "phases": {"prepare": 1.3}},
+               {"outcome": "aborted", "phases": {"prepare": 50.0}}]
+    assert lead(history, 0.5) == 1 + 2  # 1.3 s of preparation over 0.5 s steps: two more steps
+    assert lead(history, None) == 1 and lead([{"outcome": "committed", "phases": {"prepare": "x"}}], 0.5) == 1
+    assert lead([{"outcome": "committed", "phases": {"prepare": 1e9}}], 1.0) == 1 + 1000
+
+
+def test_a_healthy_world_under_noise_and_bursts_requests_no_switch():
+    """±35 % noise per step and a busy host's single slow steps on one device: no request."""
+    loop = StragglerLoop(SPEC16, replace(POLICY, window=8), global_batch=8, micro_batch=1, seq_length=32)
+    world = plan(0, "tp=1,pp=4,dp=1", ("w0", "w1", "w2", "w3"))
+    loop.committed(world)
+    rng = random.Random(7)
+    for step in range(1, 120):
+        for m in world.members:
+            burst = 3.0 if m == "w2" and step % 9 == 0 else 1.0
+            loop.observe(m, {"compute": [[step, burst * (1 + rng.uniform(-0.35, 0.35)), 1.0]]})
+        loop.update(world.members, now=0.0)
+        assert loop.consider(world, step, 10.0, [], now=0.0) is None, step
+
+
 def test_the_loop_does_nothing_when_disabled():
     loop = StragglerLoop(SPEC16, AdaptivePolicy(window=2), global_batch=8, micro_batch=1, seq_length=32)
     world = plan(0, "tp=1,pp=4,dp=1", ("w0", "w1", "w2", "w3"))
