@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from liveshard.runtime.agent.connection import StoreClients
+from liveshard.runtime.contract.checkpoint import MARKER
 from liveshard.runtime.contract.keys import Keys
 
 CLIP = 500  # characters of a save's error kept in events and the store
@@ -176,8 +177,17 @@ class SafetyCheckpoints:
                                       "seconds": time.perf_counter() - t0, "time": time.time()})
 
         if checkpoint.is_complete(path, t.step_count):
-            complete()
-            return
+            # the same step saved before this restore (a recompute): published again only if it
+            # still verifies; a corrupt one (what the restore went back past) is saved anew. Every
+            # rank verifies, so all take the same way (the save is collective)
+            problem = checkpoint.verify(path)
+            if problem is None:
+                complete()
+                return
+            log.warning("checkpoint %s fails verification (%s): saved anew, not published as it is", path, problem)
+            if self.state.rank == 0:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(path, MARKER))  # complete again only once saved anew
         if background:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 

@@ -421,20 +421,30 @@ class Coordinator:
 
     def latest_checkpoint(self) -> dict[str, Any] | None:
         """The newest complete checkpoint the workers reported (rank 0 writes it after a save);
-        where this coordinator sees the job's volume, one that fails verification gives way to
-        the newest intact one there."""
+        where this coordinator sees the job's volume, the newest of the job's checkpoints there
+        that verifies: one named by the pointer that fails verification gives way to it, and so
+        does an older one (a validly sealed pointer replayed to a reader that had not read the
+        newer one: a replay must not roll the job back)."""
         try:
             info = self.store.get_json(Keys.CHECKPOINT) or self.core.adopted_checkpoint
         except ValueError:
             info = self.core.adopted_checkpoint
-        if info and self.checkpoint_dir and os.path.isdir(str(info.get("path"))):
-            from liveshard.runtime.agent.checkpoint import newest_complete, verify
-            from liveshard.runtime.contract.checkpoint import JobIdentity
+        if not self.checkpoint_dir or not os.path.isdir(self.checkpoint_dir):
+            return info
+        from liveshard.runtime.agent.checkpoint import newest_complete, verify
+        from liveshard.runtime.contract.checkpoint import JobIdentity
 
+        if info and os.path.isdir(str(info.get("path"))):
             problem = verify(info["path"])
             if problem is not None:
                 log.warning("checkpoint %s failed verification (%s): looking for an older one", info["path"], problem)
                 return newest_complete(self.checkpoint_dir, JobIdentity.from_env())
+        newest = newest_complete(self.checkpoint_dir, JobIdentity.from_env())
+        if newest is not None and (not info or int(newest["step"]) > int(info.get("step", -1))):
+            if info:
+                log.warning("checkpoint/latest names step %s, but step %d verifies on the job's volume: restoring "
+                            "from it", info.get("step"), newest["step"])
+            return newest
         return info
 
     def _report(self) -> None:

@@ -291,6 +291,32 @@ def test_a_reported_checkpoint_that_fails_verification_gives_way_to_an_older_int
     assert c.latest_checkpoint()["path"] == str(tmp_path / "step00000004")
 
 
+def test_a_replayed_checkpoint_pointer_does_not_roll_the_restore_back(tmp_path):
+    """A client without the secret writes the validly sealed pointer of step 9 back after step 12
+    was published, before the coordinator read 12: the pointer reads valid to it, but the restore
+    loads step 12, the newest checkpoint that verifies on the job's volume."""
+    import json
+
+    from liveshard.runtime.agent.checkpoint import MARKER, file_manifest
+    from liveshard.runtime.control.store import JobStore as Sealed
+
+    for step in (9, 12):
+        d = tmp_path / f"step{step:08d}"
+        d.mkdir()
+        (d / ".metadata").write_bytes(b"metadata %d" % step)
+        (d / MARKER).write_text(json.dumps({"step": step, "config": "tp=2,pp=1,dp=1,ep=1", "files": file_manifest(d)}))
+    raw = dist.HashStore()
+    rank0 = Sealed(raw, secret=b"s")
+    rank0.publish_checkpoint({"path": str(tmp_path / "step00000009"), "step": 9, "config": "tp=2,pp=1,dp=1"})
+    old = rank0.store.get(Keys.CHECKPOINT)  # what an attacker copies
+    rank0.publish_checkpoint({"path": str(tmp_path / "step00000012"), "step": 12, "config": "tp=2,pp=1,dp=1"})
+    rank0.store.set(Keys.CHECKPOINT, old)  # replayed before the coordinator read step 12
+    c = Coordinator(Sealed(raw, secret=b"s"), PRESETS["tiny-gpt"], Requests(), LOCAL, heartbeat_timeout=5.0,
+                    checkpoint_dir=str(tmp_path))
+    assert c.store.get_json(Keys.CHECKPOINT)["step"] == 9  # the pointer alone would roll the job back
+    assert c.latest_checkpoint()["step"] == 12
+
+
 def test_a_live_generation_commits_at_its_decision_not_at_its_results():
     """Every member reporting ok is not a commit: the decision in the store is (written once,
     by the last member ready, or by the coordinator on a failure)."""

@@ -105,3 +105,40 @@ def test_old_and_abandoned_checkpoints_are_pruned_never_the_newest_or_one_being_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data-cache", "step00000008", "step00000010",
                                                          "step00000012"]
     assert prune(str(tmp_path), keep=0) == []  # 0 keeps all
+
+
+def test_a_corrupt_checkpoint_of_a_recomputed_step_is_saved_anew_never_published(tmp_path, monkeypatch):
+    """A restore went back past a corrupt periodic checkpoint; recomputing, the job reaches its
+    step again: the corrupt one is not published as the newest (it is saved anew), an intact one is."""
+    import json
+    from types import SimpleNamespace
+
+    from liveshard.runtime.agent import checkpoint
+    from liveshard.runtime.agent.checkpoint_schedule import SafetyCheckpoints
+    from liveshard.runtime.contract.checkpoint import MARKER, file_manifest
+
+    path = tmp_path / "step00000012"
+    path.mkdir()
+    (path / "shard.bin").write_bytes(b"x" * 64)
+    (path / MARKER).write_text(json.dumps({"step": 12, "files": file_manifest(path)}))
+    published, saved = [], []
+
+    def schedule(rank: int) -> SafetyCheckpoints:
+        s = SafetyCheckpoints.__new__(SafetyCheckpoints)
+        s.options = SimpleNamespace(checkpoint_dir=str(tmp_path), checkpoint_keep=0)
+        s.state = SimpleNamespace(rank=rank, events=[])
+        s.clients = SimpleNamespace(store=SimpleNamespace(publish_checkpoint=published.append))
+        s._saves, s.expected_bytes, s.last = None, 0, None
+        s.finalize = lambda step, wait=False: None
+        return s
+
+    monkeypatch.setattr(checkpoint, "save", lambda *a, **kw: saved.append(a[2]))
+    built, trainer = SimpleNamespace(cfg="tp=1"), SimpleNamespace(step_count=12)
+    schedule(0).save(built, trainer)
+    assert [p["step"] for p in published] == [12] and not saved  # intact: published again
+    published.clear()
+    (path / "shard.bin").write_bytes(b"y" * 64)  # corrupt, same size
+    schedule(1).save(built, trainer)
+    schedule(0).save(built, trainer)
+    assert not published and saved == [str(path), str(path)]  # every rank saves it anew
+    assert not (path / MARKER).exists()  # complete again only once the new save is
