@@ -6,7 +6,7 @@ import pytest
 
 from liveshard.runtime.errors import ConfigError
 from liveshard.runtime.parallel import ParallelConfig
-from liveshard.runtime.presets import PRESETS
+from liveshard.runtime.presets import COUNTED_ONLY, PRESETS
 
 
 def test_round_trip_string_form():
@@ -48,7 +48,7 @@ def test_expert_grid():
 def test_validation_names_rule_and_fix(model, text, field, words):
     cfg = ParallelConfig.parse(text)
     with pytest.raises(ConfigError) as e:
-        cfg.validate(PRESETS[model])
+        cfg.validate({**PRESETS, **COUNTED_ONLY}[model])
     assert e.value.field == field
     assert e.value.fix
     if words:

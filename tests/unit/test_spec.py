@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from liveshard.runtime.errors import ConfigError, UnsupportedModelError
-from liveshard.runtime.presets import PRESETS, PUBLISHED_PARAMETERS
+from liveshard.runtime.presets import COUNTED_ONLY, PRESETS, PUBLISHED_PARAMETERS
 from liveshard.runtime.spec import ModelSpec, load_model
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMETERS))
 def test_preset_total_parameters_match_published(name):
     total, _ = PUBLISHED_PARAMETERS[name]
-    assert PRESETS[name].num_parameters() == pytest.approx(total, rel=0.005)
+    assert {**PRESETS, **COUNTED_ONLY}[name].num_parameters() == pytest.approx(total, rel=0.005)
 
 
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "qwen3-235b-a22b"])
@@ -88,4 +90,18 @@ def test_unknown_model_lists_presets():
 
 def test_mla_is_declared_unsupported():
     with pytest.raises(UnsupportedModelError, match="multi-latent"):
-        PRESETS["deepseek-v2-lite"].require_supported()
+        COUNTED_ONLY["deepseek-v2-lite"].require_supported()
+
+
+def test_a_model_liveshard_cannot_lay_out_is_no_preset():
+    """Every preset is one ``plan`` and ``layout`` take; the others are counted only."""
+    assert not set(COUNTED_ONLY) & set(PRESETS)
+    for spec in PRESETS.values():
+        spec.require_supported()
+    with pytest.raises(ConfigError, match="neither a preset nor a file"):
+        load_model("deepseek-v2-lite")
+    import yaml
+
+    crd = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" / "elastictrainingjob.yaml").read_text())
+    model = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["model"]
+    assert model["properties"]["preset"]["enum"] == sorted(PRESETS)  # what kubectl apply takes
