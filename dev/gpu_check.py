@@ -14,13 +14,21 @@
   initialised parent, then the next world's communicators built ahead
   (``comms.world.build_world_ahead``) and handed over to ``init_process_group`` and megatron's
   ``initialize_model_parallel``; a collective on every group.
+- ``nccl_shrink``: the NCCL path of a leave, as far as one device allows: the NCCL version and
+  whether torch exposes ``shrink_group`` (NCCL >= 2.27), ``split_group`` (>= 2.18) and a grow; an
+  eager world (``init_process_group("nccl", device_id=...)``, world size 1) and a split of it,
+  timed; then the world object's lifecycle (``comms.world.World``: made from scratch, megatron's
+  groups configured, a collective, a shrink made to fail, the fallback's world made again, a
+  collective, shut down), each step timed. A world of one has nobody to shrink away: the shrink
+  itself needs two GPUs.
 - ``pack``: the transfer executor's pack and unpack (``transfer.packing``) of a real transition
   plan's chunks, against the device's own copy bandwidth for the same bytes.
 - ``health``: NVML's health reading (``telemetry.gpu_health``) and the CUDA-event compute clock
   (``agent.compute_clock.ComputeClock``) against a synchronised wall clock.
 
 Each line is ``PASS``, ``FAIL`` (with the reason) or ``SKIP`` (what is missing); the JSON has
-every figure. Exit 0 when no part failed (and, with ``--require-gpu``, a GPU was there).
+every figure. The whole check stays within ``--budget`` seconds (8 minutes): a part gets at most
+what is left, and a part with less than ``MIN_PART_SECONDS`` left is SKIP. Exit 0 when no part failed (and, with ``--require-gpu``, a GPU was there).
 ``--cpu`` runs the same parts on the CPU with gloo (a dry run of this script, not a GPU check).
 """
 
@@ -37,6 +45,8 @@ from collections.abc import Callable
 from typing import Any
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+BUDGET_SECONDS = 480.0  # the whole check: 8 minutes
+MIN_PART_SECONDS = 20  # a part with less than this left is skipped
 
 
 class Skipped(Exception):
@@ -297,6 +307,112 @@ def part_nccl_world() -> dict[str, Any]:
     return _judged(out, problems)
 
 
+def _version_tuple(v: Any) -> tuple[int, ...] | None:
+    if isinstance(v, tuple):
+        return tuple(int(x) for x in v)
+    if isinstance(v, int):  # NCCL_VERSION_CODE: 22703 for 2.27.3
+        return (v // 10000, v // 100 % 100, v % 100)
+    return None
+
+
+def part_nccl_shrink() -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from liveshard.runtime.comms import world as worlds
+    from liveshard.runtime.megatron import build
+    from liveshard.runtime.parallel import ParallelConfig
+
+    device = _device()
+    out: dict[str, Any] = {"device": str(device), "torch": torch.__version__}
+    nccl = None
+    if device.type == "cuda":
+        nccl = _version_tuple(torch.cuda.nccl.version())
+    out["nccl_version"] = ".".join(map(str, nccl)) if nccl else None
+    grow = sorted(n for n in dir(dist) if "grow" in n.lower())
+    out["api"] = {"shrink_group": hasattr(dist, "shrink_group"), "split_group": hasattr(dist, "split_group"),
+                  "grow": grow}
+    out["nccl_carries"] = {"shrink (>= 2.27)": bool(nccl and nccl >= (2, 27)),
+                           "split (>= 2.18)": bool(nccl and nccl >= (2, 18)),
+                           "grow (>= 2.29)": bool(nccl and nccl >= (2, 29))}
+    steps: dict[str, float] = {}
+
+    def timed(name: str, work: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return work()
+        finally:
+            _sync(device)
+            steps[name] = round(time.perf_counter() - t0, 4)
+
+    def all_reduce_ok(group: Any = None) -> bool:
+        t = torch.full((4,), 3.0, device=device)
+        dist.all_reduce(t, group=group)
+        _sync(device)
+        return bool(t.sum().item() == 12.0)
+
+    # the eager world: what split_group and shrink_group need (a bound device)
+    store = timed("eager_world", lambda: _world_of_one(device))
+    default = dist.distributed_c10d._get_default_group()
+    out["bound_device"] = str(default.bound_device_id) if default.bound_device_id is not None else None
+    out["supports_shrinking"] = worlds.supports_shrinking() if hasattr(worlds, "supports_shrinking") else None
+    out["world_collective_ok"] = all_reduce_ok()
+    try:
+        child = timed("split_group", lambda: dist.split_group(split_ranks=[[0]]))
+        out["split_collective_ok"] = all_reduce_ok(child)
+    except Exception as e:  # gloo refuses a split (no bound device)
+        out["split_error"] = f"{type(e).__name__}: {e}"[:200]
+    dist.destroy_process_group()
+
+    # the world object's lifecycle through a fallback (comms.world.World), else torch directly
+    problems: list[str] = []
+    World = getattr(worlds, "World", None)
+    cfg = ParallelConfig.parse("tp=1,pp=1,dp=1")
+    if World is not None and hasattr(World, "recreate"):
+        out["lifecycle"] = "comms.world.World"
+        build.compat.install()
+        world = timed("world_scratch", lambda: World.scratch(store, "check/scratch/", 0, 1, 60.0))
+        timed("world_configure", lambda: world.configure(cfg, None, timeout=60.0))
+        out["configured_collective_ok"] = all_reduce_ok()
+        os.environ[worlds.SHRINK_FAULT_ENV] = "fail"
+        try:
+            timed("shrink_made_to_fail", lambda: world.shrink([1], "check/shrunk/", 10.0))
+            problems.append("a shrink made to fail did not raise")
+        except worlds.ShrinkFailed as e:
+            out["shrink_failed_as_made"] = str(e)[:120]
+        finally:
+            os.environ.pop(worlds.SHRINK_FAULT_ENV, None)
+        out["errored_after_failed_shrink"] = world.errored()
+        timed("fallback_shutdown", lambda: worlds.shutdown_current())
+        out["errored_after_shutdown"] = world.errored()
+        again = timed("world_recreate", lambda: World.recreate(store, "check/again/", 0, 1, 60.0, name="check/again/"))
+        timed("recreated_configure", lambda: again.configure(cfg, None, timeout=60.0))
+        out["recreated_collective_ok"] = all_reduce_ok()
+        out["recreated_is_current"] = World.current() is again
+        timed("recreated_shutdown", lambda: again.shutdown())
+        out["errored_at_end"] = again.errored()
+        if not out["configured_collective_ok"] or not out["recreated_collective_ok"]:
+            problems.append("a collective on the world object's world was wrong")
+        if out["errored_after_failed_shrink"] or not out["errored_after_shutdown"] or not out["errored_at_end"] \
+                or not out["recreated_is_current"]:
+            problems.append(f"lifecycle states: {out}")
+    else:  # no world object in this tree: torch's own calls, the same sequence
+        out["lifecycle"] = "torch.distributed directly (no comms.world.World in this tree)"
+        timed("world_scratch", lambda: _world_of_one(device))
+        timed("world_recreate", lambda: (dist.destroy_process_group(), _world_of_one(device)))
+        out["recreated_collective_ok"] = all_reduce_ok()
+        dist.destroy_process_group()
+    out["seconds"] = steps
+    if device.type == "cuda":
+        if not out["nccl_carries"]["shrink (>= 2.27)"] or not out["api"]["shrink_group"]:
+            problems.append(f"no shrink: NCCL {out['nccl_version']}, torch shrink_group {out['api']['shrink_group']}")
+        if out["bound_device"] is None or "split_error" in out or not out.get("split_collective_ok"):
+            problems.append(f"the eager world: bound {out['bound_device']}, split {out.get('split_error', 'ok')}")
+        if out["supports_shrinking"] is False:
+            problems.append("the eager NCCL world does not support shrinking")
+    return _judged(out, problems)
+
+
 def part_pack() -> dict[str, Any]:
     import torch
 
@@ -415,6 +531,7 @@ PARTS: dict[str, tuple[Callable[[], dict[str, Any]], int]] = {  # name: (part, t
     "health": (part_health, 90),
     "pack": (part_pack, 120),
     "nccl_world": (part_nccl_world, 150),
+    "nccl_shrink": (part_nccl_shrink, 120),
     "layout": (part_layout, 150),
     "run_local": (part_run_local, 300),
 }
@@ -442,8 +559,10 @@ def _run_part(name: str, result_path: str) -> int:
     return 0
 
 
-def _spawn(name: str, cpu: bool) -> dict[str, Any]:
+def _spawn(name: str, cpu: bool, limit: float | None = None) -> dict[str, Any]:
     _, timeout = PARTS[name]
+    if limit is not None:
+        timeout = max(1, min(timeout, int(limit)))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if cpu:
         env["LIVESHARD_GPU_CHECK_CPU"] = "1"
@@ -472,6 +591,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", default=",".join(PARTS), help=f"a comma-separated subset of {', '.join(PARTS)}")
     p.add_argument("--cpu", action="store_true", help="run the parts on the CPU with gloo (a dry run)")
     p.add_argument("--require-gpu", action="store_true", help="exit 1 when no GPU was there")
+    p.add_argument("--budget", type=float, default=BUDGET_SECONDS,
+                   help="seconds the whole check may take (default 480: 8 minutes)")
     p.add_argument("--part", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -483,8 +604,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--parts: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}", file=sys.stderr)
         return 2
     records = []
+    start = time.monotonic()
     for name in names:
-        record = _spawn(name, args.cpu)
+        left = args.budget - (time.monotonic() - start)
+        if left < MIN_PART_SECONDS:
+            record = {"part": name, "verdict": SKIP, "seconds": 0.0, "figures": {},
+                      "reason": f"the check's {args.budget:.0f} s budget is spent"}
+        else:
+            record = _spawn(name, args.cpu, left)
         records.append(record)
         print(f"{record['verdict']} {name} ({record['seconds']} s){': ' + record['reason'] if record['reason'] else ''}",
               flush=True)
