@@ -10,8 +10,8 @@ value a reader accepted; ``counter`` keys (``store.add``) cannot be sealed.
     members/<id>                 a worker announces itself (host, pid, node, time; after a
                                  coordinator restart also its plan and newest checkpoint)
     members/index/<i>            the registration order: worker ids, each slot claimed by a
-                                 compare-and-set (``JobStore.append``); read up to the first
-                                 absent slot, forged slots skipped
+                                 compare-and-set (``JobStore.append``; a forged slot is taken
+                                 over); read up to a few slots in a row without a valid entry
     members/count                no longer written (the slots above need no counter)
     dead/<id>                    the coordinator declared this incarnation of <id> dead (it
                                  rejoins as a new one if it is still alive)
@@ -36,8 +36,10 @@ value a reader accepted; ``counter`` keys (``store.add``) cannot be sealed.
                                  the first valid writer wins (``JobStore.decide``: compare-and-set,
                                  planted values replaced); write-once
     gen/<N>/outcome              "committed" or "aborted: <why>" (written by the coordinator); write-once
-    world/<N>/...                c10d keys of the training world of generation N
-    xfer/<N>/...                 c10d keys of the transition group (old members + new members)
+    world/<N>/<t>/...            c10d keys of the training world of generation N; not sealed (c10d
+                                 writes them), so under a token <t> derived from the job's secret
+                                 (``rendezvous_token``): no one without it can plant them before
+    xfer/<N>/<t>/...             c10d keys of the transition group (old members + new members), the same
     request/<k>                  plan requests posted by a local driver (StorePlanSource), a list
                                  without a counter (``JobStore.append``/``entries``)
     coordinator/status           the coordinator's last status report (JSON)
@@ -54,6 +56,10 @@ value a reader accepted; ``counter`` keys (``store.add``) cannot be sealed.
 """
 
 from __future__ import annotations
+
+import hashlib
+import hmac
+import os
 
 from liveshard.runtime.contract.env import Env
 
@@ -140,11 +146,11 @@ class Keys:
 
     @staticmethod
     def world_prefix(gen: int) -> str:
-        return f"world/{gen}/"
+        return f"world/{gen}/{rendezvous_token(f'world/{gen}')}"
 
     @staticmethod
     def transfer_prefix(gen: int) -> str:
-        return f"xfer/{gen}/"
+        return f"xfer/{gen}/{rendezvous_token(f'xfer/{gen}')}"
 
     @staticmethod
     def request(index: int) -> str:
@@ -172,3 +178,16 @@ class Keys:
 
 
 COMMITTED = "committed"  # the value of Keys.decision / Keys.outcome for a generation that took effect
+
+
+def rendezvous_token(name: str) -> str:
+    """A path segment for the c10d keys of rendezvous ``name`` (``world/<N>``, ``xfer/<N>``) that
+    only the job's processes can compute: an HMAC of the name under the job's secret and
+    incarnation (``""`` without a secret: in-process tests). c10d's own keys cannot be sealed; a
+    client without the secret cannot know them before the rendezvous writes them (it can still
+    see them once written: docs/architecture.md, threat model)."""
+    secret = os.environ.get(SECRET_ENV, "")
+    if not secret:
+        return ""
+    message = f"liveshard-rendezvous:{os.environ.get(INCARNATION_ENV, '')}:{name}".encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()[:16] + "/"

@@ -65,6 +65,7 @@ class CoordinatorCore:
         self.broken_recoveries = 0
         self.unresponsive: dict[str, float] = {}  # silent in an aborted first world: since when
         self.silent_in: dict[str, int] = {}  # aborted generations in a row a member gave no result in
+        self.retried: dict[str, int] = {}  # a change whose members' transition failed: tries again so far
         self.recovery_refused: dict[str, float] = {}  # why a recovery was refused, since when
         self.now = 0.0  # the last observation's monotonic time
         self.wall = 0.0  # and its unix time

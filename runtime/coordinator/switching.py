@@ -21,11 +21,14 @@ from liveshard.runtime.coordinator.events import (
 )
 from liveshard.runtime.coordinator.generations import TIMED_OUT, Generation, involved, judge, resolve_open
 from liveshard.runtime.coordinator.phases import Restart
+from liveshard.runtime.coordinator.requests import PlanRequest
 
 if TYPE_CHECKING:
     from liveshard.runtime.coordinator.core import CoordinatorCore
 
 log = logging.getLogger("liveshard.coordinator")
+
+RETRIES = 2  # a change whose members' transition failed is asked again this many times in a row
 
 
 def collect(core: CoordinatorCore, obs: Observation) -> list[Action]:
@@ -105,6 +108,7 @@ def finish(core: CoordinatorCore, gen: Generation, outcome: str, now: float) -> 
     core.change(pending=None)
     log.info("generation %d %s", plan.generation, outcome)
     out += unanswered(core, gen, outcome)
+    again(core, gen, outcome)
     if outcome != COMMITTED and plan.previous is None and core.current is None and not plan.is_stop:
         # A first world that did not start: made again with the workers that answered. Only a
         # timeout says something of the silent: after a member's death the others may still
@@ -142,6 +146,34 @@ def _committed(core: CoordinatorCore, gen: Generation) -> list[Action]:
             core.forget(m)
             out.append(MarkDead(m, death.incarnation))
     return out
+
+
+def again(core: CoordinatorCore, gen: Generation, outcome: str) -> None:
+    """A change of a running world that failed in its members (a transition group or new world
+    whose rendezvous broke: c10d's keys cannot be sealed, and anyone reaching the store can
+    overwrite them) is asked again, up to ``RETRIES`` times in a row, while the old world trains
+    on: the next generation rendezvouses under a prefix of its own that only the job's processes
+    can compute (``contract.keys.rendezvous_token``). A commit ends the count."""
+    plan = gen.plan
+    if outcome == COMMITTED:
+        core.retried.clear()
+        return
+    failed = [m for m, r in gen.results.items() if not r.ok]
+    if (core.current is None or plan.previous is None or plan.is_stop or not failed or core.failure is not None
+            or any(m in core.dead for m in (*plan.members, *core.current.members))):
+        return  # a first world, a stop, a death or a timeout: handled as before
+    reason = plan.reason.split(" (try ")[0]
+    tries = core.retried.get(reason, 0)
+    if tries >= RETRIES:
+        log.error("change %r failed %d times in a row (%s): the job trains on in generation %d",
+                  reason, tries + 1, outcome, core.current.generation)
+        return
+    core.retried[reason] = tries + 1
+    log.warning("change %r failed in its members (%s): asked again (try %d of %d) under a new rendezvous prefix",
+                reason, outcome, tries + 2, RETRIES + 1)
+    request = PlanRequest(members=plan.members, config=plan.config, reason=f"{reason} (try {tries + 2})",
+                          cause=plan.cause)
+    core.change(reissue=(*core.state.reissue, request))
 
 
 def unanswered(core: CoordinatorCore, gen: Generation, outcome: str) -> list[Action]:

@@ -705,3 +705,37 @@ def test_a_join_waiting_for_its_worker_is_asked_again_after_a_recovery_not_dropp
     c.tick()
     assert c.pending is not None and "w9" in (*c.pending.plan.members, *c.pending.plan.standbys)
     assert "w3" not in c.pending.plan.members
+
+
+def test_a_change_whose_rendezvous_broke_is_asked_again_a_bounded_number_of_times():
+    """A change of a running world fails in its members (its group's c10d keys overwritten:
+    "Connection reset by peer"): the old world trains on and the change is asked again as a new
+    generation (a new rendezvous prefix), ``RETRIES`` times in a row at most."""
+    from liveshard.runtime.coordinator.switching import RETRIES
+
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    first = _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+    for w in ("w0", "w1", "w2", "w3"):
+        c.store.register_member(w, {"host": "h", "node": f"node-{w}", "time": time.time()})
+    _beat(c, "w0", "w1", "w2", "w3")
+    source.queue.append(PlanRequest(members=("w0", "w1", "w2", "w3"), config="tp=1,pp=1,dp=4",
+                                    reason="w2, w3 join"))
+    c.tick()
+    generations = []
+    for _ in range(RETRIES + 2):
+        if c.pending is None:
+            break
+        gen = c.pending.plan
+        generations.append(gen.generation)
+        assert gen.members == ("w0", "w1", "w2", "w3") and c.current == first
+        for m in ("w0", "w1", "w2", "w3"):
+            c.store.set(Keys.result(gen.generation, m),
+                        MemberResult(ok=False, error="prepare: gloo: Connection reset by peer").to_json())
+        _beat(c, "w0", "w1", "w2", "w3")
+        c.tick()  # aborted, and asked again
+        c.tick()
+    assert len(generations) == RETRIES + 1 and len(set(generations)) == RETRIES + 1, generations
+    assert c.pending is None and c.current == first  # gave up; the old world trains on
+    assert [h["outcome"].startswith("aborted") for h in c.history if h.get("generation") in generations] == \
+        [True] * (RETRIES + 1)
