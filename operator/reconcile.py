@@ -11,7 +11,9 @@ the job's metadata and raw status, its spec as read (or why it is refused), the 
 status parts (``plan``, ``ack``, ``abort``, ``telemetry``, ``world``, ``finished``, ``failure``,
 ``checkpoint``, ``adaptive``; a malformed one reads as absent and is reported where it is
 used), the operator's ``tracking`` records, the worker pods with the signal each acts on
-(``workers``, ``by_name``), those that crashed since the last pass (``crashed``), and ``now``.
+(``workers``, ``by_name``), those that crashed since the last pass (``crashed``), Kueue's
+admission of a job behind a queue (``admission``, ``kueue.py``; its admitted count bounds the
+``desired`` size), and ``now``.
 Its phases are functions of the observation that write into the ``Outputs`` (the ``Decision``
 being built, with the conditions and history the status gets), in this order (``_decide``):
 
@@ -30,6 +32,11 @@ being built, with the conditions and history the status gets), in this order (``
 5. **pods**: leavers deleted once it is safe, missing pods created (after a failed pod's
    back-off);
 6. **conditions**: the phase, the conditions and the history written into the status.
+
+A job behind a Kueue queue that may not run (not admitted, evicted, ``spec.suspend``) takes
+``queueing.hold`` instead of phases 4-6: its Workload created, no pod, a stop plan for a running
+world, its pods released once stopped, then its quota; an admitted one ends with
+``queueing.admitted`` (the flavors' placement, an elastic Workload resized).
 
 The protocol with the runtime (operator/README.md): a plan is written with a new generation;
 the coordinator acks it by setting ``status.appliedGeneration``. Leaving pods are deleted only

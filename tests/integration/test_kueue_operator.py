@@ -1,7 +1,8 @@
 """The real operator (kopf, in a thread) and the stand-in for Kueue's scheduler
 (dev/localcluster/kueue_standin.py) against the API emulator with Kueue's CRDs (stand-in copies):
-a queued job waits, is admitted onto a flavor, is partially preempted by a higher-priority job
-(a live shrink), and grows back by a replacement slice when the quota frees."""
+two teams' queues on one spot pool; team A's elastic job waits, is admitted onto a flavor, is
+partially preempted by team B's higher-priority job (a live shrink), and grows back by a
+replacement slice when the quota frees."""
 
 from __future__ import annotations
 
@@ -51,8 +52,9 @@ def setup_queues(cluster: Cluster) -> None:
             {"coveredResources": ["cpu", "memory"], "flavors": [
                 {"name": "on-demand", "resources": [{"name": "cpu", "nominalQuota": 4},
                                                     {"name": "memory", "nominalQuota": "16Gi"}]}]}]}})
-    create(cluster, "localqueues", {"kind": "LocalQueue", "metadata": {"name": "team-a", "namespace": NS},
-                                    "spec": {"clusterQueue": "gpus"}}, NS)
+    for team in ("team-a", "team-b"):  # two teams' queues on one spot pool
+        create(cluster, "localqueues", {"kind": "LocalQueue", "metadata": {"name": team, "namespace": NS},
+                                        "spec": {"clusterQueue": "gpus"}}, NS)
     create(cluster, "workloadpriorityclasses", {"kind": "WorkloadPriorityClass", "metadata": {"name": "urgent"},
                                                 "value": 1000})
 
@@ -98,7 +100,7 @@ def test_queued_admitted_partially_preempted_and_grown_back(kueue_cluster):
     cluster.schedule("elastic", nodes)
     before = acked_plan(cluster, "elastic", 4)
     # a higher-priority job needs 4 of the 8 GPUs: the elastic job is shrunk live, not restarted
-    create_job(cluster, "urgent", 2, {kueue.QUEUE_LABEL: "team-a", kueue.PRIORITY_CLASS_LABEL: "urgent"})
+    create_job(cluster, "urgent", 2, {kueue.QUEUE_LABEL: "team-b", kueue.PRIORITY_CLASS_LABEL: "urgent"})
     shrunk = acked_plan(cluster, "elastic", 2)
     assert shrunk["cause"] == "scale-down" and shrunk["generation"] > before["generation"]
     wait_for(lambda: len(cluster.workers("elastic")) == 2, what="released pods")
