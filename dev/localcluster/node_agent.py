@@ -69,6 +69,9 @@ LEASE_SECONDS = 40
 SCHEDULER_NAME = "liveshard-local-scheduler"  # the events' source: the agent schedules, not kube-scheduler
 SPOT_ITN_TAINT = "aws-node-termination-handler/spot-itn"
 GPU = "nvidia.com/gpu"
+# The longest pod /tmp directory set as TMPDIR: multiprocessing makes Unix sockets about 35 bytes
+# deeper (pymp-XXXXXXXX/listener-XXXXXXXX), and a socket's path has at most 107 bytes.
+SOCKET_SAFE_TMPDIR = 70
 
 
 @dataclass
@@ -484,8 +487,9 @@ class NodeAgent:
 
     # ---- volumes -----------------------------------------------------------------------------
     def pod_dir(self, namespace: str, name: str, uid: str) -> Path:
-        """Where a pod's own volumes (its emptyDirs) are, as under a kubelet's pods/<uid>."""
-        return self.dir / "pods" / f"{namespace}_{name}_{uid}"
+        """Where a pod's own volumes (its emptyDirs) are, as under a kubelet's pods/<uid>: short
+        (the head of its uid), since a Unix socket's path under them has at most 107 bytes."""
+        return self.dir / "pods" / (uid[:8] or f"{namespace}_{name}")
 
     def volumes(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
         """The container's mounts as host directories, ``{mountPath: directory}``: an ``emptyDir``
@@ -504,7 +508,7 @@ class NodeAgent:
                 continue
             empty, claim, host = volume.get("emptyDir"), volume.get("persistentVolumeClaim"), volume.get("hostPath")
             if isinstance(empty, dict) and empty.get("medium") != "Memory":
-                where = self.pod_dir(meta["namespace"], meta["name"], meta.get("uid", "")) / "volumes" / mount["name"]
+                where = self.pod_dir(meta["namespace"], meta["name"], meta.get("uid", "")) / mount["name"]
             elif isinstance(claim, dict) and claim.get("claimName"):
                 where = self.dir / "claims" / meta["namespace"] / claim["claimName"]
             elif isinstance(host, dict) and host.get("path"):
@@ -570,8 +574,11 @@ class NodeAgent:
         own = {e.get("name") for e in container.get("env") or []}  # not the host's own environment
         env = {k: translate(v, mounts) if k in own else v for k, v in env.items()}
         argv = [translate(a, mounts) for a in argv]
-        if "/tmp" in mounts:  # what /tmp is inside the container: Python's tempfile goes there
-            env["TMPDIR"] = mounts["/tmp"]
+        if "/tmp" in mounts and len(mounts["/tmp"]) <= SOCKET_SAFE_TMPDIR:
+            env["TMPDIR"] = mounts["/tmp"]  # what /tmp is inside the container: Python's tempfile goes there
+        elif "/tmp" in mounts:
+            log.info("pod %s/%s: %s is too long a path for the Unix sockets made under TMPDIR: the "
+                     "system's temporary directory stands in for its /tmp", meta["namespace"], meta["name"], mounts["/tmp"])
         if not argv:
             self._set_phase(meta["namespace"], meta["name"], "Failed", "no command: images are not run here")
             return

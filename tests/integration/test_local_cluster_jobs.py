@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -23,7 +25,7 @@ import kubernetes.client as k8s
 import pytest
 from test_operator_emulator import Operator, wait_for
 
-from liveshard.dev.localcluster.node_agent import NodeAgent
+from liveshard.dev.localcluster.node_agent import SOCKET_SAFE_TMPDIR, NodeAgent
 from liveshard.operator.endings import FINISHED_WORKER_GRACE_SECONDS
 from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
 from liveshard.runtime.contract.status import Finished
@@ -145,13 +147,14 @@ def test_what_a_pod_started_ends_with_it_when_it_is_deleted(kube, tmp_path):
         agent.stop()
 
 
-def test_a_pods_volumes_are_its_own_directories_under_the_agents(kube, tmp_path):
+def test_a_pods_volumes_are_its_own_directories_under_the_agents(kube):
     """An emptyDir is the pod's own directory (a second pod of the same spec never sees what the
     first wrote, and it goes when the pod is deleted), a claim is one directory its pods share, and
     the container's paths under a mount (env, JSON env, args) and its temporary files land there:
     nothing outside the agent's directory."""
     ns = "volumes"
     core = k8s.CoreV1Api(kube.api_client())
+    tmp_path = Path(tempfile.mkdtemp(prefix="lsv-"))  # short: a pod's /tmp is its TMPDIR only then
     agent = NodeAgent(kube.api_client(), tmp_path, period=0.05)
     script = ('test ! -e "$CKPT/seen" && echo "$SPEC" > "$CKPT/seen" && f=$(mktemp "$SHARED/x.XXXXXX") && echo "$0" > "$f" '
               '&& python3 -c "import tempfile; print(tempfile.mkdtemp())" > "$CKPT/tmp"')
@@ -171,12 +174,13 @@ def test_a_pods_volumes_are_its_own_directories_under_the_agents(kube, tmp_path)
         agent.add_node("volumes-node", gpus=0)
         core.create_namespaced_pod(ns, body("a"))
         first = settle(agent, core, ns, "a", "Succeeded")
-        own = tmp_path / "pods" / f"{ns}_a_{first.metadata.uid}" / "volumes"
+        own = tmp_path / "pods" / first.metadata.uid[:8]
         assert json.loads((own / "ckpt" / "seen").read_text()) == {"n": 1, "path": f"{own / 'ckpt'}/x"}
+        assert len(str(own / "tmp")) <= SOCKET_SAFE_TMPDIR  # (else the system's: Unix sockets need short paths)
         assert Path((own / "ckpt" / "tmp").read_text().strip()).parent == own / "tmp"
         core.delete_namespaced_pod("a", ns)
         agent.sync()
-        assert not own.parent.exists()  # the emptyDirs went with the pod
+        assert not own.exists()  # the emptyDirs went with the pod
         core.create_namespaced_pod(ns, body("a"))  # the same spec again: an empty checkpoint directory
         settle(agent, core, ns, "a", "Succeeded")
         shared = sorted((tmp_path / "claims" / ns / "data").iterdir())
@@ -184,6 +188,7 @@ def test_a_pods_volumes_are_its_own_directories_under_the_agents(kube, tmp_path)
         assert not Path("/checkpoints/seen").exists() and not Path("/shared").exists()
     finally:
         agent.stop()
+        shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 # ---- through the operator -----------------------------------------------------------------------
