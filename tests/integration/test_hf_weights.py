@@ -197,6 +197,8 @@ def test_convert_round_trip_is_bit_exact_and_loads_in_transformers(pool: GlooPoo
     layout = "pp=2,dp=2,ep=2"
     done = _cli("--from", f"hf:{src}", "--to", str(ckpt), "--parallel", layout)
     assert done.returncode == 0, done.stderr[-2000:]
+    # no third-party warning (megatron-core's, torch's FutureWarnings) from it or its processes
+    assert "Warning" not in done.stderr, done.stderr[-2000:]
     meta = json.loads((ckpt / "liveshard.json").read_text())
     assert meta["contents"] == "model" and ParallelConfig.parse(meta["config"]) == ParallelConfig.parse(layout)
     done = _cli("--from", str(ckpt), "--to", f"hf:{out}", "--max-shard-size", "60KB", "--procs", "2")
