@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections import Counter
@@ -44,7 +45,8 @@ log = logging.getLogger("liveshard.worker")
 
 # Communicators this process connected, by kind (each one a rendezvous with its peers):
 # "transition" (a transition group), "ahead" (the next world's, during prepare), "world" (a
-# default group made at the commit), "group" (a megatron group made at the commit). A switch
+# default group made at the commit), "shrink" (the survivors' default group on gloo, see
+# ``World.shrink``), "group" (a megatron group made at the commit). A switch
 # records what it connected while preparing and inside its pause.
 CONNECTED: Counter[str] = Counter()
 
@@ -65,11 +67,12 @@ def device() -> torch.device:
 
 
 def init_training_world(store: dist.Store, prefix: str, rank: int, size: int, timeout: float,
-                        ahead: WorldAhead | None = None) -> None:
+                        ahead: WorldAhead | None = None, name: str | None = None) -> None:
     """Make the default process group for one generation's training world (from its
-    communicator built ahead, if ``ahead`` has one)."""
+    communicator built ahead, if ``ahead`` has one). ``name``: what ``cut_off`` knows the world
+    by (its store prefix unless given)."""
     td = timedelta(seconds=timeout)
-    _live.begin(prefix)
+    _live.begin(name or prefix)
     if ahead is not None and ahead.default is not None:
         _register_ahead_backends()
         _live.add(ahead.connections)
@@ -186,6 +189,7 @@ def build_world_ahead(store: dist.Store, prefix: str, rank: int, size: int, requ
     with noting_connections(ahead.connections, store):
         ahead.default = _connected(dist.PrefixStore(f"{prefix}default/", store), rank, size, timeout, gloo=False)
         CONNECTED["ahead"] += 1
+        CREATED["ahead"] += 1
         for i, req in enumerate(requests):
             if stop is not None and stop.is_set():
                 raise Cancelled(f"connecting the world ahead was called off at group {i} of {len(requests)}")
@@ -195,6 +199,7 @@ def build_world_ahead(store: dist.Store, prefix: str, rank: int, size: int, requ
                                                sorted(req.ranks).index(rank), len(req.ranks),
                                                req.timeout or timeout, gloo=req.gloo)
                 CONNECTED["ahead"] += 1
+                CREATED["ahead"] += 1
     ahead.seconds = time.perf_counter() - start
     return ahead
 
@@ -447,3 +452,223 @@ def shut_down(connections: set[tuple[int, int]]) -> int:
         except OSError:  # closed meanwhile
             continue
     return done
+
+
+# ---- the world object ------------------------------------------------------------------------
+# Communicators created, by how (``World``): "scratch" (a default group from a rendezvous of every
+# member, a first world or a rebuild), "ahead" (connected while the previous world trained:
+# ``build_world_ahead``), "shrink" (the default group shrunk from the running world, survivors
+# only), "split" (a megatron group made on the world: ``split_group`` of an eagerly initialised
+# NCCL parent, ``new_group`` on gloo), "recreate" (a world made again after a change that could not
+# shrink, or after a loss).
+KINDS = ("scratch", "ahead", "shrink", "split", "recreate")
+CREATED: Counter[str] = Counter()
+
+# A test hook: a shrink fails where this names it ("fail": at once; "hang": past its bound).
+SHRINK_FAULT_ENV = "LIVESHARD_FAULT_SHRINK"
+
+
+def created_since(before: Counter[str]) -> dict[str, int]:
+    """Communicators created since ``before`` (a copy of ``CREATED``), by kind."""
+    return {k: n for k, n in (CREATED - before).items() if n}
+
+
+class ShrinkFailed(RuntimeError):
+    """The running world could not be shrunk (the backend refused, a survivor did not come
+    within the bound, or the fault hook): the change falls back to a rebuild."""
+
+
+def supports_shrinking() -> bool:
+    """Whether the running default group's backend shrinks itself (NCCL ≥ 2.27 under torch ≥
+    2.13: ``torch.distributed.shrink_group``); gloo does not, and is shrunk here instead."""
+    if not dist.is_initialized() or not hasattr(dist, "shrink_group"):
+        return False
+    pg = dist.distributed_c10d._get_default_group()
+    try:
+        return bool(pg._get_backend(device()).supports_shrinking)
+    except Exception:
+        return False
+
+
+class World:
+    """The training world of one generation in this process: torch.distributed's default group
+    and megatron's groups made on it, with a lifecycle (torchft's ``ProcessGroup`` is the model):
+
+    * made by one of its constructors: ``scratch`` (every member meets on the store),
+      ``from_ahead`` (communicators connected while the previous world trained are handed over),
+      ``shrink`` (survivors only, from the running world: ``torch.distributed.shrink_group`` on
+      NCCL; on gloo a survivors-only communicator finalised by torch's own shrink code),
+      ``recreate`` (made again from scratch, after a shrink that failed or a loss);
+    * ``configure``: megatron's groups for a config, split from this world (or handed over
+      from the communicators built ahead);
+    * ``errored`` (cut off, or no longer the default group), ``abort`` (``cut_off``: a collective
+      blocked in it fails now) and ``shutdown`` (every group destroyed, this process's side).
+
+    Every communicator a constructor or ``configure`` creates is counted in ``CREATED`` by kind.
+    One world is torch.distributed's at a time (``current``)."""
+
+    _current: World | None = None
+
+    def __init__(self, name: str, rank: int, size: int, how: str) -> None:
+        self.name, self.rank, self.size, self.how = name, rank, size, how
+        self.down = False
+
+    @classmethod
+    def current(cls) -> World | None:
+        """The world torch.distributed holds now (None: none)."""
+        world = cls._current
+        return world if world is not None and not world.down and dist.is_initialized() else None
+
+    @classmethod
+    def _made(cls, world: World) -> World:
+        cls._current = world
+        return world
+
+    # ---- constructors ------------------------------------------------------------------------
+    @classmethod
+    def scratch(cls, store: dist.Store, prefix: str, rank: int, size: int, timeout: float,
+                name: str | None = None, how: str = "scratch") -> World:
+        """Every member meets under ``prefix`` in ``store`` and makes the default group."""
+        init_training_world(store, prefix, rank, size, timeout, name=name)
+        CREATED[how] += 1
+        return cls._made(cls(name or prefix, rank, size, how))
+
+    @classmethod
+    def recreate(cls, store: dist.Store, prefix: str, rank: int, size: int, timeout: float,
+                 name: str | None = None) -> World:
+        """``scratch``, for a world made again (a shrink that failed, a loss)."""
+        return cls.scratch(store, prefix, rank, size, timeout, name=name, how="recreate")
+
+    @classmethod
+    def from_ahead(cls, store: dist.Store, prefix: str, rank: int, size: int, timeout: float,
+                   ahead: WorldAhead) -> World:
+        """The default group from the communicator built ahead (counted as "ahead" when it was
+        connected, ``build_world_ahead``); a new one (at the commit) when ``ahead`` has none."""
+        made_now = ahead.default is None
+        init_training_world(store, prefix, rank, size, timeout, ahead=ahead)
+        if made_now:
+            CREATED["scratch"] += 1
+        return cls._made(cls(prefix, rank, size, "scratch" if made_now else "ahead"))
+
+    def shrink(self, excluded: Sequence[int], name: str, bound: float) -> World:
+        """The world of the survivors (every rank not in ``excluded``, in their order), made from
+        this one by the survivors alone (an excluded rank must not call it: it shuts its own side
+        down). Megatron's groups must be gone first (shrinking the default group destroys every
+        other group). On NCCL: ``torch.distributed.shrink_group`` (default flags, no resource
+        sharing); on gloo, which cannot shrink, the survivors connect a communicator of their own
+        on the running world's store (what ``new_group(ranks, use_local_synchronization=True)``
+        does) and torch's own shrink code makes it the default group. Raises ``ShrinkFailed``
+        after ``bound`` seconds at most; this world is then still the default group, unless the
+        backend destroyed it (``errored``)."""
+        c10d = dist.distributed_c10d
+        gone = sorted(set(excluded))
+        if self.rank in gone or not gone:
+            raise ValueError(f"rank {self.rank} shrinking away {gone}")
+        survivors = [r for r in range(self.size) if r not in gone]
+        fault = os.environ.get(SHRINK_FAULT_ENV, "")
+        if fault == "fail":
+            raise ShrinkFailed("shrink made to fail (" + SHRINK_FAULT_ENV + ")")
+        found_now: set[tuple[int, int]] = set()
+        try:
+            if supports_shrinking() and fault != "hang":
+                new_pg = _bounded(lambda: dist.shrink_group(gone), bound)
+            else:
+                _, store = c10d._world.pg_map[c10d._get_default_group()]
+                if fault == "hang":  # a survivor that never comes: the others wait out the bound
+                    survivors = [*survivors, self.size]
+                found: set[tuple[int, int]] = set()
+                with noting_connections(found, store):
+                    backend_ = dist.ProcessGroupGloo(dist.PrefixStore(f"{name}shrink/", store),
+                                                     survivors.index(self.rank), len(survivors),
+                                                     timedelta(seconds=bound))
+                    flag = torch.ones(1)
+                    backend_.allreduce([flag]).wait()  # every survivor connected
+                CONNECTED["shrink"] += 1
+                info = c10d._prepare_shrink_target_group(None)
+                new_pg = c10d._finalize_shrunk_group(info, set(gone), backend_)
+                found_now = found
+        except ShrinkFailed:
+            raise
+        except Exception as e:
+            raise ShrinkFailed(f"{type(e).__name__}: {e}") from e
+        # the survivors are numbered 0..n-1: the default group's ranks are the world's ranks;
+        # groups made on it meet under a store prefix of their own (torch keeps the parent's,
+        # where its groups, numbered from 0 again, left their peers' addresses)
+        c10d._world.pg_group_ranks[new_pg] = {i: i for i in range(len(survivors))}
+        backend_name, parent_store = c10d._world.pg_map[new_pg]
+        c10d._world.pg_map[new_pg] = (backend_name, dist.PrefixStore(f"{name}shrunk/", parent_store))
+        self.down = True
+        _live.begin(name)  # what cuts this world off from here on: the shrunk group's connections
+        _live.add(found_now)
+        CREATED["shrink"] += 1
+        return World._made(World(name, survivors.index(self.rank), len(survivors), "shrink"))
+
+    # ---- megatron's groups -------------------------------------------------------------------
+    def configure(self, cfg: Any, ahead: WorldAhead | None = None, timeout: float | None = None) -> None:
+        """Megatron's groups for ``cfg`` on this world (counted as "split" when made here; those
+        built ahead are handed over)."""
+        from liveshard.runtime.megatron.build import init_parallel
+
+        init_parallel(cfg, ahead, timeout=timeout)
+
+    # ---- state and ending --------------------------------------------------------------------
+    def errored(self) -> bool:
+        """Cut off, shut down, or no longer torch.distributed's world."""
+        with _live.lock:
+            cut = _live.cut or _live.prefix != self.name
+        return self.down or cut or not dist.is_initialized()
+
+    def abort(self) -> int | None:
+        """``cut_off``: a collective blocked in this world, in any thread, fails now."""
+        return cut_off(self.name)
+
+    def shutdown(self, defer_free: bool = False, groups_only: bool = False) -> None:
+        """Destroy megatron's groups and (unless ``groups_only``) the default group: this
+        process's side only (no collective)."""
+        _destroy_megatron_groups(defer_free)
+        if not groups_only:
+            self.down = True
+            destroy_training_world(defer_free)
+
+
+def shutdown_current(defer_free: bool = False, groups_only: bool = False) -> None:
+    """Shut down whatever world torch.distributed holds (also one made outside ``World``, or one
+    half made: a build that failed leaves its groups behind)."""
+    world = World._current
+    if world is not None and not world.down:
+        world.shutdown(defer_free, groups_only)
+        return
+    _destroy_megatron_groups(defer_free)
+    if not groups_only:
+        destroy_training_world(defer_free)
+
+
+def _destroy_megatron_groups(defer_free: bool) -> None:
+    """Megatron's parallel state and groups go (``megatron.build.destroy``); none exist where
+    the model builder was never imported."""
+    build = sys.modules.get("liveshard.runtime.megatron.build")
+    if build is not None:
+        build.destroy(defer_free)
+
+
+def _bounded(work: Callable[[], Any], bound: float) -> Any:
+    """``work()`` in a thread; ``ShrinkFailed`` if it has not returned within ``bound`` seconds
+    (the world is aborted then, so that the thread's collective fails)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as e:
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name="liveshard-shrink", daemon=True)
+    thread.start()
+    thread.join(bound)
+    if thread.is_alive():
+        with contextlib.suppress(Exception):
+            dist.distributed_c10d._get_default_group().abort()
+        raise ShrinkFailed(f"no shrink within {bound:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

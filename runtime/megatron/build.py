@@ -468,6 +468,7 @@ def _recording_new_groups(ahead: Any = None, timeout: float | None = None) -> It
             group = real(ranks, *args, backend=backend, **kwargs)
             if not request.ranks or dist.get_rank() in request.ranks:
                 worlds.CONNECTED["group"] += 1
+                worlds.CREATED["split"] += 1  # made on the running world
         else:
             with worlds.handing_over(communicator):
                 group = real(ranks, *args, backend=worlds.ahead_backend(request), **kwargs)
