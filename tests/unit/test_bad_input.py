@@ -213,8 +213,9 @@ def test_non_utf8_model_file_names_it(tmp_path):
 ])
 def test_impossible_events_are_refused_before_anything_starts(tmp_path, events, words):
     workdir = tmp_path / "run"
+    # a world of both workers (the planner's own choice for this job is one of them, one standing by)
     r = run_cli("run-local", "--job", str(_write_job(tmp_path / "job.yaml", JOB)), "--events", events,
-                "--workdir", str(workdir))
+                "--parallel", "tp=1,pp=1,dp=2", "--workdir", str(workdir))
     _bad(r, "run-local", *words)
     assert not workdir.exists()  # no coordinator, no worker, no log
 
