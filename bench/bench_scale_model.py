@@ -1,6 +1,6 @@
 """Scale model: what a reconfiguration costs at 256-4096 GPUs, from measured plans.
 
-For llama3-70b and qwen3-235b-a22b at 256, 1024, 2048 and 4096 GPUs (8 per node, 80 GiB each),
+For llama3-70b and qwen3-235b-a22b at 256, 512, 1024, 2048 and 4096 GPUs (8 per node, 80 GiB each),
 the parallelism planner (``planner.plan_world``, the throughput objective) picks the layout on N
 GPUs and on N - 8 GPUs. Three transitions per scale:
 
@@ -23,7 +23,9 @@ scales the benchmarks do not use and keeps its JSON output.
 
     python bench/bench_scale_model.py [--only llama3-70b@1024] [--per-rank 24] [--extra]
     python bench/bench_scale_model.py --figures     # time the operator's overlap figures for the rows there
-    python bench/bench_scale_model.py --json        # per row: plan/communicator/transfer/build/pause/end-to-end s
+    python bench/bench_scale_model.py --groups      # count megatron's new_group calls for the rows there
+    python bench/bench_scale_model.py --json        # per row: plan/communicator/transfer/build/pause/end-to-end s,
+                                                    # the code's path part by part, each figure's source
 
 Writes ``bench/results/scale_model.json`` (merged with what is there: ``--only`` replaces its own
 rows and keeps the others).
@@ -42,6 +44,7 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 from bench_transition_planning import timed_whole_plan
@@ -58,7 +61,7 @@ from liveshard.runtime.vps.schedule import schedule
 
 GPUS_PER_NODE = 8
 GPU_MEMORY = "80GiB"
-SCALES = (256, 1024, 2048, 4096)
+SCALES = (256, 512, 1024, 2048, 4096)
 # Planner inputs per model: the job's global batch and sequence length, and the EP degrees the
 # job allows (None: any).
 MODELS = {
@@ -82,58 +85,163 @@ def nccl_init_s(n: int) -> float:
     return NCCL_INIT_8_S * (n / 8) ** NCCL_INIT_EXPONENT
 
 
-def end_to_end(r: dict) -> dict:
-    """The parts of one reconfiguration and their sums, as built and with the new world prepared.
+# ---- the path the code takes (``runtime/agent/world_change.py``), part by part ----------------
+# A node leave with notice is a ``Shrink``: at the switch (training paused) the transfer runs over
+# the old world (the leavers are still in it), the survivors shrink the leavers away
+# (``torch.distributed.shrink_group``, ncclCommShrink) and megatron makes its groups over the
+# shrunk world (``World.configure`` -> ``initialize_model_parallel``: every ``new_group`` call is an
+# ``ncclCommSplit`` of the shrunk world on every rank, a non-member's with no colour, because the
+# world is eagerly initialised), then the model is built. Only the plans run while training goes
+# on. A join (and an EP change) is a ``LiveRebuild`` with the world built ahead: the transition
+# group (joins) and the next world are connected while the old world trains; the pause is the
+# transfer and the build. torch 2.13 has no grow (``ncclCommGrow``): ``torch.distributed`` exposes
+# ``shrink_group`` and ``split_group`` only.
+SHRINK_MEASURED = ((32, 1.53), (256, 1.67), (512, 2.03), (1024, 2.02))  # (GPUs, s): ncclCommShrink
+SHRINK_URL = "https://github.com/NVIDIA-NeMo/RL/pull/3186"
+# A split of an eagerly initialised NCCL world: 0.063 s (a world of one, lent H100, NCCL 2.28.9,
+# bench/results/gpu_check_h100.json, part nccl_world): the cost of a group the rank is in.
+SPLIT_MEMBER_S = 0.0633
+# A non-member's split (NCCL_SPLIT_NOCOLOR): ncclCommSplit's bootstrap allgather of every rank's
+# colour and key over the parent world, a ring of n - 1 steps over TCP on the hosts' network
+# (NCCL's bootstrap.cc); each step assumed to take 20 us (one small TCP message; +-3x).
+NOCOLOR_HOP_S = 20e-6
 
-    The operator chooses the rank order from the layouts' overlap (``overlap_figures_cpu_s``,
-    measured; rows measured before it existed fall back to the two whole plans it replaced). A
-    leave (nobody joins) transfers over the running world: no transition group. Preparing
-    connects the transition group (joins), then the next world; both are fresh NCCL
-    initialisations in this model (deriving the next world by splitting the old one is not
-    modeled)."""
-    members = r["devices"]  # the transition group: every old and new member
-    operator = r.get("overlap_figures_cpu_s", 2 * r["global_plan_cpu_s"])
-    plan = r["per_rank_total_cpu_s_worst"]
-    group = nccl_init_s(members) if r["join"] else 0.0
-    world = nccl_init_s(r["new_gpus"])
-    transfer = r["modeled_seconds"]
-    pause = transfer + world + COMMIT_BUILD_S
-    pause_prepared = transfer + COMMIT_BUILD_S
-    return {"operator_s": operator, "per_rank_plan_s": plan, "transition_group_s": group, "world_init_s": world,
-            "transfer_s": transfer, "commit_build_s": COMMIT_BUILD_S, "pause_s": pause,
-            "end_to_end_s": operator + plan + group + pause, "pause_prepared_s": pause_prepared,
-            "end_to_end_prepared_s": operator + plan + group + world + pause_prepared}
+
+def shrink_s(n: int) -> float:
+    """ncclCommShrink of an ``n``-GPU world: PR #3186's figures, linear between them, the nearest
+    one outside them (flat beyond 1024 GPUs, as they are from 512 on)."""
+    pts = SHRINK_MEASURED
+    if n <= pts[0][0]:
+        return pts[0][1]
+    for (a, ta), (b, tb) in pairwise(pts):
+        if n <= b:
+            return ta + (tb - ta) * (n - a) / (b - a)
+    return max(t for _, t in pts)
 
 
-# Where each figure of ``summary`` comes from.
+def megatron_groups_s(calls: int, member: int, n: int) -> float:
+    """megatron's ``calls`` ``new_group`` calls over an eagerly initialised ``n``-rank world, the
+    rank a member of ``member`` of them: each a split (``SPLIT_MEMBER_S``), the others a
+    non-member's split (the parent's ring allgather, ``NOCOLOR_HOP_S`` per step). Every rank makes
+    every call in the same order, so the calls are sequential."""
+    return member * SPLIT_MEMBER_S + (calls - member) * (n - 1) * NOCOLOR_HOP_S
+
+
+def path(r: dict) -> dict:
+    """One reconfiguration the way the code makes it: each part, whether it runs while training
+    goes on or in the pause, and the sums. Raises KeyError for a leave row without its megatron
+    group counts (``--groups`` counts them)."""
+    plan = r.get("overlap_figures_cpu_s", 2 * r["global_plan_cpu_s"]) + r["per_rank_total_cpu_s_worst"]
+    transfer, build = r["modeled_seconds"], COMMIT_BUILD_S
+    if r["scenario"] == "node leaves":
+        n = r["new_gpus"]
+        shrink = shrink_s(r["old_gpus"])
+        groups = megatron_groups_s(r["megatron_group_calls"], r["megatron_member_groups"], n)
+        parts = {"plan": plan, "transfer": transfer, "shrink": shrink, "megatron_groups": groups, "build": build}
+        training, pause = ["plan"], ["transfer", "shrink", "megatron_groups", "build"]
+        strategy = "shrink"
+        communicator = shrink + groups
+        # not the code's path: megatron's groups made by their members only (no non-member splits)
+        own = r["megatron_member_groups"] * SPLIT_MEMBER_S
+        variant = {"megatron_groups": own, "pause_seconds": transfer + shrink + own + build,
+                   "end_to_end_seconds": plan + transfer + shrink + own + build}
+    else:
+        group = nccl_init_s(r["devices"]) if r["join"] else 0.0
+        world = nccl_init_s(r["new_gpus"])
+        parts = {"plan": plan, "transition_group": group, "world_ahead": world, "transfer": transfer, "build": build}
+        training, pause = ["plan", "transition_group", "world_ahead"], ["transfer", "build"]
+        strategy = "live rebuild, world built ahead"
+        communicator = group + world
+        variant = None
+    pause_s = sum(parts[k] for k in pause)
+    return {"strategy": strategy, "parts": parts, "during_training": training, "on_pause": pause,
+            "plan_seconds": plan, "communicator_seconds": communicator, "transfer_seconds": transfer,
+            "build_seconds": build, "pause_seconds": pause_s,
+            "end_to_end_seconds": sum(parts[k] for k in training) + pause_s, "own_groups_only": variant}
+
+
+# Where each figure of ``summary`` comes from, per strategy.
+PLAN_SOURCE = ("measured here on CPU (one core of this 2-core machine, time.process_time): the operator's "
+               "rank order from the layouts' overlap (vps.transition.overlap_figures) + the worst sampled "
+               "per-rank plan (vps.device_plan); runs while training goes on")
+TRANSFER_SOURCE = ("modeled: the measured plan's busiest device over 450 GB/s NVLink and 50 GB/s network per GPU "
+                   "(line rates), 50 us per round (vps.bound.modeled_seconds); in the pause")
+BUILD_SOURCE = ("assumed: 1.0 s to build megatron's model and optimizer around the received tensors on a GPU "
+                "(measured on CPU: 0.015-0.074 s for gpt-125m, bench/README.md); in the pause")
 SOURCES = {
-    "plan_seconds": "measured: CPU seconds on one core of this machine (the operator's overlap figures, "
-                    "else its two whole plans, + the worst sampled per-rank plan)",
-    "communicator_seconds": "modeled: fresh NCCL initialisation, 2.46 s * (n/8)^0.5 (+-2x), for the transition "
-                            "group (joins only: a leave reuses the running world) and the next world, connected "
-                            "while the old one trains",
-    "transfer_seconds": "modeled: the measured plan's busiest device over 450 GB/s NVLink and 50 GB/s network per "
-                        "GPU, 50 us per round",
-    "build_seconds": "assumed: 1.0 s to build the new model and optimizer around the received tensors on a GPU",
-    "pause_seconds": "transfer_seconds + build_seconds (the world built ahead, the default)",
-    "end_to_end_seconds": "plan_seconds + communicator_seconds + pause_seconds (from the operator's decision)",
+    "shrink": {
+        "plan_seconds": PLAN_SOURCE,
+        "communicator_seconds": (
+            f"published + measured + modeled, in the pause: ncclCommShrink of the old world, NVIDIA-NeMo/RL PR "
+            f"#3186 ({SHRINK_URL}: 1.53 s at 32 GPUs, 1.67 s at 256, 2.03 s at 512, 2.02 s at 1024; linear "
+            f"between, flat beyond), then megatron's groups over the shrunk world: its new_group calls counted "
+            f"by running megatron-core's initialize_model_parallel for the new layout (megatron.build."
+            f"group_requests), each an ncclCommSplit on every rank: {SPLIT_MEMBER_S} s for each group the rank "
+            f"is in (measured on a lent H100, split_group of an eager NCCL world of one, "
+            f"bench/results/gpu_check_h100.json) + for each other call a non-member's split, the parent's "
+            f"bootstrap ring allgather: (n - 1) x {NOCOLOR_HOP_S * 1e6:.0f} us (assumed per TCP step, +-3x)"),
+        "transfer_seconds": TRANSFER_SOURCE,
+        "build_seconds": BUILD_SOURCE,
+        "pause_seconds": "transfer + shrink + megatron's groups + build (the shrink and the splits follow the transfer)",
+        "end_to_end_seconds": "plan_seconds + pause_seconds (from the operator's decision)",
+    },
+    "live rebuild, world built ahead": {
+        "plan_seconds": PLAN_SOURCE,
+        "communicator_seconds": (
+            "modeled: fresh NCCL initialisation, 2.46 s * (n/8)^0.5 (+-2x; 2.46 s on 8 H100s, NVIDIA/nccl#534; "
+            "~265 s on ~96k GPUs, arXiv 2510.20171) for the transition group (joins: old + joining devices) and "
+            "the next world, one after the other while the old world trains (torch 2.13 has no ncclCommGrow)"),
+        "transfer_seconds": TRANSFER_SOURCE,
+        "build_seconds": BUILD_SOURCE,
+        "pause_seconds": "transfer + build (the world built ahead)",
+        "end_to_end_seconds": "plan_seconds + communicator_seconds + pause_seconds (from the operator's decision)",
+    },
 }
+# Targets (issue tracker): a node leave with notice end to end <= 10 s at 1024 GPUs, <= 15 s at 4096,
+# pause <= 1.5 s; a join end to end <= 30 s at 1024.
+TARGETS = {"node leaves": {1024: 10.0, 4096: 15.0}, "node joins": {1024: 30.0}}
+PAUSE_TARGET_S = 1.5
 
 
 def summary(data: dict) -> list[dict]:
-    """One record per model, GPU count and scenario with the figures the issue tracker asks for."""
+    """One record per model, GPU count and scenario: the figures of ``path`` with their sources."""
     out = []
     for r in sorted(data["rows"], key=_order):
-        e = end_to_end(r)
+        if r["scenario"] == "node leaves" and "megatron_group_calls" not in r:
+            raise SystemExit(f"{r['model']}@{r['gpus']}: no megatron group counts; run with --groups first")
+        e = path(r)
+        target = TARGETS.get(r["scenario"], {}).get(r["gpus"])
         out.append({"model": r["model"], "gpus": r["gpus"], "scenario": r["scenario"], "from": r["from"],
-                    "to": r["to"], "plan_seconds": round(e["operator_s"] + e["per_rank_plan_s"], 3),
-                    "communicator_seconds": round(e["transition_group_s"] + e["world_init_s"], 2),
-                    "transfer_seconds": round(e["transfer_s"], 3), "build_seconds": e["commit_build_s"],
-                    "pause_seconds": round(e["pause_prepared_s"], 3),
-                    "end_to_end_seconds": round(e["end_to_end_prepared_s"], 2),
+                    "to": r["to"], "strategy": e["strategy"],
+                    "plan_seconds": round(e["plan_seconds"], 3),
+                    "communicator_seconds": round(e["communicator_seconds"], 3),
+                    "transfer_seconds": round(e["transfer_seconds"], 3), "build_seconds": e["build_seconds"],
+                    "pause_seconds": round(e["pause_seconds"], 3),
+                    "end_to_end_seconds": round(e["end_to_end_seconds"], 3),
+                    "parts": {k: round(v, 3) for k, v in e["parts"].items()},
+                    "during_training": e["during_training"], "on_pause": e["on_pause"],
+                    **({"megatron_group_calls": r["megatron_group_calls"],
+                        "megatron_member_groups": r["megatron_member_groups"]} if "megatron_group_calls" in r else {}),
+                    "targets": {"end_to_end_seconds": target,
+                                "pause_seconds": PAUSE_TARGET_S if r["scenario"] == "node leaves" else None},
+                    **({"if_members_only_made_their_groups": {k: round(v, 3) for k, v in e["own_groups_only"].items()}}
+                       if e["own_groups_only"] else {}),
                     "operator_measured_as": "overlap figures" if "overlap_figures_cpu_s" in r else "two whole plans",
-                    "sources": SOURCES})
+                    "sources": SOURCES[e["strategy"]]})
     return out
+
+
+def count_groups(rows: list[dict]) -> None:
+    """megatron's ``new_group`` calls for each row's new layout, and how many of them rank 0 is in
+    (``megatron.build.group_requests``: megatron-core's own function, nothing made)."""
+    from liveshard.runtime.megatron.build import group_requests
+
+    for r in rows:
+        requests = group_requests(ParallelConfig.parse(r["to"]), 0)
+        r["megatron_group_calls"] = len(requests)
+        r["megatron_member_groups"] = sum(1 for q in requests if 0 in q.ranks)
+        print(f"{r['model']}@{r['gpus']} {r['scenario']}: {r['to']}: {len(requests)} new_group calls, "
+              f"rank 0 in {r['megatron_member_groups']}", flush=True)
 
 
 def measure_figures(rows: list[dict]) -> None:
@@ -157,33 +265,46 @@ def _order(r: dict) -> tuple:
             kinds.index(r["scenario"]) if r["scenario"] in kinds else 2)
 
 
+NOTICE_WINDOWS = (("AWS", 120.0), ("GCP/Azure", 30.0), ("GKE", 15.0))
+DYNATRAIN = {"llama3-70b": "< 2 s (70B)", "qwen3-235b-a22b": "4.36 s (235B MoE)"}
+
+
 def table(data: dict) -> str:
-    """Markdown tables of the rows in ``data`` (the figures docs/performance.md shows): the parts of
-    each reconfiguration, then the plans behind them."""
+    """Markdown tables of the rows in ``data`` (the figures docs/performance.md shows): each
+    reconfiguration on the code's path against the targets and the notice windows, its parts,
+    then the plans behind them."""
     data = {**data, "rows": sorted(data["rows"], key=_order)}
-    out = ["| model | GPUs | pause s, as built | pause s, world built ahead | end-to-end s, as built | "
-           "end-to-end s, world built ahead | DynaTrain |", "|---|---:|---:|---:|---:|---:|---:|"]
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in data["rows"]:
-        groups[(r["model"], r["gpus"])].append(end_to_end(r))
-
-    def span(es: list[dict], k: str, f: str) -> str:
-        lo, hi = min(e[k] for e in es), max(e[k] for e in es)
-        return f"{lo:{f}}–{hi:{f}}" if f"{lo:{f}}" != f"{hi:{f}}" else f"{lo:{f}}"
-
-    for (model, n), es in groups.items():
-        ref = {"llama3-70b": "< 2 s (70B)", "qwen3-235b-a22b": "4.36 s (235B MoE)"}.get(model, "")
-        out.append(f"| {model} | {n} | {span(es, 'pause_s', '.0f')} | {span(es, 'pause_prepared_s', '.1f')} | "
-                   f"{span(es, 'end_to_end_s', '.0f')} | {span(es, 'end_to_end_prepared_s', '.0f')} | {ref} |")
-    out += ["", "| model | GPUs | scenario | operator: rank order | per-rank plan | transition group | transfer | "
-           "new world init | build | **pause** | end-to-end | pause, world built ahead | end-to-end, world built ahead |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in data["rows"]:
-        e = end_to_end(r)
-        out.append(f"| {r['model']} | {r['gpus']} | {r['scenario']} | {e['operator_s']:.2f} | "
-                   f"{e['per_rank_plan_s']:.3f} | {e['transition_group_s']:.1f} | {e['transfer_s']:.3f} | "
-                   f"{e['world_init_s']:.1f} | {e['commit_build_s']:.1f} | **{e['pause_s']:.1f}** | "
-                   f"{e['end_to_end_s']:.1f} | {e['pause_prepared_s']:.2f} | {e['end_to_end_prepared_s']:.1f} |")
+    out = ["| model | GPUs | scenario | path | end to end s | pause s | target | fits AWS 120 s / GCP, Azure 30 s "
+           "/ GKE 15 s | DynaTrain |", "|---|---:|---|---|---:|---:|---|---|---|"]
+    for r in summary(data):
+        if r["scenario"] not in TARGETS:
+            continue
+        t = r["targets"]
+        target = (f"≤ {t['end_to_end_seconds']:.0f} s" if t["end_to_end_seconds"] else "")
+        if t["pause_seconds"]:
+            target += f"{', ' if target else ''}pause ≤ {t['pause_seconds']} s"
+        if target:
+            met = (r["end_to_end_seconds"] <= (t["end_to_end_seconds"] or float("inf"))
+                   and r["pause_seconds"] <= (t["pause_seconds"] or float("inf")))
+            target += " **met**" if met else " **missed**"
+        fits = " / ".join("yes" if r["end_to_end_seconds"] <= w else "no" for _, w in NOTICE_WINDOWS)
+        out.append(f"| {r['model']} | {r['gpus']} | {r['scenario']} | {r['strategy']} | {r['end_to_end_seconds']:.1f} | "
+                   f"{r['pause_seconds']:.2f} | {target} | {fits} | {DYNATRAIN.get(r['model'], '')} |")
+    out += ["", "| model | GPUs | scenario | plan (training) | shrink | megatron's groups: calls (own) s | transition "
+            "group + world ahead (training) | transfer | build | **pause** | **end to end** | own groups only: pause / "
+            "end to end |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in summary(data):
+        p = r["parts"]
+        own = r.get("if_members_only_made_their_groups")
+        if r["strategy"] == "shrink":
+            groups = f"{r['megatron_group_calls']} ({r['megatron_member_groups']}) {p['megatron_groups']:.1f}"
+            shrink, ahead = f"{p['shrink']:.2f}", "–"
+        else:
+            groups, shrink, ahead = "–", "–", f"{p['transition_group']:.1f} + {p['world_ahead']:.1f}"
+        own_s = f"{own['pause_seconds']:.2f} / {own['end_to_end_seconds']:.1f}" if own else "–"
+        out.append(f"| {r['model']} | {r['gpus']} | {r['scenario']} | {p['plan']:.2f} | {shrink} | {groups} | "
+                   f"{ahead} | {p['transfer']:.3f} | {p['build']:.1f} | **{r['pause_seconds']:.2f}** | "
+                   f"**{r['end_to_end_seconds']:.1f}** | {own_s} |")
     out += ["", "| model | GPUs | scenario | from → to | devices (old + joining) → new ranks | whole plan + rounds s "
             "| per-rank plan + rounds s, worst / median (n) | moved GB | busiest device GB: NVLink out/in, network out/in "
             "| rounds | transfer s |", "|---|---:|---|---|---|---:|---:|---:|---|---:|---:|"]
@@ -384,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
                          "and end-to-end seconds with their sources (from the JSON in --out) and exit")
     ap.add_argument("--figures", action="store_true",
                     help="measure the operator's rank-order choice (overlap figures) for the rows in --out")
+    ap.add_argument("--groups", action="store_true",
+                    help="count megatron's new_group calls for each row's new layout in --out")
     args = ap.parse_args(argv)
     if args.table:
         print(table(json.loads(Path(args.out).read_text())))
@@ -401,6 +524,11 @@ def main(argv: list[str] | None = None) -> int:
         suites = [s for s in suites if s in args.only]
     if args.extra_only:
         suites = []
+    if args.groups:
+        rows = old.get("rows", [])
+        count_groups([r for r in rows if not args.only or f"{r['model']}@{r['gpus']}" in args.only])
+        write(out_path, old, rows, old.get("extra"), budget)
+        return 0
     if args.figures:
         rows = old.get("rows", [])
         measure_figures([r for r in rows if not args.only or f"{r['model']}@{r['gpus']}" in args.only])
