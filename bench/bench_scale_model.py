@@ -103,8 +103,10 @@ SHRINK_URL = "https://github.com/NVIDIA-NeMo/RL/pull/3186"
 SPLIT_MEMBER_S = 0.0633
 # A non-member's split (NCCL_SPLIT_NOCOLOR): ncclCommSplit's bootstrap allgather of every rank's
 # colour and key over the parent world, a ring of n - 1 steps over TCP on the hosts' network
-# (NCCL's bootstrap.cc); each step assumed to take 20 us (one small TCP message; +-3x).
-NOCOLOR_HOP_S = 20e-6
+# (NCCL's bootstrap.cc). A step: 6 us, read from NVIDIA/nccl#1791 ("a few 100 ms" per bootstrap
+# all-gather at Meta's scale, ~100k ranks, in N/2 steps: 0.3 s / 50,000); +-3x.
+NOCOLOR_HOP_S = 6e-6
+NOCOLOR_URL = "https://github.com/NVIDIA/nccl/pull/1791"
 
 
 def shrink_s(n: int) -> float:
@@ -179,7 +181,8 @@ SOURCES = {
             f"group_requests), each an ncclCommSplit on every rank: {SPLIT_MEMBER_S} s for each group the rank "
             f"is in (measured on a lent H100, split_group of an eager NCCL world of one, "
             f"bench/results/gpu_check_h100.json) + for each other call a non-member's split, the parent's "
-            f"bootstrap ring allgather: (n - 1) x {NOCOLOR_HOP_S * 1e6:.0f} us (assumed per TCP step, +-3x)"),
+            f"bootstrap ring allgather: (n - 1) x {NOCOLOR_HOP_S * 1e6:.0f} us (modeled: a step read from "
+            f"{NOCOLOR_URL}, 'a few 100 ms' per all-gather at ~100k ranks in N/2 steps; +-3x)"),
         "transfer_seconds": TRANSFER_SOURCE,
         "build_seconds": BUILD_SOURCE,
         "pause_seconds": "transfer + shrink + megatron's groups + build (the shrink and the splits follow the transfer)",

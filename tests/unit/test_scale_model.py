@@ -90,4 +90,4 @@ def test_the_shrink_figure_is_the_published_one_between_and_beyond_its_points(be
     assert 1.53 < bench.shrink_s(128) < 1.67
     # megatron's groups: its own are splits, every other call costs the parent's ring allgather
     assert bench.megatron_groups_s(20, 20, 1000) == pytest.approx(20 * bench.SPLIT_MEMBER_S)
-    assert bench.megatron_groups_s(120, 20, 1001) == pytest.approx(20 * bench.SPLIT_MEMBER_S + 100 * 1000 * 20e-6)
+    assert bench.megatron_groups_s(120, 20, 1001) == pytest.approx(20 * bench.SPLIT_MEMBER_S + 100 * 1000 * bench.NOCOLOR_HOP_S)
