@@ -49,7 +49,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-address", default=None, metavar="ADDR",
                    help="address the metrics port listens on (default: the store's, --host)")
     p.add_argument("--checkpoint-dir", default=os.environ.get(Env.CHECKPOINT_DIR) or None,
-                   help="the job's checkpoints: a first world continues from the newest complete one")
+                   help="the job's checkpoints: a first world continues from the newest complete one of its "
+                        "own; a directory holding another job's run is refused (exit 2) unless "
+                        "spec.training.resume names where the job starts")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     g = p.add_argument_group("straggler policy (with --source kubernetes: the job's spec.elasticity.adaptive)")
     g.add_argument("--adaptive", action="store_true", help="re-plan around slow devices")
