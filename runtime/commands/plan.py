@@ -43,7 +43,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "parallelism and workers (max x gpusPerWorker GPUs, gpuMemory) are the defaults below")
     p.add_argument("--model", help="preset name or YAML file of ModelSpec fields (required without --job)")
     p.add_argument("--gpus", type=int, help="number of GPUs (required without --job; with it: workers.max x gpusPerWorker)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, sharing NVLink (default 8)")
+    p.add_argument("--gpus-per-node", type=int, default=None,
+                   help="GPUs per node, sharing NVLink (default: the job's gpusPerWorker, one worker pod per node "
+                        "as the operator plans them, else 8)")
     p.add_argument("--gpu-memory", metavar="SIZE", help=f"memory per GPU, e.g. 80GiB, 141GB (default: the job's gpuMemory, "
                                         f"else {DEFAULT_GPU_MEMORY})")
     p.add_argument("--speeds", help="YAML/JSON mapping GPU index, GPU id (node-K/I) or node name to relative speed")
@@ -94,6 +96,12 @@ def _resolve(args: argparse.Namespace) -> tuple[ModelSpec, str]:
         args.micro_batch = args.micro_batch or t.micro_batch
         args.granularity = args.granularity or w.gpus_per_worker
         args.no_dist_opt = args.no_dist_opt or not p.dist_opt
+        if args.gpus_per_node is None:
+            args.gpus_per_node = w.gpus_per_worker
+    # spec.parallelism.minDataParallel, as the operator plans (planner.pods.constraints_for)
+    args.min_dp = job.parallelism.min_dp if job is not None else 1
+    if args.gpus_per_node is None:
+        args.gpus_per_node = 8
     args.gpu_memory = args.gpu_memory or DEFAULT_GPU_MEMORY
     args.global_batch = args.global_batch or DEFAULT_GLOBAL_BATCH
     args.micro_batch = args.micro_batch or 1
@@ -172,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     constraints = Constraints(
         tp=_degrees(args.tp, "--tp"), pp=_degrees(args.pp, "--pp"), ep=_degrees(args.ep, "--ep"),
         global_batch=args.global_batch, micro_batch=args.micro_batch, seq_length=args.seq_length,
-        dist_opt=not args.no_dist_opt, granularity=args.granularity, max_gpus=args.max_gpus,
+        dist_opt=not args.no_dist_opt, granularity=args.granularity, max_gpus=args.max_gpus, min_dp=args.min_dp,
     )
     started = time.perf_counter()
     plan = _plan(spec, gpus, constraints)

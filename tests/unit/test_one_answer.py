@@ -127,3 +127,15 @@ def test_run_local_without_a_workdir_leaves_nothing_in_the_temp_directory(tmp_pa
     kept.mkdir()
     _run_in_workdir(Spec(workdir=str(kept)), run)  # a --workdir is the user's: kept
     assert (kept / "coordinator.log").exists()
+
+
+def test_plan_job_gives_the_operators_answer_for_the_same_file(capsys):
+    import json
+
+    from liveshard.runtime.cli import main
+
+    assert main(["plan", "--job", str(TINY_CPU), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    job_file = training_args.read_job_file(str(TINY_CPU))
+    operator = operator_plan(tiny_cpu_job(), job_file.workers_max)  # plan --job: workers.max pods
+    assert planned["config"] == operator["config"] == "tp=1,pp=1,dp=2,ep=1"  # minDataParallel 2 kept
