@@ -179,7 +179,9 @@ def _add_command(sub: argparse._SubParsersAction, name: str) -> argparse.Argumen
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = _lazy_parser(argv)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _refuse_unknown(parser, args.command, unknown)
     _warn_old_spellings(parser, args.command, argv)
     module = importlib.import_module(args._module)
     try:
@@ -223,6 +225,13 @@ def _warn_old_spellings(parser: argparse.ArgumentParser, command: str, argv: lis
         elif action is not None and getattr(action, "replaced_by", None):  # another unit: not an alias
             print(f"liveshard {command}: warning: {flag} is deprecated: give {action.replaced_by} "
                   f"(read until liveshard {OLD_FLAGS_READ_UNTIL})", file=sys.stderr)
+
+
+def _refuse_unknown(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> NoReturn:
+    """Arguments the command does not take, refused by the command's own parser: its name and its
+    --help in the one line (``--job`` given to prepare-data, whose prefix once read it as ``--jobs``)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    sub.choices[command].error(f"unrecognized arguments: {' '.join(unknown)}")
 
 
 def _with_new_names(parser: argparse.ArgumentParser, command: str, e: ConfigError) -> ConfigError:
