@@ -129,6 +129,8 @@ def main() -> int:
                 "detected": slow_report.get("stragglers"),
                 "speeds_slowed": {m: v["speed"] for m, v in (slow_report.get("members") or {}).items()},
                 "decision_steps_after_slowdown": first["decided_at"] - args.slow_at if first else None,
+                # the first switch: the step the new world trains after, counted from the last healthy step
+                "switch_steps_after_slowdown": first["switched_at"] - args.slow_at if first else None,
                 "plans": chosen,
                 "exact": all([s["consumed_samples"] for s in r["steps"]]
                              == [GLOBAL_BATCH * k for k in range(1, args.steps + 1)] for r in reports.values()),
@@ -141,9 +143,9 @@ def main() -> int:
                     "seconds": time.time() - t0}
 
     print()
-    print("| layout | healthy | slowed | with policy | recovered (all / steady) | decided after | plans chosen: "
-          "predicted / measured s/step |")
-    print("|---|---|---|---|---|---|---|")
+    print("| layout | healthy | slowed | with policy | recovered (all / steady) | decided after | switched after | "
+          "plans chosen: predicted / measured s/step |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         t = r["throughput"]
         rec = "-" if r["recovered"] is None else f"{r['recovered']:.0%}"
@@ -153,8 +155,9 @@ def main() -> int:
             f"{c['measured_after']:.3f}" if c.get("measured_after") else f"{c['config']} {c.get('outcome')}"
             for c in r["plans"]) or "none"
         after = "-" if r["decision_steps_after_slowdown"] is None else f"{r['decision_steps_after_slowdown']} steps"
+        switched = "-" if r["switch_steps_after_slowdown"] is None else f"{r['switch_steps_after_slowdown']} steps"
         print(f"| {r['layout']} | {t['healthy']:.1f} | {t['slowed']:.1f} | {t['policy']:.1f} | {rec} / {rec_tail} "
-              f"| {after} | {chosen} |")
+              f"| {after} | {switched} | {chosen} |")
     print(f"\nhealthy {long_run['steps']}-step run with the policy on: {long_run['switches']} switch(es), "
           f"stragglers {long_run['stragglers']}, speeds {long_run['speeds']}")
     out = {"model": "bench-llama-16", "global_batch": GLOBAL_BATCH, "seq_length": SEQ, "rows": rows,
