@@ -85,6 +85,9 @@ class Faults:
         elif kind.startswith("forge-hb:"):  # scripted: forge-hb:<member>:<seconds, or 'once'>
             _, member, seconds = kind.split(":")
             self._forge_beat(member, None if seconds == "once" else float(seconds))
+        elif kind.startswith("rendezvous:"):  # scripted: the next N live transitions' rendezvous broken
+            self.rendezvous_broken = int(kind.split(":", 1)[1])
+            self.log(f"FAULT the rendezvous keys of the next {self.rendezvous_broken} changes overwritten")
         elif kind.startswith("unforge:"):
             self.forged_beats.discard(kind.split(":", 1)[1])
             self.solid_forged.discard(kind.split(":", 1)[1])

@@ -74,6 +74,15 @@ MUTANTS: tuple[Mutant, ...] = (
            "",
            "a forged heartbeat left behind once keeps its member contested for ever: a dead member is found "
            "dead late, or never", scenario="forged-beat-left-on-a-dead-worker"),
+    Mutant("failed-change-never-asked-again", R + "coordinator.switching",
+           "    core.change(reissue=(*core.state.reissue, request))\n",
+           "",
+           "a change whose rendezvous was disturbed is dropped at once: one overwrite of c10d's keys "
+           "stops every reconfiguration", scenario="rendezvous-overwritten-then-intact"),
+    Mutant("failed-change-retried-for-ever", R + "coordinator.switching",
+           "    if tries >= RETRIES:\n",
+           "    if False:\n",
+           "a change that keeps failing is asked again without bound", scenario="rendezvous-overwritten-all-along"),
     Mutant("tampering-uncounted", R + "control.store",
            "            self.tampering[seen] += 1\n",
            "",

@@ -81,7 +81,41 @@ def forged_beat_left_on_a_dead_worker() -> tuple[SimResult, list[str]]:
     return result, problems
 
 
+def _rendezvous_overwritten(broken: int) -> tuple[Simulation, list[tuple[int, str]]]:
+    sim = Simulation(5, faults=frozenset(), workers=3, config="dp",
+                     script=((3.5, f"rendezvous:{broken}"), (4.0, "request:plan:w2 leaves:w0,w1")))
+    sim.result = sim.run()  # type: ignore[attr-defined]
+    tries = [(g, sorted(sim.ledger.outcomes.get(g, {"none"}))[0]) for g, p in sorted(sim.published.items())
+             if p.reason.startswith("w2 leaves")]
+    return sim, tries
+
+
+def rendezvous_overwritten_then_intact() -> tuple[SimResult, list[str]]:
+    """The c10d keys of a change's rendezvous are overwritten (they cannot be sealed) for its first
+    two tries: each aborts, the old world trains on, and the change is asked again as a new
+    generation (a new rendezvous prefix); the third try commits."""
+    sim, tries = _rendezvous_overwritten(2)
+    problems = [] if [o for _, o in tries] == ["aborted", "aborted", COMMITTED] else [f"tries: {tries}"]
+    core = sim.core
+    if core is None or core.current is None or core.current.members != ("w0", "w1"):
+        problems.append(f"the world that runs is {core.current if core else None}, not w0, w1")
+    return sim.result, problems  # type: ignore[attr-defined]
+
+
+def rendezvous_overwritten_all_along() -> tuple[SimResult, list[str]]:
+    """The rendezvous of every try is broken: the change is asked three times in all, then
+    dropped, and the job trains on in its old layout (no further generation)."""
+    sim, tries = _rendezvous_overwritten(10)
+    problems = [] if [o for _, o in tries] == ["aborted"] * 3 else [f"tries: {tries}"]
+    core = sim.core
+    if core is None or core.current is None or core.current.members != ("w0", "w1", "w2"):
+        problems.append(f"the world that runs is {core.current if core else None}, not the old w0, w1, w2")
+    return sim.result, problems  # type: ignore[attr-defined]
+
+
 SCENARIOS: dict[str, Callable[[], tuple[SimResult, list[str]]]] = {
+    "rendezvous-overwritten-then-intact": rendezvous_overwritten_then_intact,
+    "rendezvous-overwritten-all-along": rendezvous_overwritten_all_along,
     "node-deleted-then-operator-plan": node_deleted_then_operator_plan,
     "scale-up-one-to-four": scale_up_one_to_four,
     "heartbeat-forged-for-three-timeouts": heartbeat_forged_for_three_timeouts,

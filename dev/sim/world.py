@@ -299,6 +299,8 @@ class Simulation(Faults):
         self.seen_by: dict[int, set[str]] = {}  # the processes that read it
         self.forged_beats: set[str] = set()  # heartbeat keys overwritten by an attacker all along
         self.solid_forged: set[str] = set()  # ... before every read of the coordinator
+        self.rendezvous_broken = 0  # live transitions still to fail in their rendezvous (c10d keys overwritten)
+        self.broken_rendezvous: set[int] = set()  # the generations whose rendezvous was broken
         self._queue: list[tuple[float, int, str, str]] = []
         self._n = 0
         self.faults_left = 0  # fault events still queued
@@ -814,12 +816,20 @@ class Simulation(Faults):
             if any(not p.alive for p in procs):
                 continue  # the transition group cannot form: the coordinator aborts it
             ok = all(p.phase != "broken" or p.state_step is not None for p in procs)
-            self.log(f"switch to {gen} ({'transfer' if ok else 'fails'})")
+            if self.rendezvous_broken > 0 and gen not in self.broken_rendezvous:
+                self.rendezvous_broken -= 1
+                self.broken_rendezvous.add(gen)
+            self.log(f"switch to {gen} ({'transfer' if ok and gen not in self.broken_rendezvous else 'fails'})")
             sources = [p for p in procs if p.world is not None and p.world.generation == old.generation
                        and p.state_step is not None]
             step = max((p.state_step for p in sources), default=None)
+            error = "" if ok and step is not None else "transfer failed"
+            if gen in self.broken_rendezvous:
+                error = "prepare: gloo: Connection reset by peer (its rendezvous keys overwritten)"
             for p in procs:
-                self._enter_commit_point(p, plan, "" if ok and step is not None else "transfer failed", step)
+                self._enter_commit_point(p, plan, error, step)
+                if gen in self.broken_rendezvous:
+                    p.torn_down = False  # it failed in prepare, before the step boundary: the old world is whole
 
     def _enter_commit_point(self, p: Worker, plan: WorldPlan, error: str, step: int | None) -> None:
         """Past the transfer and the vote's all-reduce: a new member arrives (``live_switch.arrive``)
