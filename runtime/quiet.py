@@ -10,8 +10,10 @@ the person who ran a command.
   names a file, third-party warnings go there (``warnings_to``): processes a command spawns
   (``multiprocessing``) import this package too, so theirs do as well.
 * ``warnings_to(path)``: every warning raised outside liveshard's own code is appended to
-  ``path`` (each distinct message once) instead of printed; ``None``: dropped. liveshard's own
-  warnings still reach the console. The demo sends them to its logs directory; ``convert``,
+  ``path`` (each distinct message once, whichever process wrote it first) instead of printed;
+  ``None``: dropped. liveshard's own warnings still reach the console. ``run-local`` sends its
+  processes' to ``WORKDIR/warnings.log``, the demo its own and its pods' to its logs directory
+  (through the variable); ``convert``,
   which has no log file, to ``os.devnull`` (megatron-core's "Transformer Engine and Apex are not
   installed", torch's FutureWarnings) unless ``$LIVESHARD_WARNINGS_LOG`` says where; through
   the variable, so that the processes it spawns do the same.
@@ -72,8 +74,11 @@ def warnings_to(path: str | os.PathLike | None) -> None:
             seen.add(key)
         if target is None:
             return
-        with contextlib.suppress(OSError), open(target, "a", encoding="utf-8") as f:
-            f.write(warnings.formatwarning(message, category, filename, lineno, line))
+        text = warnings.formatwarning(message, category, filename, lineno, line)
+        with contextlib.suppress(OSError), open(target, "a+", encoding="utf-8") as f:
+            f.seek(0)
+            if f"{category.__name__}: {message}" not in f.read():  # once in the file, whoever wrote it first
+                f.write(text)
 
     _routed["original"] = original
     warnings.showwarning = show

@@ -45,6 +45,7 @@ from liveshard.runtime.lifeline import preexec
 from liveshard.runtime.notice import NOTICES_ENV
 from liveshard.runtime.parallel import ParallelConfig
 from liveshard.runtime.planner import FEWEST_CHANGES, GPU, Constraints, ParallelPlan, plan_world
+from liveshard.runtime.quiet import WARNINGS_ENV
 from liveshard.runtime.spec import ModelSpec
 
 
@@ -308,6 +309,7 @@ class LocalRun:
         env["PYTHONUNBUFFERED"] = "1"
         env[SECRET_ENV] = self.secret.decode()  # this run's store is authenticated like a job's
         env[NOTICES_ENV] = str(self.notices)  # what the console must say (a damaged checkpoint, a resume)
+        env[WARNINGS_ENV] = str(self.dir / "warnings.log")  # third-party warnings: there, once each
         env[Env.JOB_INCARNATION] = self.run_id
         # What to train, handed over as the operator hands it to a job's pods.
         env[Env.MODEL] = json.dumps(self.run.spec.to_dict(), sort_keys=True)

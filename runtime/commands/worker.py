@@ -109,9 +109,10 @@ def _quiet_fallback_warnings() -> None:
 
     for pattern in _FALLBACK_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
-    # megatron-core's FSDP package logs at import how it would run ("Using Megatron-FSDP without
-    # Transformer Engine", "Detected Megatron Core"): a worker does not use it
-    logging.getLogger("megatron.core.distributed.fsdp").setLevel(logging.WARNING)
+    # megatron-core's INFO lines are its internals (its FSDP package's import chatter, the mock
+    # dataset's split, every gradient bucket's parameters each time a world is built): a
+    # worker's log says what liveshard does; megatron's warnings and errors still show
+    logging.getLogger("megatron").setLevel(logging.WARNING)
     if importlib.util.find_spec("transformer_engine") is None:
         logging.getLogger("liveshard.worker").info(
             "Transformer Engine is not installed: megatron-core's local layers and torch's optimizer "

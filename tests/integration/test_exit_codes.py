@@ -118,11 +118,15 @@ def test_convert_with_a_lying_safetensors_header(tmp_path):
 @pytest.mark.long
 @pytest.mark.slow
 def test_a_finished_run_exits_0(tmp_path):
-    r = liveshard("run-local", "--job", str(_job(tmp_path)), "--procs", "2", "--quiet",
+    r = liveshard("run-local", "--job", str(_job(tmp_path)), "--procs", "2",
                   "--workdir", str(tmp_path / "run"), "--result", str(tmp_path / "run.json"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((tmp_path / "run.json").read_text())
     assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5] and report["final_checkpoint"]
+    # the console: a line per step, no third-party warning; a worker's log starts with its own lines
+    assert "step 5/5" in r.stderr and "Warning" not in r.stderr, r.stderr[-3000:]
+    head = (tmp_path / "run" / "w0.log").read_text().splitlines()[:5]
+    assert not [line for line in head if "Warning" in line or " megatron." in line], head
 
 
 @pytest.mark.slow
