@@ -34,12 +34,21 @@ from typing import Any
 WARNINGS_ENV = "LIVESHARD_WARNINGS_LOG"
 CUDA_HOME_LOGGER = "torch.utils.cpp_extension"
 CUDA_HOME_LINE = "No CUDA runtime is found"
-_OWN = str(Path(__file__).resolve().parent.parent)  # liveshard's package root: its own warnings stay
+_OWN = Path(__file__).resolve().parent.parent  # liveshard's package root: its own warnings stay
 
 
 class _NoCudaRuntimeLine(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(CUDA_HOME_LINE)
+
+
+def _own(filename: str) -> bool:
+    """Whether ``filename`` is liveshard's code (not a package installed beside or inside it)."""
+    try:
+        rel = Path(filename).resolve().relative_to(_OWN)
+    except (OSError, ValueError):
+        return False
+    return "site-packages" not in rel.parts and not (rel.parts and rel.parts[0].startswith("."))
 
 
 _routed: dict[str, Any] = {}
@@ -64,7 +73,7 @@ def warnings_to(path: str | os.PathLike | None) -> None:
 
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
              file: Any = None, line: str | None = None) -> None:
-        if str(Path(filename).resolve()).startswith(_OWN) and "site-packages" not in filename:
+        if _own(filename):
             original(message, category, filename, lineno, file, line)
             return
         key = (category.__name__, str(message))
