@@ -85,6 +85,10 @@ class Faults:
         elif kind.startswith("forge-hb:"):  # scripted: forge-hb:<member>:<seconds, or 'once'>
             _, member, seconds = kind.split(":")
             self._forge_beat(member, None if seconds == "once" else float(seconds))
+        elif kind.startswith("plant-slots:"):  # scripted: forged registration slots 0..N-1
+            for i in range(int(kind.split(":", 1)[1])):
+                server.forge(Keys.member_index(i), f"w{i}")
+            self.log(f"FAULT {kind.split(':', 1)[1]} forged registration slots planted")
         elif kind.startswith("rendezvous:"):  # scripted: the next N live transitions' rendezvous broken
             self.rendezvous_broken = int(kind.split(":", 1)[1])
             self.log(f"FAULT the rendezvous keys of the next {self.rendezvous_broken} changes overwritten")

@@ -113,7 +113,24 @@ def rendezvous_overwritten_all_along() -> tuple[SimResult, list[str]]:
     return sim.result, problems  # type: ignore[attr-defined]
 
 
+def forged_list_slots() -> tuple[SimResult, list[str]]:
+    """5,000 forged registration slots planted before the workers register, and a worker that
+    registers again later (a restarted pod): the writers take planted slots over and every
+    reader stops a few slots past the last entry, so no process reads more than a few dozen of
+    them (bounded work per tick); the job trains on all three."""
+    sim = Simulation(6, faults=frozenset(), workers=3, config="dp",
+                     script=((0.0, "plant-slots:5000"), (5.0, "kill:w2"), (6.0, "respawn:w2")))
+    result = sim.run()
+    problems = [f"{who} read {len(client.forged_read)} planted slots" for who, client, _ in sim.clients
+                if len(client.forged_read) > 100]
+    core = sim.core
+    if core is None or core.current is None or len(core.current.members) != 3:
+        problems.append(f"the job runs {core.current.members if core and core.current else None}, not 3 workers")
+    return result, problems
+
+
 SCENARIOS: dict[str, Callable[[], tuple[SimResult, list[str]]]] = {
+    "forged-list-slots": forged_list_slots,
     "rendezvous-overwritten-then-intact": rendezvous_overwritten_then_intact,
     "rendezvous-overwritten-all-along": rendezvous_overwritten_all_along,
     "node-deleted-then-operator-plan": node_deleted_then_operator_plan,
