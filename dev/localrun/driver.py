@@ -298,7 +298,8 @@ class LocalRun:
             return
         field = "spec.checkpoint.volume.hostPath.path" if self.run.checkpoint_dir else "--workdir"
         env = {Env.JOB_INCARNATION: self.run_id}
-        refused = foreign_run(self.checkpoint_dir, JobIdentity.from_env(env), field)
+        refused = foreign_run(self.checkpoint_dir, JobIdentity.from_env(env), field,
+                              "give this run an empty directory (another --workdir)")
         if refused is not None:
             raise refused
 

@@ -86,14 +86,17 @@ class JobIdentity:
             self.namespace, self.name, self.incarnation)
 
     def __str__(self) -> str:
+        """``job NS/NAME (uid U)``, or ``run-local run R`` (a run-local run has no namespace)."""
+        if not self.namespace and not self.uid:
+            return f"run-local run {self.incarnation}"
         where = f"{self.namespace}/{self.name}" if self.namespace else self.name
-        return f"{where} (uid {self.uid})" if self.uid else f"{where} (run {self.incarnation})"
+        return f"job {where} (uid {self.uid})" if self.uid else f"job {where} (run {self.incarnation})"
 
 
 def describe_owner(meta: Mapping[str, Any]) -> str:
     """Whose a checkpoint is, in words, from its marker."""
     owner = JobIdentity.from_dict(meta.get(IDENTITY_KEY))
-    return f"job {owner}" if owner is not None else "a job that recorded no identity (an older liveshard, or an import)"
+    return str(owner) if owner is not None else "a job that recorded no identity (an older liveshard, or an import)"
 
 
 def complete_checkpoints(root: str | os.PathLike[str]) -> list[tuple[int, Path, dict[str, Any]]]:
@@ -117,7 +120,8 @@ def complete_checkpoints(root: str | os.PathLike[str]) -> list[tuple[int, Path, 
 
 
 def foreign_run(root: str | os.PathLike[str] | None, identity: JobIdentity | None,
-                field: str = "spec.checkpoint.path") -> ConfigError | None:
+                field: str = "spec.checkpoint.path",
+                otherwise: str = "give this job an empty checkpoint directory") -> ConfigError | None:
     """Why a job of ``identity`` must not start on the checkpoint directory ``root``: it holds
     another job's run (the newest such checkpoint is named, with how to continue it on purpose);
     None when every checkpoint there is the job's own, or there is none (or no identity)."""
@@ -129,6 +133,5 @@ def foreign_run(root: str | os.PathLike[str] | None, identity: JobIdentity | Non
     step, path, meta = foreign[-1]
     return ConfigError(
         field, f"{root} holds the run of {describe_owner(meta)} (newest: {path} at step {step}), "
-               f"not this job {identity}: a job continues only its own checkpoints",
-        f"to continue that run on purpose set spec.training.resume.path: {path}; otherwise give this job "
-        f"an empty checkpoint directory")
+               f"not of this {identity}: a job continues only its own checkpoints",
+        f"to continue that run on purpose set spec.training.resume.path: {path}; otherwise {otherwise}")

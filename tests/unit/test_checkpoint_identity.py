@@ -43,7 +43,7 @@ def test_the_identity_comes_from_the_pods_environment_and_matches_only_its_own_i
     assert not NEW.owns({"job": {**NEW.to_dict(), "namespace": "other"}})
     assert not NEW.owns({"step": 3})  # a checkpoint that records no identity is nobody's own
     local = JobIdentity.from_env({Env.JOB_INCARNATION: "9f3a"})
-    assert str(local) == "job (run 9f3a)" and str(NEW) == "default/tiny-cpu (uid uid-new)"
+    assert str(local) == "run-local run 9f3a" and str(NEW) == "job default/tiny-cpu (uid uid-new)"
 
 
 def test_a_new_job_never_continues_the_old_jobs_checkpoints(tmp_path):
@@ -64,7 +64,8 @@ def test_a_directory_with_another_jobs_run_is_refused_in_one_line_naming_whose_a
     refused = foreign_run(tmp_path, NEW)
     assert isinstance(refused, ConfigError) and "\n" not in str(refused)
     assert refused.field == "spec.checkpoint.path"
-    assert "default/tiny-cpu (uid uid-old)" in str(refused) and "(uid uid-new)" in str(refused)
+    assert "the run of job default/tiny-cpu (uid uid-old)" in str(refused)
+    assert "not of this job default/tiny-cpu (uid uid-new)" in str(refused)
     assert f"spec.training.resume.path: {newest}" in refused.fix and "step 2000" in str(refused)
     save(tmp_path, 3000, None)  # an older liveshard's save, or an import: not this job's either
     assert "recorded no identity" in str(foreign_run(tmp_path, NEW))
@@ -115,5 +116,5 @@ def test_a_run_local_run_refuses_a_workdir_with_an_earlier_runs_checkpoints(tmp_
     first = LocalRun(run)
     first.refuse_foreign_checkpoints()  # empty: it starts
     save(first.checkpoint_dir, 4, JobIdentity("", "job", "", first.run_id))
-    with pytest.raises(ConfigError, match=r"--workdir: .* holds the run of job job \(run "):
+    with pytest.raises(ConfigError, match=r"--workdir: .* holds the run of run-local run .*another --workdir"):
         LocalRun(run).refuse_foreign_checkpoints()
