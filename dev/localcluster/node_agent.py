@@ -10,6 +10,12 @@
 * **runs** its containers as processes (``liveshard ...`` runs this Python's ``liveshard``),
   with the container's environment (``fieldRef``s resolved, ``$(VAR)`` expanded in command and
   args as the kubelet does), and reports phase ``Running`` and the pod IP (127.0.0.1);
+* gives a pod's volumes directories under the agent's directory (``volumes``): each
+  ``emptyDir`` its own ``DIR/pods/<uid head>/<volume>``, removed with the pod, each
+  ``persistentVolumeClaim`` a ``DIR/claims/<namespace>/<claim>`` its pods share; the container's
+  paths under a mount (environment values, JSON ones string by string, and arguments) are
+  rewritten to them, and its ``/tmp`` volume is its ``TMPDIR``: a pod writes nothing outside
+  ``DIR`` where it would write into its own volumes in a container;
 * maps the job's coordinator Service to 127.0.0.1 and a free port per job
   (``LIVESHARD_COORDINATOR``, ``LIVESHARD_PORT``, ``LIVESHARD_BIND``);
 * reports ``Succeeded``/``Failed`` when a process exits (``restartPolicy: Always`` restarts it),
