@@ -12,10 +12,12 @@ event, the final checkpoint is missing); 2 bad input, found before any process s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -197,18 +199,20 @@ def _job_checkpointing(job_file: str) -> dict[str, Any]:
     return out
 
 
-def _run_in_workdir(run_spec, run_local) -> dict:
-    """``run_local(run_spec)``; without --workdir, in a directory of its own in the system's temp
-    directory that goes with the run, failed or not (a failure says so: its logs went too)."""
+@contextlib.contextmanager
+def _workdir(run_spec) -> Iterator[Any]:
+    """``run_spec`` as it runs: without --workdir, in a directory of its own in the system's temp
+    directory, removed when the block ends, finished or failed (a failure says its logs went)."""
     if run_spec.workdir is not None:
-        return run_local(run_spec)
+        yield run_spec
+        return
     import dataclasses
     import shutil
     import tempfile
 
     workdir = tempfile.mkdtemp(prefix="liveshard-run-")
     try:
-        return run_local(dataclasses.replace(run_spec, workdir=workdir))
+        yield dataclasses.replace(run_spec, workdir=workdir)
     except BaseException:
         if run_spec.log is not None:  # not --quiet
             print(f"liveshard run-local: the run's logs were in {workdir}, removed with it; give --workdir DIR "
@@ -234,7 +238,16 @@ def run(args: argparse.Namespace) -> int:
               f"{run_spec.parallel}{f' ({spare} standing by)' if spare else ''}, {run_spec.steps} steps, "
               f"{len(run_spec.events)} event(s); nothing was started")
         return 0
-    report = _run_in_workdir(run_spec, run_local)
+    with _workdir(run_spec) as running:
+        report = run_local(running)
+        _summary(args, report, temporary=args.workdir is None)
+        why = unfinished(report, run_spec.steps)  # reads the logs: before they go
+        if why:
+            raise RunFailed(f"the job did not finish: {why} (report: {args.out})")
+    return 0
+
+
+def _summary(args: argparse.Namespace, report: dict, temporary: bool) -> None:
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     for e in report["events"]:
@@ -246,13 +259,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"adaptive switch at step {a.get('switch_step')}: {a.get('config')} ({a.get('outcome')}; "
               f"predicted {d.get('predictedStepSeconds')} -> {d.get('predictedStepSecondsAfter')} s/step)")
     loss = last.get("loss")
+    final = report.get("final_checkpoint")
+    if final and temporary and str(final).startswith(str(report.get("workdir"))):
+        final = f"{final} (goes with the run's temporary directory: give --workdir DIR to keep it)"
     print(f"{len(report['steps'])} steps, final loss {'-' if loss is None else f'{loss:.4f}'}, "
           f"consumed {last.get('consumed_samples')}"
-          f" samples; final checkpoint {report.get('final_checkpoint')}; report: {args.out}")
-    why = unfinished(report, run_spec.steps)
-    if why:
-        raise RunFailed(f"the job did not finish: {why} (report: {args.out})")
-    return 0
+          f" samples; final checkpoint {final}; report: {args.out}")
 
 
 def unfinished(report: dict, steps: int) -> str | None:

@@ -93,12 +93,13 @@ def test_a_karpenter_notice_for_one_node_moves_only_its_pods():
 
 
 def test_run_local_without_a_workdir_leaves_nothing_in_the_temp_directory(tmp_path, monkeypatch, capsys):
-    """Its directory of its own goes with the run, finished or failed (a failure says its logs went)."""
+    """Its directory of its own goes with the run, finished or failed (a failure says its logs
+    went), after the run's report and failure line have read it."""
     import dataclasses
     import io
     import tempfile
 
-    from liveshard.dev.commands.run_local import _run_in_workdir
+    from liveshard.dev.commands.run_local import _workdir
     from liveshard.runtime.errors import RunFailed
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -108,24 +109,21 @@ def test_run_local_without_a_workdir_leaves_nothing_in_the_temp_directory(tmp_pa
         workdir: str | None = None
         log: object = None
 
-    seen = []
-
-    def run(spec, fail=False):
-        seen.append(Path(spec.workdir))
-        (Path(spec.workdir) / "coordinator.log").write_text("log")
-        if fail:
-            raise RunFailed("the job did not finish")
-        return {"workdir": spec.workdir}
-
-    assert _run_in_workdir(Spec(), run)["workdir"] == str(seen[0])
-    assert seen[0].name.startswith("liveshard-run-") and seen[0].parent == tmp_path
-    with pytest.raises(RunFailed):
-        _run_in_workdir(Spec(log=io.StringIO()), lambda spec: run(spec, fail=True))
+    with _workdir(Spec()) as running:
+        made = Path(running.workdir)
+        (made / "coordinator.log").write_text("log")
+        assert made.name.startswith("liveshard-run-") and made.parent == tmp_path
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(RunFailed), _workdir(Spec(log=io.StringIO())) as running:
+        (Path(running.workdir) / "w0.log").write_text("the crash line")
+        assert (Path(running.workdir) / "w0.log").read_text() == "the crash line"  # still there to report
+        raise RunFailed("the job did not finish")
     assert list(tmp_path.iterdir()) == []
     assert "removed with it; give --workdir DIR to keep them" in capsys.readouterr().err
     kept = tmp_path / "mine"
     kept.mkdir()
-    _run_in_workdir(Spec(workdir=str(kept)), run)  # a --workdir is the user's: kept
+    with _workdir(Spec(workdir=str(kept))) as running:  # a --workdir is the user's: kept
+        (Path(running.workdir) / "coordinator.log").write_text("log")
     assert (kept / "coordinator.log").exists()
 
 
