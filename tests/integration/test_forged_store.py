@@ -1,13 +1,18 @@
-"""A client that reaches a running local job's store but lacks its secret: it plants 50,000 forged
-slots in the lists of registrations and plan requests, then overwrites a live worker's heartbeat
-as fast as it can for more than three heartbeat timeouts (every read of the coordinator finds the
-forgery). Liveness is not the attacker's to decide: nobody is declared dead, the coordinator does
-bounded work per tick (its status keeps being written) and logs the tampering in a bounded number
-of lines with a summary, every step trains and every process exits 0. Real coordinator and worker
-processes on CPU (gloo)."""
+"""A client that reaches a running local job's store but lacks its secret, while the job leaves
+and joins: it plants 50,000 forged slots in the lists of registrations and plan requests;
+overwrites a live worker's heartbeat as fast as it can for more than three heartbeat timeouts
+(every read of the coordinator finds the forgery); and plants the c10d rendezvous keys of the
+next generations (every key it lists under a generation's world or transfer prefix it writes,
+with garbage, under the same path for the generations after it). Nobody is declared dead (liveness
+is not the attacker's to decide), the coordinator does bounded work per tick and logs the
+tampering in a bounded number of lines, the planted rendezvous keys are never read (a
+generation's keys live under a token only the job's processes can compute), every change
+commits, every step trains and every process exits 0. Real coordinator and worker processes on
+CPU (gloo)."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from datetime import timedelta
@@ -17,12 +22,15 @@ import torch.distributed as dist
 
 from liveshard.dev.localrun import driver
 from liveshard.dev.localrun.driver import LocalRun, RunSpec
+from liveshard.dev.localrun.events import parse_events
 from liveshard.dev.ports import free_port
 
 pytestmark = pytest.mark.slow
 
-HEARTBEAT_TIMEOUT = 1.0
+HEARTBEAT_TIMEOUT = 2.0
 PLANTED = 50_000
+GLOBAL_BATCH, STEPS = 4, 40
+RENDEZVOUS = re.compile(r"(?P<job>.*/)(?P<kind>world|xfer)/(?P<gen>\d+)/(?P<rest>.+)")
 
 
 def _client(port: int, stop: threading.Event) -> dist.TCPStore | None:
@@ -33,6 +41,27 @@ def _client(port: int, stop: threading.Event) -> dist.TCPStore | None:
         except Exception:
             time.sleep(0.1)
     return None
+
+
+def _plant_rendezvous(port: int, stop: threading.Event, seen: dict) -> None:
+    client = _client(port, stop)
+    planted: set[str] = set()
+    while client is not None and not stop.is_set():
+        try:
+            for key in client.list_keys():
+                m = RENDEZVOUS.fullmatch(key)
+                if m is None or key in planted:
+                    continue
+                seen.setdefault("rendezvous", set()).add(m["rest"].split("/")[0])
+                for later in range(int(m["gen"]) + 1, int(m["gen"]) + 4):
+                    target = f"{m['job']}{m['kind']}/{later}/{m['rest']}"
+                    if target not in planted:
+                        client.set(target, "garbage")
+                        planted.add(target)
+                seen["rendezvous_planted"] = len(planted)
+        except Exception:
+            pass  # the coordinator may be between ticks; keep going
+        time.sleep(0.02)
 
 
 def _attack(port: int, path, stop: threading.Event, seen: dict) -> None:
@@ -50,38 +79,47 @@ def _attack(port: int, path, stop: threading.Event, seen: dict) -> None:
     seen["planted"] = 2 * PLANTED
     while not stop.is_set() and not any(p.stat().st_size > 0 for p in path.glob("w*.steps.jsonl")):
         time.sleep(0.05)
-    key, t0, writes = f"{prefix}hb/w1", time.monotonic(), 0
-    while not stop.is_set() and time.monotonic() - t0 < 4 * HEARTBEAT_TIMEOUT:
+    key, t0, writes = f"{prefix}hb/w0", time.monotonic(), 0  # w0 stays through the leave and the join
+    while not stop.is_set() and time.monotonic() - t0 < 3.5 * HEARTBEAT_TIMEOUT:
         client.set(key, f"forged {writes}")
         writes += 1
     seen["forged_for"], seen["writes"] = time.monotonic() - t0, writes
 
 
-def test_forged_beats_and_list_slots_neither_kill_nor_stall_the_job(tmp_path, monkeypatch):
+def test_a_client_without_the_secret_neither_kills_nor_stalls_nor_breaks_a_change(tmp_path, monkeypatch):
     port = free_port()
     monkeypatch.setattr(driver, "free_port", lambda: port)  # the attacker knows where the store listens
-    steps = 60
-    job = LocalRun(RunSpec.mock("tiny-llama", workers=2, parallel="tp=1,pp=1,dp=2", steps=steps, global_batch=4,
-                                events=[], workdir=str(tmp_path), heartbeat_timeout=HEARTBEAT_TIMEOUT,
+    job = LocalRun(RunSpec.mock("tiny-llama", workers=2, parallel="tp=1,pp=1,dp=2", steps=STEPS,
+                                global_batch=GLOBAL_BATCH, events=parse_events("3:leave=1 5:join=1"),
+                                workdir=str(tmp_path), heartbeat_timeout=HEARTBEAT_TIMEOUT,
                                 collective_timeout=10.0))
     stop, seen = threading.Event(), {}
-    attacker = threading.Thread(target=_attack, args=(port, tmp_path, stop, seen), daemon=True)
-    attacker.start()
+    attackers = [threading.Thread(target=_attack, args=(port, tmp_path, stop, seen), daemon=True),
+                 threading.Thread(target=_plant_rendezvous, args=(port, stop, seen), daemon=True)]
+    for a in attackers:
+        a.start()
     try:
         report = job.run_live()
         codes = {w: p.wait(timeout=60) for w, p in job.procs.workers.items()}
     finally:
         stop.set()
         job.procs.kill_all()
-    attacker.join(timeout=10)
+    for a in attackers:
+        a.join(timeout=10)
     assert seen.get("planted") == 2 * PLANTED, seen
     assert seen.get("forged_for", 0) >= 3 * HEARTBEAT_TIMEOUT and seen["writes"] > 1000, seen
+    assert seen.get("rendezvous_planted", 0) > 0, seen  # it planted keys for later generations
+    # under each generation's prefix, the keys are under a token (16 hex digits), not the c10d names
+    assert all(re.fullmatch(r"[0-9a-f]{16}", t) for t in seen["rendezvous"]), seen["rendezvous"]
     log = (tmp_path / "coordinator.log").read_text(errors="replace")
     assert "is dead" not in log, [line for line in log.splitlines() if "is dead" in line]
     store_lines = [line for line in log.splitlines() if "liveshard.store" in line]
     assert len(store_lines) < 100, (len(store_lines), store_lines[-5:])  # bounded, not a line per slot
-    assert [s["step"] for s in report["steps"]] == list(range(1, steps + 1))
+    assert [s["step"] for s in report["steps"]] == list(range(1, STEPS + 1))
+    assert [s["consumed_samples"] for s in report["steps"]] == [GLOBAL_BATCH * k for k in range(1, STEPS + 1)]
     status = job.final_status or {}
     assert not status.get("dead") and status.get("finished"), status
+    outcomes = [h["outcome"] for h in status.get("history", []) if h.get("generation") is not None]
+    assert len(outcomes) >= 3 and all(o == "committed" for o in outcomes), outcomes
     assert (status.get("tampering") or {}).get("forged", 0) > 0, status.get("tampering")
-    assert codes == {"w0": 0, "w1": 0}, codes
+    assert all(code == 0 for code in codes.values()), codes
