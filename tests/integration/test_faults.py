@@ -167,3 +167,6 @@ def test_every_process_replaced_at_once_continues_from_the_newest_checkpoint(tmp
     assert [s["loss"] for s in got] == [s["loss"] for s in uninterrupted(8)["steps"]][4:]
     assert restarted["checksums"] and restarted["checksums"] == uninterrupted(8)["checksums"]
     assert restarted["events"][0]["outcome"] == "restarted"
+    # the resume was said on the console as it happened (run-local prints the run's notices)
+    notices = [json.loads(line)["text"] for line in (tmp_path / "r" / "notices.jsonl").read_text().splitlines()]
+    assert any(n.startswith("resuming from the checkpoint of step 4 (") for n in notices), notices
