@@ -156,9 +156,38 @@ def _now(offset: float = 0.0) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# A 422's message as the API server words it: ``Kind[.group] "name" is invalid: field: problem; ...``
+_INVALID = re.compile(r'(?P<kind>[A-Za-z]+)(?:\.(?P<group>[a-z0-9.-]+))? "(?P<name>[^"]*)" is invalid: (?P<rest>.*)',
+                      re.DOTALL)
+_CAUSE_REASONS = {"Required value": "FieldValueRequired", "Invalid value": "FieldValueInvalid",
+                  "Unsupported value": "FieldValueNotSupported", "Forbidden": "FieldValueForbidden",
+                  "Duplicate value": "FieldValueDuplicate", "Too long": "FieldValueTooLong",
+                  "Too many": "FieldValueTooMany", "Not found": "FieldValueNotFound"}
+
+
 def _error(status: int, reason: str, message: str, causes: list[str] | None = None) -> kmock.KubernetesError:
-    details = {"causes": [{"message": c} for c in causes]} if causes else {}
+    """A Status error as the API server sends it. A 422 names the object (``details.kind``,
+    ``name``, ``group``) and splits each cause into ``field`` and ``message``, which kubectl
+    prints as ``The Kind "name" is invalid: field: message``; without them it prints ``The
+    request is invalid: : field: ...``."""
+    details: dict[str, Any] = {}
+    named = _INVALID.fullmatch(message) if status == 422 else None
+    if named is not None:
+        details.update({"kind": named["kind"], "name": named["name"]},
+                       **({"group": named["group"]} if named["group"] else {}))
+        causes = causes or [named["rest"]]
+    if causes:
+        details["causes"] = [_cause(c) for c in causes]
     return kmock.KubernetesError(status=status, reason=reason, message=message, details=details)
+
+
+def _cause(text: str) -> dict[str, str]:
+    """``spec.workers: Invalid value: "object": ...`` as a StatusCause: field, message, reason."""
+    field, sep, rest = text.partition(": ")
+    if not sep or " " in field:
+        return {"message": text}
+    kind = next((r for prefix, r in _CAUSE_REASONS.items() if rest.startswith(prefix)), "FieldValueInvalid")
+    return {"reason": kind, "message": rest, "field": field}
 
 
 def _protobuf_fields(data: bytes) -> dict[int, list[Any]]:
