@@ -1,13 +1,16 @@
 """A live transition on the worker: ``Transition``, one object per switch, one method per phase.
 
-``switch.switch`` runs them in this order:
+The change's ``world_change`` strategy (``LiveRebuild``, or ``Shrink`` for a leave with notice)
+runs them in this order, and ``build`` asks it what of the old world goes and how the new one
+is made:
 
 1. ``transfer``: this member moves its part of the state over the transition group
    (``transition.execute_transition``) into new tensors; the old model is never written;
 2. ``vote``: one MIN all-reduce over the transition group; a no goes to ``abort`` and leaves the
    old world training on its untouched state (the coordinator aborts the generation);
-3. ``build``: the old world is retired (its groups go, its model and optimizer stay in this
-   process); a new member counts itself in (``arrive``), makes the new world and loads the
+3. ``build``: the old world is retired (its groups go, or only megatron's when the survivors
+   shrink the default group; its model and optimizer stay in this process); a new member counts
+   itself in (``arrive``), makes the new world (``WorldChange.make_world``) and loads the
    received state, progress and RNG;
 4. ``decide``: the commit point (``Keys.decision``, ``commit_point.CommitPoint``): every
    process reads the same decision from the store;
@@ -75,7 +78,11 @@ class Transition:
         self.plan = prep.plan
         self.gen = prep.plan.generation
         self.phases: dict[str, float] = {"prepare": prep.seconds}
+        self.change = prep.change  # how the new world comes to exist (``world_change``)
         self.connected_before = Counter(worlds.CONNECTED)  # what the pause connects is recorded
+        self.created_before = Counter(worlds.CREATED)  # and creates, by kind
+        self.marks: dict[str, float] = {}
+        self.fallback: str | None = None  # why the strategy's way failed and the world was rebuilt
         self.t_stop = time.perf_counter()
         self.t_commit = 0.0
         self.ok = False
@@ -124,7 +131,7 @@ class Transition:
 
             spare += gradient_buffers(agent.built)  # the new model's gradients reuse this memory
         t_retire = time.perf_counter()
-        self.old, self.retired = agent.retire(defer_free=True), True
+        self.old, self.retired = self.change.retire(agent, self.plan, agent.id), True
         self.phases["retire"] = time.perf_counter() - t_retire
         agent.state.phase = "committing"
         agent.at_phase("commit", self.gen)
@@ -139,24 +146,21 @@ class Transition:
             if not self.error:
                 agent.at_phase("built", self.gen)
 
-    def _build_new_world(self, spare: list[torch.Tensor]) -> None:
-        """A new member: make the training world (from the communicators built ahead, when there
-        are), build the model, load what was received."""
-        from liveshard.runtime.megatron.build import init_parallel
+    def mark(self, name: str) -> None:
+        """A strategy's step inside ``build`` ends now (``meet``: the members counted in)."""
+        self.marks[name] = time.perf_counter()
 
+    def _build_new_world(self, spare: list[torch.Tensor]) -> None:
+        """A new member: the strategy makes the training world and megatron's groups (from the
+        communicators built ahead, from the running world shrunk, or from scratch); then the
+        model is built and what was received loaded."""
         agent, plan, ahead, result = self.agent, self.plan, self.prep.world, self.result
         cfg = ParallelConfig.parse(plan.config)
         rank = plan.members.index(agent.id)
         t0 = time.perf_counter()
-        # Arrival tells the coordinator that the sources have delivered (a leaver's death no longer
-        # matters). With the communicators built ahead the world is made without waiting for the
-        # other members; otherwise its rendezvous would, so they are awaited here first.
-        arrive(agent, plan, wait=ahead is None, epoch=self.prep.epoch)
-        t1 = time.perf_counter()
-        worlds.init_training_world(agent.store.store, Keys.world_prefix(plan.generation), rank,
-                                   cfg.world_size, agent.options.collective_timeout, ahead=ahead)
-        init_parallel(cfg, ahead, timeout=agent.options.collective_timeout)
+        self.change.make_world(self, cfg, rank)
         t2 = time.perf_counter()
+        t1 = self.marks.get("meet", t0)
         agent.build(cfg, initialize=False, spare_buffers=spare, groups_ready=True)
         spare.clear()
         t3 = time.perf_counter()
@@ -211,8 +215,11 @@ class Transition:
                                        bytes_received=stats.bytes_received, bytes_sent=stats.bytes_sent))
         agent.state.events.append({"kind": "switch", "generation": gen, "step": step,
                                    "phases": phases, "time": time.time(),
+                                   "change": self.change.name, "fallback": self.fallback,
                                    "connected": {"prepare": self.prep.connected,
-                                                 "pause": worlds.connected_since(self.connected_before)}})
+                                                 "pause": worlds.connected_since(self.connected_before)},
+                                   "created": {"prepare": self.prep.created,
+                                               "pause": worlds.created_since(self.created_before)}})
 
     def abort(self, decision: str | None = None) -> None:
         """The generation failed: after a no vote (``decision`` None) nothing was retired and the

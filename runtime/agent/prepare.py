@@ -16,7 +16,10 @@ the control thread):
    the pause does not pay for fresh memory;
 5. connects the new training world's communicators (``world.build_world_ahead``: the default
    group and every megatron group this member is in; per ``WorkerOptions.build_world_ahead``),
-   so the commit hands them over instead of connecting them.
+   so the commit hands them over instead of connecting them, unless the change makes the new
+   world from the running one (a leave with notice shrinks it: ``world_change.Shrink``).
+
+What the change is (which of 3 and 5 it takes) is its ``world_change`` strategy's to say.
 
 A first world, or one built through a checkpoint (a stop, a restore), has nothing to plan or
 connect. The result is a ``Prepared``, kept in ``Preparations`` (shared with the training
@@ -41,6 +44,7 @@ import torch.distributed as dist
 
 from liveshard.runtime.agent.connection import StoreClients, report_result
 from liveshard.runtime.agent.transition import device_plan_for
+from liveshard.runtime.agent.world_change import WorldChange, choose
 from liveshard.runtime.comms import release
 from liveshard.runtime.comms import world as worlds
 from liveshard.runtime.contract.keys import Keys
@@ -77,6 +81,12 @@ class Prepared:
     # running world, in the same order, so the transfer runs over its default group (no new connection)
     over_running_world: bool = False
     connected: dict[str, int] = field(default_factory=dict)  # communicators connected while preparing, by kind
+    created: dict[str, int] = field(default_factory=dict)  # and created (``comms.world.CREATED``), by kind
+
+    @property
+    def change(self) -> WorldChange:
+        """How the new world comes to exist (``world_change.choose``: the plan and the old world)."""
+        return choose(self.old, self.plan)
 
     def transfer_group(self) -> Any:
         """The process group the transfer and the commit vote run over."""
@@ -210,7 +220,8 @@ class Preparer:
             report_result(self.clients.store, self.id, plan.generation, MemberResult(ok=False, error=f"prepare: {e}"))
 
     def _prepare_live(self, plan: WorldPlan, old: WorldPlan, start: float) -> Prepared:
-        connected_before = Counter(worlds.CONNECTED)
+        connected_before, created_before = Counter(worlds.CONNECTED), Counter(worlds.CREATED)
+        change = choose(old, plan)
         transition = device_plan_for(self.spec, old, plan, self.id)
         members = transition_members(old, plan)
         self.at_phase("prepare", plan.generation)
@@ -221,21 +232,21 @@ class Preparer:
         # every other request on its client until the collective timeout.
         connecting = self.clients.dedicated()
         # A leave (someone goes, nobody joins, nobody is dead): every device is a rank of the
-        # running world. Changes that keep every member (a reshape, a recovery of a world whose
-        # collectives failed) keep a group of their own: a transfer aborted half-way must not
-        # leave the world they fall back to with unmatched messages.
-        leaving = set(old.members) - set(plan.members) - set(plan.standbys)
-        over_running_world = members == old.members and bool(leaving)
+        # running world (``world_change.is_leave``).
+        over_running_world = change.transfers_over_running_world(old, plan)
         group = None
         if not over_running_world:  # joiners (or the dead) make it another set of processes
             group = self._connect(plan.generation, lambda stop: worlds.build_transition_group(
                 connecting.store, Keys.transfer_prefix(plan.generation), group_rank, len(members),
                 self.options.collective_timeout))
         destinations, grad_buffer = self._preallocate(plan, old, transition)
-        world = self._build_world_ahead(plan, connecting) if self.id in plan.members else None
+        world = None
+        if self.id in plan.members and change.builds_ahead():
+            world = self._build_world_ahead(plan, connecting)
         return Prepared(plan, old, transition, group, group_rank, members, time.perf_counter() - start,
                         destinations, grad_buffer, world, over_running_world=over_running_world,
-                        connected=worlds.connected_since(connected_before))
+                        connected=worlds.connected_since(connected_before),
+                        created=worlds.created_since(created_before))
 
     def _connect(self, gen: int, work: Callable[[Any], Any]) -> Any:
         """``work(stop)`` in a thread, heartbeating meanwhile; called off once ``gen`` is decided."""

@@ -5,7 +5,8 @@ boundary, when the old world has agreed to switch (``training.StepBoundary`` cal
 or while it is not training (``wait_for_plan``: at the start, as a joiner or standby, or with a
 broken world), where it starts the first world, or follows the old world's switch step.
 
-``switch`` for a live transition runs the phases of a ``live_switch.Transition``:
+What the switch does is the plan's ``world_change`` strategy's to say (``Prepared.change``):
+``switch`` and ``_take`` call it. A live one runs the phases of a ``live_switch.Transition``:
 
 1. ``transfer``: every member moves its part of the state over the transition group
    (``transition.execute_transition``) into new tensors; the old model is never written;
@@ -57,7 +58,7 @@ from liveshard.runtime.agent.live_switch import (  # noqa: F401  (CommitPointLos
 )
 from liveshard.runtime.agent.training import is_comm_failure
 from liveshard.runtime.comms import world as worlds
-from liveshard.runtime.contract.keys import COMMITTED, Keys
+from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.control.barrier import Backoff, wait_until
 from liveshard.runtime.control.protocol import MemberResult, WorldPlan
 from liveshard.runtime.parallel import ParallelConfig
@@ -100,15 +101,9 @@ def wait_for_plan(agent: WorkerAgent) -> bool:
 
 def _take(agent: WorkerAgent, prep: Prepared) -> bool:
     """Act on ``prep``; False while its switch step is not known yet (look again)."""
-    if prep.old is None:
-        if agent.id in prep.plan.members:
-            # a first world continues the job's newest checkpoint when the coordinator found one
-            start_world(agent, prep.plan, load_dir=prep.plan.restore_from)
-        else:
-            agent.adopt(prep.plan, None)  # a standby from the start
-        return True
-    if not prep.plan.is_live_transition:
-        through_checkpoint(agent, prep, agent.trainer.step_count if agent.trainer else -1)
+    change = prep.change
+    if not change.live:  # a first world (or a standby), or a change through a checkpoint
+        change.switch(agent, prep, agent.trainer.step_count if agent.trainer else -1)
         return True
     if agent.state.phase == "broken":
         # The old world cannot agree on a step: the transition group, which every
@@ -148,8 +143,8 @@ def start_world(agent: WorkerAgent, plan: WorldPlan, load_dir: str | None = None
     try:
         arrive(agent, plan, decided=Keys.outcome(plan.generation))
         agent.at_phase("start", plan.generation)
-        worlds.init_training_world(agent.store.store, Keys.world_prefix(plan.generation), rank,
-                                   cfg.world_size, agent.options.collective_timeout)
+        worlds.World.scratch(agent.store.store, Keys.world_prefix(plan.generation), rank, cfg.world_size,
+                             agent.options.collective_timeout)
         agent.build(cfg, initialize=load_dir is None and weights is None)
         phases["build"] = time.perf_counter() - t0
         if load_dir or weights:
@@ -190,25 +185,13 @@ def _not_started(agent: WorkerAgent, plan: WorldPlan, error: str, phases: dict[s
 
 # ---- a live transition -----------------------------------------------------------------------
 def switch(agent: WorkerAgent, prep: Prepared, switch_step: int) -> None:
-    """Switch to ``prep.plan`` after step ``switch_step``: the phases of a ``Transition`` in order
-    (transfer, vote, build, decide, then commit or abort), or ``through_checkpoint``."""
+    """Switch to ``prep.plan`` after step ``switch_step``, as its ``world_change`` strategy does
+    it: the phases of a ``Transition`` in order (transfer, vote, build, decide, then commit or
+    abort), or ``through_checkpoint``."""
     assert prep.old is not None
     # the old world settles its background save first
     agent.checkpoints.settle(broken=agent.state.phase == "broken")
-    if not prep.plan.is_live_transition:
-        through_checkpoint(agent, prep, switch_step)
-        return
-    transition = Transition(agent, prep, switch_step)
-    transition.transfer()
-    if not transition.vote():
-        transition.abort()  # the old world (if any) keeps training on its untouched state
-        return
-    transition.build()
-    decision = transition.decide()
-    if decision == COMMITTED:
-        transition.commit()
-    else:
-        transition.abort(decision)
+    prep.change.switch(agent, prep, switch_step)
 
 
 # ---- through a checkpoint --------------------------------------------------------------------

@@ -459,13 +459,12 @@ class WorkerAgent:
         """Drop the model and the training world (a broken world's communicators included)."""
         self.retire()
 
-    def retire(self, defer_free: bool = False) -> Retired | None:
+    def retire(self, defer_free: bool = False, keep_world: bool = False) -> Retired | None:
         """Tear the training world down (megatron's groups, the default group) and hand its
         state over to the caller instead of freeing it (None: no world). ``defer_free`` (a
-        switch's pause): the groups' objects are freed once the next step starts (``release``)."""
+        switch's pause): the groups' objects are freed once the next step starts (``release``).
+        ``keep_world``: the default group stays (a survivor shrinks it, ``world_change.Shrink``)."""
         self.checkpoints.abandon()  # finalized before any orderly switch; only a broken world has one left
-        from liveshard.runtime.megatron.build import destroy
-
         kept = None
         if self.trainer is not None:
             from liveshard.runtime.agent.state import capture_rng
@@ -474,8 +473,7 @@ class WorkerAgent:
         self.trainer = None
         self.built = None
         # also without a model: a build that failed half-way leaves its groups behind
-        destroy(defer_free)
-        worlds.destroy_training_world(defer_free)
+        worlds.shutdown_current(defer_free, groups_only=keep_world)
         return kept
 
     def reinstate(self, kept: Retired | None) -> None:

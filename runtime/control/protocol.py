@@ -27,6 +27,10 @@ _T = TypeVar("_T")
 PHASES = ("prepare", "connect", "transfer", "commit", "built", "commit-window", "committed")
 
 
+# WorldPlan.mode: how a plan's world comes to exist.
+START, LIVE, CHECKPOINT = "start", "live", "checkpoint"
+
+
 @dataclass(frozen=True)
 class WorldPlan:
     generation: int
@@ -53,9 +57,19 @@ class WorldPlan:
         return self.config == ""
 
     @property
+    def mode(self) -> str:
+        """How the world of this plan comes to exist: ``START`` (a first world), ``CHECKPOINT``
+        (a stop, or a restore from a checkpoint) or ``LIVE`` (state moves from the old world's
+        members). The worker's ``agent.world_change.choose`` refines a live change by the old
+        world (a leave with notice shrinks it)."""
+        if self.previous is None:
+            return START
+        return CHECKPOINT if self.is_stop or self.restore_from is not None else LIVE
+
+    @property
     def is_live_transition(self) -> bool:
-        """State moves from the old world's members over the transition group."""
-        return self.previous is not None and not self.is_stop and self.restore_from is None
+        """State moves from the old world's members over the transition group (``mode`` LIVE)."""
+        return self.mode == LIVE
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from liveshard.runtime.contract.keys import COMMITTED
-from liveshard.runtime.control.protocol import MemberResult, WorldPlan, transition_members
+from liveshard.runtime.control.protocol import LIVE, MemberResult, WorldPlan, transition_members
 
 
 @dataclass
@@ -96,7 +96,9 @@ def judge(gen: Generation, current: WorldPlan | None, dead: set[str] | frozenset
     alive = tuple(m for m in involved(current, plan) if m not in dead)
     failed = [m for m, r in gen.results.items() if not r.ok]
     lost = [m for m in plan.members if m in dead]
-    live = current is not None and plan.is_live_transition
+    # a live change's sources (leavers included) matter until the new members arrive: from then
+    # on the transfer has delivered (``agent.world_change``: every strategy that moves state live)
+    live = current is not None and plan.mode == LIVE
     if current is not None and live and not lost and arrived == 0:
         lost = [m for m in transition_members(current, plan) if m in dead]
     complete = all(m in gen.results for m in alive)

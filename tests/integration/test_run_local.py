@@ -49,6 +49,16 @@ def live_and_checkpoint(tmp_path_factory):
     return _run(tmp, "live", EVENTS, verify=True), _run(tmp, "checkpoint", EVENTS)
 
 
+LEAVE_STEPS = 5
+
+
+@pytest.fixture(scope="module")
+def leave_through_checkpoint(tmp_path_factory):
+    """One member of two leaving after step 2, through a checkpoint (the restart-based way)."""
+    return _run(tmp_path_factory.mktemp("ref"), "checkpoint", "2:leave=1", steps=LEAVE_STEPS,
+                parallel="tp=1,pp=1,dp=2")
+
+
 def test_live_run_goes_through_every_change(live_and_checkpoint):
     live, _ = live_and_checkpoint
     _check_training(live, STEPS)
@@ -61,22 +71,52 @@ def test_live_run_goes_through_every_change(live_and_checkpoint):
         assert e["phases"]["transfer"] > 0 and e["downtime"] is not None
 
 
-def test_a_leave_connects_nothing_for_its_transfer_and_no_change_connects_in_its_pause(live_and_checkpoint):
-    """What each change connected, as every worker recorded it: the leave's transfer ran over the
-    running world (no transition group); the join and the reshape connected theirs while
-    training went on; no pause connected anything (the next world was built ahead)."""
-    live, _ = live_and_checkpoint
-    workdir = Path(live["workdir"])
+def _switches(report: dict) -> dict[int, list[dict]]:
+    """Every worker's record of each switch it committed, by generation."""
     switches: dict[int, list[dict]] = {}
-    for path in sorted(workdir.glob("w*.json")):
+    for path in sorted(Path(report["workdir"]).glob("w*.json")):
         for event in json.loads(path.read_text()).get("events", []):
             if event.get("kind") == "switch":
-                switches.setdefault(event["generation"], []).append(event["connected"])
+                switches.setdefault(event["generation"], []).append(event)
+    return switches
+
+
+def test_a_leave_shrinks_the_running_world_and_no_other_change_connects_in_its_pause(live_and_checkpoint):
+    """What each change connected and created, as every worker recorded it: the leave's transfer
+    ran over the running world (no transition group) and its survivor shrank that world (no
+    world made from scratch, nothing connected ahead; megatron's groups split from the shrunk
+    world); the join and the reshape connected theirs while training went on, and their pause
+    connected nothing (the next world was built ahead)."""
+    live, _ = live_and_checkpoint
+    switches = _switches(live)
     leave, join, reshape = (switches[e["generation"]] for e in live["events"])
-    assert leave and all("transition" not in c["prepare"] and c["prepare"].get("ahead") for c in leave), leave
-    assert join and all(c["prepare"].get("transition") == 1 for c in join), join
-    assert reshape and all(c["prepare"].get("transition") == 1 for c in reshape), reshape
-    assert all(c["pause"] == {} for c in (*leave, *join, *reshape))
+    assert leave and all(s["change"] == "shrink" and s["fallback"] is None for s in leave), leave
+    assert all(s["connected"]["prepare"] == {} and s["created"]["prepare"] == {} for s in leave), leave
+    assert all(set(s["created"]["pause"]) == {"shrink", "split"} and s["created"]["pause"]["shrink"] == 1
+               for s in leave), leave
+    assert join and all(s["connected"]["prepare"].get("transition") == 1 for s in join), join
+    assert reshape and all(s["connected"]["prepare"].get("transition") == 1 for s in reshape), reshape
+    assert all(s["change"] == "live" and s["connected"]["pause"] == {} and s["created"]["pause"] == {}
+               for s in (*join, *reshape))
+
+
+def test_a_leave_whose_shrink_fails_rebuilds_the_world_and_trains_on_bit_exact(tmp_path, monkeypatch,
+                                                                              leave_through_checkpoint):
+    """Every survivor's shrink made to fail (``comms.world.SHRINK_FAULT_ENV``): they agree on it,
+    make the world again from scratch, and the run ends exactly where the same leave through a
+    checkpoint ends."""
+    from liveshard.runtime.comms.world import SHRINK_FAULT_ENV
+
+    monkeypatch.setenv(SHRINK_FAULT_ENV, "fail")  # the workers inherit it
+    live = _run(tmp_path, "live", "2:leave=1", steps=LEAVE_STEPS, parallel="tp=1,pp=1,dp=2")
+    ref = leave_through_checkpoint
+    _check_training(live, LEAVE_STEPS)
+    assert [e["outcome"] for e in live["events"]] == ["committed"]
+    (survivor,) = _switches(live)[live["events"][0]["generation"]]
+    assert survivor["change"] == "shrink" and survivor["fallback"].startswith("shrink: "), survivor
+    assert survivor["created"]["pause"].get("recreate") == 1 and "shrink" not in survivor["created"]["pause"]
+    assert [s["loss"] for s in live["steps"]] == [s["loss"] for s in ref["steps"]]
+    assert live["checksums"] and live["checksums"] == ref["checksums"]
 
 
 def test_live_equals_checkpoint_bit_for_bit(live_and_checkpoint):
@@ -134,12 +174,12 @@ def test_loss_with_no_surviving_copy_rolls_back_to_the_last_checkpoint(tmp_path)
 
 
 @pytest.mark.long
-def test_kill_in_checkpoint_mode_restarts_from_the_periodic_checkpoint(tmp_path):
+def test_kill_in_checkpoint_mode_restarts_from_the_periodic_checkpoint(tmp_path, leave_through_checkpoint):
     """The restart-based path's answer to a kill -9: stop everything, restart the survivors from
     the last periodic checkpoint. It must end where a planned leave at that checkpoint ends."""
     steps = 5
     killed = _run(tmp_path, "checkpoint", "3:kill=1", steps=steps, parallel="tp=1,pp=1,dp=2", checkpoint_every=2)
-    left = _run(tmp_path / "ref", "checkpoint", "2:leave=1", steps=steps, parallel="tp=1,pp=1,dp=2")
+    left = leave_through_checkpoint
     _check_training(killed, steps)
     assert killed["checksums"] and killed["checksums"] == left["checksums"]
 
