@@ -104,6 +104,10 @@ def test_a_final_checkpoint_waits_for_space_and_is_saved_where_it_belongs(tmp_pa
     failed = result["grown"]["failed"]  # reported while the workers waited
     assert "No space left" in failed["error"] or "[Errno 28]" in failed["error"], failed
     assert "in 5 s" in failed["error"]  # says when the next attempt comes
+    # and the console said so as it happened, in one line (run-local prints the run's notices)
+    notices = [json.loads(line)["text"] for line in (tmp_path / "run" / "notices.jsonl").read_text().splitlines()]
+    assert f"final checkpoint: no space left in {tmp_path / 'run' / 'checkpoints' / 'periodic'}; next attempt in 5 s" \
+        in notices, notices
 
 
 @pytest.mark.long
