@@ -37,8 +37,10 @@ def _marked(value: str) -> dict[int, str]:
     return out
 
 
-def _listening(port: int) -> bool:
-    """Whether a socket listens on ``port`` (any address: /proc/net/tcp{,6}, state 0A)."""
+def _listeners(port: int) -> list[str]:
+    """The sockets listening on ``port`` (any address: /proc/net/tcp{,6}, state 0A), each with
+    the processes holding it: ``inode <n>: <pid> <command line>``."""
+    inodes = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             rows = Path(table).read_text().splitlines()[1:]
@@ -47,8 +49,25 @@ def _listening(port: int) -> bool:
         for row in rows:
             fields = row.split()
             if fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
-                return True
-    return False
+                inodes.append(fields[9])
+    out = []
+    for inode in inodes:
+        holders = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if any(os.readlink(fd) == f"socket:[{inode}]" for fd in (entry / "fd").iterdir()):
+                    command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    holders.append(f"{entry.name} {command[:200]}")
+            except OSError:
+                continue
+        out.append(f"inode {inode}: {'; '.join(holders) or 'no process'}")
+    return out
+
+
+def _listening(port: int) -> bool:
+    return bool(_listeners(port))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
@@ -81,7 +100,10 @@ def test_a_sigkilled_run_local_leaves_no_process_and_frees_its_port(tmp_path):
         while (left := _marked(marker)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not left, f"processes outlived the SIGKILLed run-local: {left}"
-        assert not _listening(port), f"port {port} is still served"
+        deadline = time.monotonic() + 5  # the kernel closes a dead process's sockets as it reaps it
+        while _listening(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _listening(port), f"port {port} is still served: {_listeners(port)}"
     finally:
         if run.poll() is None:
             run.kill()
