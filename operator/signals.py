@@ -32,6 +32,7 @@ from typing import Any
 
 from liveshard.runtime.contract.causes import ALWAYS_ACT, WITHDRAWABLE, Cause
 from liveshard.runtime.contract.times import parse_time
+from liveshard.runtime.errors import exit_text
 
 # Signal kinds are ``contract.Cause`` members (also the values of spec.elasticity.actOn).
 
@@ -231,7 +232,8 @@ def classify_pod(pod: dict[str, Any], now: datetime) -> Signal | None:
         code, line = container_exit(pod)
         # The kubelet says why in the pod's message only when it stopped the pod itself (an
         # eviction, a node shutdown); a container that exited says it in its own state.
-        exited = "" if code is None else f"exit code {code}" + (f": {line}" if line else "")
+        # ``exit code 2: <its error line>``, ``exit code 137 (SIGKILL)``: how it ended, in words
+        exited = "" if code is None else exit_text(code) + (f": {line}" if line else "")
         text = status.get("message") or exited or reason or "no reason given"
         return Signal(Cause.POD_FAILED, f"worker pod {phase.lower()}: {text}", now,
                       failure=not planned, source=f"status.phase={phase}", exit_code=code, termination=line)

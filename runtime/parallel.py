@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.errors import ConfigError, short
 from liveshard.runtime.spec import ModelSpec
 
 SUPPORTED_ORDER = "tp-cp-ep-dp-pp"
@@ -54,11 +54,11 @@ class ParallelConfig:
         for name in ("tp", "pp", "dp", "cp", "ep"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(name, f"must be a positive integer, got {value!r}")
+                raise ConfigError(name, f"must be a positive integer, got {short(value)}")
         for name in ("etp", "bucket_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(name, f"must be a positive integer, got {value!r}")
+                raise ConfigError(name, f"must be a positive integer, got {short(value)}")
         if self.layers is not None:
             object.__setattr__(self, "layers", tuple(self.layers))
             if len(self.layers) != self.pp:
@@ -241,20 +241,20 @@ class ParallelConfig:
                 try:
                     values[key] = int(val)
                 except ValueError:
-                    raise ConfigError(f"parallel.{key}", f"{val!r} is not an integer") from None
+                    raise ConfigError(f"parallel.{key}", f"{short(val)} is not an integer") from None
             elif key in ("layers", "dp_split") and sep:
                 try:
                     values[key] = tuple(int(x) for x in val.split("+"))
                 except ValueError:
                     example = "layers=20+20+21+19" if key == "layers" else "dp_split=3+1"
-                    raise ConfigError(f"parallel.{key}", f"{val!r} is not a '+'-joined list of integers",
+                    raise ConfigError(f"parallel.{key}", f"{short(val)} is not a '+'-joined list of integers",
                                       f"write e.g. {example}") from None
             elif key == "order":
                 if val != SUPPORTED_ORDER:
-                    raise ConfigError("parallel.order", f"rank order {val!r} is not supported",
+                    raise ConfigError("parallel.order", f"rank order {short(val)} is not supported",
                                       f"use {SUPPORTED_ORDER} (megatron-core's default)")
             else:
-                raise ConfigError(f"parallel.{key}", f"unknown setting {raw!r}",
+                raise ConfigError(f"parallel.{key}", f"unknown setting {short(raw)}",
                                   "use tp=, pp=, dp=, cp=, ep=, etp=, layers=A+B+..., dp_split=A+B+..., dist_opt, "
                                   "bucket=N")
         if "dp" not in values and world_size is not None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from liveshard.runtime.contract.env import Env
 from liveshard.runtime.dtypes import DTYPES, itemsize
-from liveshard.runtime.errors import ConfigError, UnsupportedModelError
+from liveshard.runtime.errors import ConfigError, UnsupportedModelError, clip, short
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
@@ -94,25 +94,25 @@ class ModelSpec:
                      "make_vocab_size_divisible_by"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(name, f"must be a positive integer, got {value!r}")
+                raise ConfigError(name, f"must be a positive integer, got {short(value)}")
         if self.normalization not in NORMALIZATIONS:
-            raise ConfigError("normalization", f"unknown {self.normalization!r}",
+            raise ConfigError("normalization", f"unknown {short(self.normalization)}",
                               f"use one of {', '.join(NORMALIZATIONS)}")
         if self.position_embedding_type not in POSITION_EMBEDDINGS:
-            raise ConfigError("position_embedding_type", f"unknown {self.position_embedding_type!r}",
+            raise ConfigError("position_embedding_type", f"unknown {short(self.position_embedding_type)}",
                               f"use one of {', '.join(POSITION_EMBEDDINGS)}")
         for name in ("rotary_base", "layernorm_epsilon", "rope_scaling_factor"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(name, f"must be a positive number, got {value!r}")
+                raise ConfigError(name, f"must be a positive number, got {short(value)}")
         if self.transformer_impl not in TRANSFORMER_IMPLS:
-            raise ConfigError("transformer_impl", f"unknown {self.transformer_impl!r}",
+            raise ConfigError("transformer_impl", f"unknown {short(self.transformer_impl)}",
                               f"use one of {', '.join(TRANSFORMER_IMPLS)}")
         if self.moe_router_score_function not in ROUTER_SCORE_FUNCTIONS:
-            raise ConfigError("moe_router_score_function", f"unknown {self.moe_router_score_function!r}",
+            raise ConfigError("moe_router_score_function", f"unknown {short(self.moe_router_score_function)}",
                               f"use one of {', '.join(ROUTER_SCORE_FUNCTIONS)}")
         if self.params_dtype not in DTYPES:
-            raise ConfigError("params_dtype", f"unknown {self.params_dtype!r}",
+            raise ConfigError("params_dtype", f"unknown {short(self.params_dtype)}",
                               f"use one of {', '.join(DTYPES)}")
         if self.num_attention_heads % self.num_query_groups:
             raise ConfigError("num_query_groups",
@@ -169,7 +169,7 @@ class ModelSpec:
         if self.multi_latent_attention:
             raise UnsupportedModelError(
                 "multi_latent_attention",
-                f"model {self.name!r} uses multi-latent attention, which liveshard cannot reshard yet",
+                f"model {short(self.name)} uses multi-latent attention, which liveshard cannot reshard yet",
                 "use a model with standard (grouped-query) attention",
             )
         if self.moe_first_dense_layers:
@@ -315,7 +315,7 @@ def model_fields(data: dict[str, Any], source: str = "model") -> dict[str, Any]:
     for key, value in data.items():
         name = megatron_name(str(key))
         if name not in CRD_NAMES:
-            raise ConfigError(f"{source}.{key}", "unknown field",
+            raise ConfigError(f"{source}.{clip(str(key), 80)}", "unknown field",
                               f"valid fields: {', '.join(sorted(MEGATRON_NAMES))} (or megatron's names, "
                               "e.g. num_layers)")
         if name in out:
@@ -333,7 +333,7 @@ def load_model(ref: str) -> ModelSpec:
         return PRESETS[ref]
     path = Path(ref)
     if not path.exists():
-        raise ConfigError("model", f"{ref!r} is neither a preset nor a file",
+        raise ConfigError("model", f"{short(ref)} is neither a preset nor a file",
                           f"use a YAML file or one of: {', '.join(sorted(PRESETS))}")
     from liveshard.runtime.inputs import load_yaml
 
@@ -343,7 +343,7 @@ def load_model(ref: str) -> ModelSpec:
     if isinstance(data, dict) and "preset" in data:
         base = data.pop("preset")
         if not isinstance(base, str) or base not in PRESETS:
-            raise ConfigError("model.preset", f"unknown preset {base!r}",
+            raise ConfigError("model.preset", f"unknown preset {short(base)}",
                               f"use one of: {', '.join(sorted(PRESETS))}")
         return ModelSpec.from_dict(data, source=str(path), base=PRESETS[base])
     return ModelSpec.from_dict(data, source=str(path))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.errors import ConfigError, short
 
 # Binary (Ki, KiB), decimal (K, KB) and Kubernetes quantity suffixes, case-insensitive.
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
@@ -23,12 +23,12 @@ def parse_bytes(value: Any, field: str) -> int:
         match = _SIZE.fullmatch(value) if isinstance(value, str) else None
         unit = match.group(2).upper() if match else None
         if not match or unit not in _UNITS:
-            raise ConfigError(field, f"{value!r} is not a size in bytes",
+            raise ConfigError(field, f"{short(value)} is not a size in bytes",
                               "write bytes or a number with a unit, e.g. 1073741824, 512MiB, 80Gi or 96GB")
         scaled = float(match.group(1)) * _UNITS[unit]
         if scaled != scaled or scaled in (float("inf"), float("-inf")) or scaled > 2**62:
-            raise ConfigError(field, f"{value!r} is beyond any sane size", "e.g. 512MiB, 80Gi or 96GB")
+            raise ConfigError(field, f"{short(value)} is beyond any sane size", "e.g. 512MiB, 80Gi or 96GB")
         number = int(scaled)
     if number <= 0:
-        raise ConfigError(field, f"{value!r} is not a positive size", "give a size above zero")
+        raise ConfigError(field, f"{short(value)} is not a positive size", "give a size above zero")
     return number

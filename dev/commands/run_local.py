@@ -280,5 +280,7 @@ def unfinished(report: dict, steps: int) -> str | None:
     if failed:
         wid, code = next(iter(failed.items()))
         line = last_log_line(Path(report.get("workdir") or ".") / f"{wid.replace('/', '_')}.log")
-        what += f"; {wid} exited with {code}" + (f": {line}" if line else "")
+        from liveshard.runtime.errors import exit_text
+
+        what += f"; {wid} exited with {exit_text(code)}" + (f": {line}" if line else "")
     return what + f" (logs: {report.get('workdir')})"

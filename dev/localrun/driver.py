@@ -40,7 +40,7 @@ from liveshard.runtime.contract.jobspec import AdaptivePolicy
 from liveshard.runtime.contract.keys import SECRET_ENV, Keys
 from liveshard.runtime.contract.training import TRAINING_ENV, TrainingSpec, read_training
 from liveshard.runtime.data.batches import BatchPlan
-from liveshard.runtime.errors import ConfigError, RunFailed, RunTimedOut
+from liveshard.runtime.errors import ConfigError, RunFailed, RunTimedOut, exit_text
 from liveshard.runtime.lifeline import preexec
 from liveshard.runtime.notice import NOTICES_ENV
 from liveshard.runtime.parallel import ParallelConfig
@@ -54,7 +54,7 @@ class CoordinatorExited(RunFailed):
 
     def __init__(self, port: int, code: int | None, log: str) -> None:
         self.log = log
-        super().__init__(f"the coordinator exited with code {code} before serving 127.0.0.1:{port}"
+        super().__init__(f"the coordinator exited with {exit_text(code)} before serving 127.0.0.1:{port}"
                          + (f": {log.splitlines()[-1]}" if log else ""))
 
 
@@ -627,11 +627,22 @@ class LocalRun:
         while missing := sorted(set(wids) - set(store.members())):
             exited = [m for m in missing if self.procs.workers[m].poll() is not None]
             if exited:
-                raise RunFailed(f"{', '.join(exited)} exited before registering (see {self.dir})")
+                raise RunFailed(f"{self._ended(exited[0], 'before registering')} (see {self.dir})")
             if time.monotonic() > end:
                 raise RunTimedOut(f"{', '.join(missing)} did not register in {timeout:.0f} s (see {self.dir})")
             self._check_alive()
             time.sleep(0.1)
+
+    def _ended(self, wid: str, when: str = "") -> str:
+        """How worker ``wid`` ended, in one line: ``w1 exited with signal SIGKILL``, ``w2 exited
+        with exit code 3 before step 4: <the last line it logged>``; a worker that refused its
+        input (exit 2) is named with its own error line: ``w0 refused the job: spec.training...``."""
+        code = self.procs.workers[wid].returncode
+        line = last_log_line(self.dir / f"{wid.replace('/', '_')}.log", limit=600) if code and code > 0 else ""
+        refused = re.match(r"liveshard [\w-]+: error: (.*)", line)
+        if code == 2 and refused:  # EXIT_BAD_INPUT: the worker's one line says what and why
+            return f"{wid} refused the job ({exit_text(code)}" + (f", {when}" if when else "") + f"): {refused[1]}"
+        return f"{wid} exited with {exit_text(code)}" + (f" {when}" if when else "") + (f": {line}" if line else "")
 
     def _wait_joinable(self, store, new: tuple[str, ...], ev: Event, timeout: float = 180.0) -> dict:
         """After an aborted join: wait until no generation is pending, no joiner is dead (each
@@ -643,7 +654,7 @@ class LocalRun:
             st = self._status(store)
             exited = [m for m in new if self.procs.workers[m].poll() is not None]
             if exited:
-                raise RunFailed(f"event {ev}: joiner(s) {', '.join(exited)} exited after the join aborted "
+                raise RunFailed(f"event {ev}: {self._ended(exited[0], 'after the join aborted')} "
                                    f"(see {self.dir})")
             if st.get("finished"):
                 raise RunFailed(f"event {ev}: training finished before the join of {', '.join(new)} committed")
@@ -750,7 +761,7 @@ class LocalRun:
             self._check_alive()
             for w in holders:
                 if self.procs.workers[w].poll() is not None:
-                    raise RunFailed(f"{w} exited before phase {phase} (see {self.dir})")
+                    raise RunFailed(f"{self._ended(w, f'before phase {phase}')} (see {self.dir})")
             time.sleep(0.005)
         coordinator = self.procs.coordinator
         with contextlib.suppress(ProcessLookupError):
@@ -858,7 +869,7 @@ class LocalRun:
         end = time.monotonic() + timeout
         while store.get(Keys.held(step, wid)) is None:
             if self.procs.workers[wid].poll() is not None:
-                raise RunFailed(f"{wid} exited before step {step} (see {self.dir})")
+                raise RunFailed(f"{self._ended(wid, f'before step {step}')} (see {self.dir})")
             if time.monotonic() > end:
                 raise RunTimedOut(f"{wid} was not held at step {step} in {timeout:.0f} s")
             self._check_alive()
@@ -975,16 +986,16 @@ class LocalRun:
         workers = self.procs.workers
         if workers and all(p.poll() is not None for p in workers.values()):
             # nobody is left to train: whatever the driver waits for will not come
-            failed = [(w, p.returncode) for w, p in workers.items() if p.returncode not in (0, -signal.SIGKILL)]
+            failed = [w for w, p in workers.items() if p.returncode not in (0, -signal.SIGKILL)]
             why = "every worker exited"
             if failed:
-                wid, code = failed[0]
-                line = last_log_line(self.dir / f"{wid.replace('/', '_')}.log")
-                why += f"; {wid} with {code}" + (f": {line}" if line else "")
+                why += f"; {self._ended(failed[0])}"
             raise RunFailed(f"{why} (see {self.dir})")
         c = self.procs.coordinator
         if c is not None and c.poll() is not None:
-            raise RunFailed(f"the coordinator exited with {c.returncode} (see {self.dir}/coordinator.log)")
+            line = last_log_line(self.dir / "coordinator.log") if c.returncode and c.returncode > 0 else ""
+            raise RunFailed(f"the coordinator exited with {exit_text(c.returncode)}" + (f": {line}" if line else "")
+                            + f" (see {self.dir}/coordinator.log)")
 
     def _wait_workers(self, timeout: float, only: tuple[str, ...] | None = None) -> None:
         """Wait for the workers (``only``: the final world's members; standbys wait for plans

@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[2]
 TAINTS = {
     # (key, value or None, effect): exactly what each tool writes on a spot interruption.
@@ -240,7 +238,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     c = Cluster(args.context, args.dry_run)
     run_id = uuid.uuid4().hex[:8]
-    job = yaml.safe_load(Path(args.job).read_text())
+    from liveshard.runtime.commands.training_args import read_job_file
+
+    job = read_job_file(args.job).raw  # the CLI's bounded loader: size and YAML aliases
     name, ns = job["metadata"]["name"], args.namespace
     job["metadata"]["namespace"] = ns
     if args.worker_image:

@@ -234,6 +234,7 @@ def load(built: Any, trainer: Any, directory: str | os.PathLike) -> None:
         problem = verify(directory)
         if problem is not None:  # before any of it is read: a torn save is not a foreign file
             raise CheckpointCorrupt(f"{directory}: {problem}")
+        check_precision(built.spec, directory, "spec.training.precision")  # not a KeyError mid-load
     megatron_checkpoint_dir(directory)  # its .metadata, through the allow-list: one line if refused
     with safe_load.refusals():
         if meta is None or meta.get("contents") == "model":
@@ -284,9 +285,39 @@ def check_start_weights(spec: Any, training: Any) -> None:
             megatron_checkpoint_dir(ref.path)
         if training.resume:
             field = "spec.training.resume"
-            megatron_checkpoint_dir(training.resume)
+            check_precision(spec, megatron_checkpoint_dir(training.resume), "spec.training.resume")
     except ConfigError as e:
+        if e.field.startswith(field):
+            raise
         raise ConfigError(f"{field}: {e.field}", e.problem, e.fix) from None
+
+
+def check_precision(spec: Any, directory: str | os.PathLike, field: str) -> None:
+    """A liveshard checkpoint whose run trained in another precision is refused in one line
+    (``field``): its optimizer state has another shape (a bf16/fp16 run keeps fp32 main
+    parameters that an fp32 run has not), and megatron's load would fail deep in the first
+    world's build with a ``KeyError``. A weights-only checkpoint (``liveshard convert``'s
+    import, a Megatron-LM save) is cast on load and passes."""
+    from liveshard.runtime.errors import ConfigError, clip
+
+    root = Path(directory)
+    try:
+        meta = read_meta(root) if (root / MARKER).is_file() else None
+    except (OSError, ValueError):
+        return  # an unreadable marker: verify() names it when the checkpoint is loaded
+    if not isinstance(meta, dict) or meta.get("contents") == "model":
+        return
+    model = meta.get("model")
+    recorded = model.get("params_dtype") if isinstance(model, dict) else None
+    if recorded is None or recorded == spec.params_dtype:
+        return
+    recorded = clip(str(recorded), 20)  # as the file says it: bounded
+    raise ConfigError(field, f"{root} was saved by a run training in {recorded}; this job trains "
+                      f"in {spec.params_dtype}, and the optimizer state of one precision does not load "
+                      "into the other",
+                      f"resume it with spec.training.precision: {recorded}, or start a "
+                      f"{spec.params_dtype} run from its weights alone (spec.training.initialWeights: "
+                      f"{{format: megatron, path: {root}}})")
 
 
 def load_initial_weights(built: Any, ref: Any) -> None:

@@ -34,6 +34,7 @@ from pathlib import PurePath
 
 from liveshard.runtime import lifeline
 from liveshard.runtime.contract.env import Env
+from liveshard.runtime.errors import exit_text
 
 log = logging.getLogger("liveshard.local_workers")
 
@@ -135,7 +136,7 @@ def supervise(command: Sequence[str], n: int, env: Mapping[str, str] | None = No
                 code = children[i].poll()
                 if code is not None:
                     running.discard(i)
-                    how = f"signal {-code}" if code < 0 else f"exit code {code}"
+                    how = exit_text(code)
                     level = logging.INFO if code == 0 else logging.WARNING
                     log.log(level, "local worker %d/%d (pid %d) ended: %s; %d still running",
                             i, n, children[i].pid, how, len(running))

@@ -141,14 +141,9 @@ def _fleet(args: argparse.Namespace) -> list[GPU]:
 
 
 def _read_speeds(path: Path, gpus: list[GPU]) -> dict[int, float]:
-    import yaml
+    from liveshard.runtime.inputs import load_yaml
 
-    if not path.exists():
-        raise ConfigError("--speeds", f"{path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text())  # JSON is YAML
-    except yaml.YAMLError as e:
-        raise ConfigError("--speeds", f"{path} is not valid YAML/JSON: {str(e).splitlines()[0]}") from None
+    data = load_yaml(path, "--speeds", what="speeds file (YAML or JSON)")  # JSON is YAML
     if not isinstance(data, dict):
         raise ConfigError("--speeds", f"{path} must map GPU index, GPU id or node name to a speed")
     by_id = {g.id: i for i, g in enumerate(gpus)}

@@ -62,9 +62,9 @@ _WARNED: set[tuple[str, str]] = set()
 
 def read_job_file(path: str) -> JobFile:
     """The manifest at ``path``: one ElasticTrainingJob (``---`` separated documents allowed)."""
-    from liveshard.runtime.inputs import load_yaml_all
+    from liveshard.runtime.inputs import load_job_manifest
 
-    docs = [d for d in load_yaml_all(path, "--job", what="job manifest") if d]
+    docs = [d for d in load_job_manifest(path, "--job") if d]
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "ElasticTrainingJob"]
     if len(jobs) != 1:
         raise ConfigError("--job", f"{path} holds {len(jobs)} ElasticTrainingJob documents",

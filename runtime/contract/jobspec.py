@@ -16,7 +16,7 @@ from liveshard.runtime.contract.causes import NODE_KINDS
 from liveshard.runtime.contract.env import Defaults
 from liveshard.runtime.contract.training import TrainingSpec, _section, check_against_model, read_training
 from liveshard.runtime.contract.training import int_field as _int
-from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.errors import ConfigError, short
 from liveshard.runtime.spec import CRD_NAMES, ModelSpec, megatron_name, megatron_named
 from liveshard.runtime.units import parse_bytes
 
@@ -55,14 +55,14 @@ class AdaptivePolicy:
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
-            raise ConfigError("spec.elasticity.adaptive.threshold", f"must be between 0 and 1, got {self.threshold!r}",
+            raise ConfigError("spec.elasticity.adaptive.threshold", f"must be between 0 and 1, got {short(self.threshold)}",
                               "e.g. 0.7: a device at under 70% of the median speed is slow")
         for name in ("window", "horizon", "probation"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"spec.elasticity.adaptive.{name}", f"must be a positive number of steps, got {value!r}")
+                raise ConfigError(f"spec.elasticity.adaptive.{name}", f"must be a positive number of steps, got {short(value)}")
         if not 0.0 <= self.min_gain < 1.0:
-            raise ConfigError("spec.elasticity.adaptive.minGain", f"must be in [0, 1), got {self.min_gain!r}")
+            raise ConfigError("spec.elasticity.adaptive.minGain", f"must be in [0, 1), got {short(self.min_gain)}")
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def read_model(model: Any) -> ModelSpec:
     data = dict(model)
     preset = data.pop("preset", None)
     if preset is not None and (not isinstance(preset, str) or preset not in PRESETS):
-        raise ConfigError("spec.model.preset", f"unknown preset {preset!r}",
+        raise ConfigError("spec.model.preset", f"unknown preset {short(preset)}",
                           f"use one of: {', '.join(sorted(PRESETS))}")
     try:
         return ModelSpec.from_dict(data, source="spec.model", base=PRESETS[preset] if preset else None)
@@ -136,7 +136,7 @@ def _degrees(value: Any, name: str) -> tuple[int, ...] | None:
         value = [value]
     if (not isinstance(value, list) or not value
             or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in value)):
-        raise ConfigError(f"spec.parallelism.{name}", f"{value!r} is not a list of positive degrees",
+        raise ConfigError(f"spec.parallelism.{name}", f"{short(value)} is not a list of positive degrees",
                           f"write e.g. {name}: [1, 2, 4, 8]")
     return tuple(sorted(set(value)))
 
@@ -201,7 +201,7 @@ def read_spec(spec: dict[str, Any]) -> JobSpec:
     act_on = e.get("actOn", list(NODE_KINDS))
     if not isinstance(act_on, list) or any(k not in NODE_KINDS for k in act_on):
         bad = next((k for k in act_on if k not in NODE_KINDS), act_on) if isinstance(act_on, list) else act_on
-        raise ConfigError("spec.elasticity.actOn", f"unknown signal {bad!r}",
+        raise ConfigError("spec.elasticity.actOn", f"unknown signal {short(bad)}",
                           f"use some of: {', '.join(NODE_KINDS)}")
     elastic = Elasticity(
         act_on=frozenset(act_on),
@@ -228,10 +228,10 @@ def read_checkpointing(section: Any) -> Checkpointing:
     if section is None:
         return Checkpointing()
     if not isinstance(section, dict):
-        raise ConfigError("spec.checkpoint", f"must be a mapping, got {section!r}", "e.g. checkpoint: {intervalSeconds: 1800}")
+        raise ConfigError("spec.checkpoint", f"must be a mapping, got {short(section)}", "e.g. checkpoint: {intervalSeconds: 1800}")
     path = section.get("path", Checkpointing.path)
     if not isinstance(path, str) or not path.startswith("/"):
-        raise ConfigError("spec.checkpoint.path", f"must be an absolute path, got {path!r}", "e.g. /checkpoints")
+        raise ConfigError("spec.checkpoint.path", f"must be an absolute path, got {short(path)}", "e.g. /checkpoints")
     if "intervalSeconds" in section and "intervalMinutes" in section:
         raise ConfigError("spec.checkpoint.intervalMinutes", "given beside intervalSeconds",
                           "keep intervalSeconds (intervalMinutes is its old spelling)")
@@ -266,20 +266,20 @@ def read_network(section: Any) -> Network:
     if section is None:
         return Network()
     if not isinstance(section, dict):
-        raise ConfigError("spec.network", f"must be a mapping, got {section!r}")
+        raise ConfigError("spec.network", f"must be a mapping, got {short(section)}")
     rules = section.get("extraEgress") or []
     if not isinstance(rules, list):
-        raise ConfigError("spec.network.extraEgress", f"must be a list of egress rules, got {rules!r}",
+        raise ConfigError("spec.network.extraEgress", f"must be a list of egress rules, got {short(rules)}",
                           "write e.g. [{to: [{ipBlock: {cidr: 10.0.0.0/8}}], ports: [{port: 443, protocol: TCP}]}]")
     for i, rule in enumerate(rules):
         unknown = sorted(set(rule) - EGRESS_RULE_KEYS) if isinstance(rule, dict) else None
         if unknown is None or unknown:
-            what = f"unknown field {unknown[0]!r}" if unknown else f"{rule!r} is not a mapping"
+            what = f"unknown field {short(unknown[0])}" if unknown else f"{short(rule)} is not a mapping"
             raise ConfigError(f"spec.network.extraEgress[{i}]", what,
                               "an egress rule has only 'to' (peers) and 'ports', as in a NetworkPolicy")
         for key in EGRESS_RULE_KEYS & set(rule):
             if not isinstance(rule[key], list):
-                raise ConfigError(f"spec.network.extraEgress[{i}].{key}", f"must be a list, got {rule[key]!r}")
+                raise ConfigError(f"spec.network.extraEgress[{i}].{key}", f"must be a list, got {short(rule[key])}")
     return Network(extra_egress=tuple(rules))
 
 
@@ -297,17 +297,17 @@ def read_adaptive(section: Any) -> AdaptivePolicy:
     if section is None:
         return AdaptivePolicy()
     if not isinstance(section, dict):
-        raise ConfigError("spec.elasticity.adaptive", f"must be a mapping, got {section!r}",
+        raise ConfigError("spec.elasticity.adaptive", f"must be a mapping, got {short(section)}",
                           "e.g. adaptive: {enabled: true}")
     path = "spec.elasticity.adaptive"
     enabled = section.get("enabled", False)
     if not isinstance(enabled, bool):
-        raise ConfigError(f"{path}.enabled", f"must be true or false, got {enabled!r}")
+        raise ConfigError(f"{path}.enabled", f"must be true or false, got {short(enabled)}")
     numbers = {}
     for key in ("threshold", "minGain"):
         value = section.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ConfigError(f"{path}.{key}", f"must be a number, got {value!r}")
+            raise ConfigError(f"{path}.{key}", f"must be a number, got {short(value)}")
         numbers[key] = value
     defaults = AdaptivePolicy()
     return AdaptivePolicy(

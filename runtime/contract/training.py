@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from liveshard.runtime.contract.env import Env
-from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.errors import ConfigError, short
 
 TRAINING_ENV = Env.TRAINING  # the resolved section, JSON, in every pod of a job
 
@@ -189,9 +189,10 @@ class TrainingSpec:
 
     @staticmethod
     def from_json(text: str, source: str = TRAINING_ENV) -> TrainingSpec:
-        from liveshard.runtime.inputs import parse_json
+        from liveshard.runtime.inputs import check_job_text, parse_json
 
         try:
+            check_job_text(text, source)
             section = parse_json(text, source, source)
         except ConfigError as e:
             raise ConfigError(source, e.problem, "the operator writes it; do not edit it") from None
@@ -199,6 +200,7 @@ class TrainingSpec:
 
 
 # ---- reading ---------------------------------------------------------------------------------
+MAX_BLEND = 10_000  # datasets in spec.training.data.blend: each is opened and checked at start
 _SPLIT = re.compile(r"^\s*\d+(\.\d+)?\s*(,\s*\d+(\.\d+)?\s*){0,2}$")
 
 
@@ -241,8 +243,7 @@ def int_field(section: dict[str, Any], key: str, path: str, default: int | None,
 
 def _short(value: Any, limit: int = 60) -> str:
     """``repr(value)``, cut to one short line (an error message is one line)."""
-    text = " ".join(repr(value).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return short(value, limit)
 
 
 def _float(section: dict[str, Any], key: str, path: str, default: float, *, low: float = 0.0,
@@ -265,17 +266,17 @@ def _float(section: dict[str, Any], key: str, path: str, default: float, *, low:
     bound = f"{'>' if open_low else '>='} {low:g}" + (f" and {'<' if open_high else '<='} {high:g}"
                                                       if high is not None else "")
     if not math.isfinite(value):
-        raise ConfigError(f"{path}.{key}", f"must be a finite number {bound}, got {value!r}", fix)
+        raise ConfigError(f"{path}.{key}", f"must be a finite number {bound}, got {short(value)}", fix)
     if (value < low or (open_low and value == low) or (high is not None and value > high)
             or (open_high and value == high)):
-        raise ConfigError(f"{path}.{key}", f"must be {bound}, got {value!r}", fix)
+        raise ConfigError(f"{path}.{key}", f"must be {bound}, got {short(value)}", fix)
     return value
 
 
 def _choice(section: dict[str, Any], key: str, path: str, default: str, choices: tuple[str, ...]) -> str:
     value: str = section.get(key, default)
     if value not in choices:
-        raise ConfigError(f"{path}.{key}", f"unknown value {value!r}", f"use one of: {', '.join(choices)}")
+        raise ConfigError(f"{path}.{key}", f"unknown value {short(value)}", f"use one of: {', '.join(choices)}")
     return value
 
 
@@ -284,7 +285,7 @@ def _text(section: dict[str, Any], key: str, path: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{path}.{key}", f"must be a non-empty string, got {value!r}")
+        raise ConfigError(f"{path}.{key}", f"must be a non-empty string, got {short(value)}")
     return value
 
 
@@ -293,7 +294,7 @@ def _read_data(section: dict[str, Any], path: str) -> DataSpec:
         raise ConfigError(path, "is required: a job says what it trains on", _GET_DATA)
     mock = section.get("mock", False)
     if not isinstance(mock, bool):
-        raise ConfigError(f"{path}.mock", f"must be true or false, got {mock!r}")
+        raise ConfigError(f"{path}.mock", f"must be true or false, got {short(mock)}")
     blend_raw = section.get("blend")
     if mock and blend_raw:
         raise ConfigError(f"{path}.mock", "is set together with blend", "train on blend or on mock data, not both")
@@ -301,27 +302,30 @@ def _read_data(section: dict[str, Any], path: str) -> DataSpec:
     if not mock:
         if not isinstance(blend_raw, list) or not blend_raw:
             raise ConfigError(f"{path}.blend", "is required (a list of {prefix, weight})", _GET_DATA)
+        if len(blend_raw) > MAX_BLEND:
+            raise ConfigError(f"{path}.blend", f"lists {len(blend_raw):,} datasets, more than a job reads "
+                              f"({MAX_BLEND:,})", "merge shards into fewer datasets (prepare-data takes many inputs)")
         for i, item in enumerate(blend_raw):
             where = f"{path}.blend[{i}]"
             if isinstance(item, str):
                 item = {"prefix": item}
             if not isinstance(item, dict):
-                raise ConfigError(where, f"must be {{prefix, weight}}, got {item!r}")
+                raise ConfigError(where, f"must be {{prefix, weight}}, got {short(item)}")
             prefix = _text(item, "prefix", where)
             if prefix is None:
                 raise ConfigError(f"{where}.prefix", "is required",
                                   "the PREFIX of PREFIX.bin/PREFIX.idx written by liveshard prepare-data")
             if prefix.endswith((".bin", ".idx")):
-                raise ConfigError(f"{where}.prefix", f"{prefix!r} names a file, not a prefix",
-                                  f"drop the extension: {prefix[:-4]!r}")
+                raise ConfigError(f"{where}.prefix", f"{short(prefix)} names a file, not a prefix",
+                                  f"drop the extension: {short(prefix[:-4])}")
             blend.append(DatasetRef(prefix, _float(item, "weight", where, 1.0, open_low=True, high=1e9)))
     split = section.get("split", DEFAULT_SPLIT)
     if (not isinstance(split, str) or not _SPLIT.match(split) or len(split) > 64
             or sum(float(x) for x in split.split(",")) <= 0):
-        raise ConfigError(f"{path}.split", f"{split!r} is not a train,valid,test split",
+        raise ConfigError(f"{path}.split", f"{short(split)} is not a train,valid,test split",
                           'write weights such as "969,30,1" (the train weight must be > 0)')
     if float(split.split(",")[0]) <= 0:
-        raise ConfigError(f"{path}.split", f"{split!r} leaves nothing to train on", "give the train split a weight > 0")
+        raise ConfigError(f"{path}.split", f"{short(split)} leaves nothing to train on", "give the train split a weight > 0")
     return DataSpec(blend=tuple(blend), split=split.replace(" ", ""), mock=mock,
                     cache_dir=_text(section, "cacheDir", path))
 
@@ -454,7 +458,7 @@ def _read_eval(ev: dict[str, Any], ep: str, data: DataSpec, global_batch: int) -
                           iters=int_field(ev, "iters", ep, 10, maximum=MAX_TRAIN_SAMPLES // global_batch)
                           or 10)
     if evaluation.interval and data.split_weights[1] <= 0 and not data.mock:
-        raise ConfigError(f"{ep}.interval", f"is set but data.split {data.split!r} has no validation part",
+        raise ConfigError(f"{ep}.interval", f"is set but data.split {short(data.split)} has no validation part",
                           'give the validation split a weight, e.g. "969,30,1", or set eval.interval: 0')
     return evaluation
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from liveshard.runtime.contract.training import TrainingSpec
-from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.errors import ConfigError, clip
 
 log = logging.getLogger("liveshard.data")
 
@@ -116,22 +116,36 @@ def check_index_memory(training: TrainingSpec, processes: int = 1, memory_bytes:
 def check_data(training: TrainingSpec, vocab_size: int, padded_vocab_size: int, processes: int = 1) -> None:
     """What a worker checks before it joins, checked up front (``run-local``, ``processes``
     workers on this machine): the tokenizer loads and fits the model, megatron's sample index fits
-    in memory, every dataset exists and every split the job reads holds documents."""
+    in memory, every dataset exists, its index agrees with its ``.bin`` (``indexed.check_indexed``)
+    and every split the job reads holds documents."""
     check_index_memory(training, processes)
-    load_job_tokenizer(training, vocab_size, padded_vocab_size)
+    tokenizer = load_job_tokenizer(training, vocab_size, padded_vocab_size)
     if not training.data.mock:
-        _check_prefixes(training)
+        _check_prefixes(training, _vocab_size(tokenizer))
         _check_splits(training)
 
 
-def _check_prefixes(training: TrainingSpec) -> None:
+def _vocab_size(tokenizer: Any) -> int | None:
+    """The ids a tokenizer can produce (its ``vocab_size``), if it says."""
+    size = getattr(tokenizer, "vocab_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def _check_prefixes(training: TrainingSpec, vocab_size: int | None = None) -> None:
+    """Every dataset of the blend exists and its ``.idx`` tells the truth about its ``.bin``
+    (header, dtype, lengths, pointers, document indices, the files' lengths; a sample of its
+    token ids within ``vocab_size``): refused in one line naming the file before megatron reads it."""
+    from liveshard.runtime.data.indexed import check_indexed
+
     for i, ref in enumerate(training.data.blend):
+        field = f"spec.training.data.blend[{i}].prefix"
         for ext in (".bin", ".idx"):
             if not os.path.isfile(ref.prefix + ext):
-                raise ConfigError(f"spec.training.data.blend[{i}].prefix",
-                                  f"{ref.prefix + ext} does not exist (or is not readable)",
+                raise ConfigError(field,
+                                  f"{clip(ref.prefix + ext, 500)} does not exist (or is not readable)",
                                   "run liveshard prepare-data to write PREFIX.bin and PREFIX.idx, on a volume "
                                   "every worker mounts")
+        check_indexed(ref.prefix, field, vocab_size)
 
 
 def _config(training: TrainingSpec, tokenizer: Any, path_to_cache: str | None) -> Any:
@@ -227,7 +241,7 @@ def build_datasets(training: TrainingSpec, tokenizer: Any, cache_root: str | Non
     if training.data.mock:
         train, valid, _ = _build(training, tokenizer, None)
         return JobData(train, valid, tokenizer, None, time.perf_counter() - start)
-    _check_prefixes(training)
+    _check_prefixes(training, _vocab_size(tokenizer))
     _check_splits(training)
     root = Path(cache_root or os.path.join(tempfile.gettempdir(), "liveshard-data-cache"))
     try:

@@ -20,6 +20,7 @@ from typing import Any
 from megatron.core.tokenizers import MegatronTokenizerBase
 
 from liveshard.runtime.errors import ConfigError
+from liveshard.runtime.inputs import MAX_TOKENIZER_BYTES, check_size
 
 KINDS = ("huggingface", "sentencepiece")
 
@@ -131,6 +132,7 @@ class HuggingFaceTokenizer(Tokenizer):
                 problem = f"{path} does not exist"
             raise ConfigError(f"{field}.path", problem,
                               "name a directory holding a Hugging Face tokenizer.json, or the file itself")
+        check_size(file, f"{field}.path", what="tokenizer file", limit=MAX_TOKENIZER_BYTES)
         try:
             self._hf = HFTokenizer.from_file(file)
         except Exception as e:  # the Rust side raises plain Exception for parse and schema errors
@@ -186,6 +188,7 @@ class SentencePieceTokenizer(Tokenizer):
         if not os.path.isfile(path):
             problem = f"{path} is a directory" if os.path.isdir(path) else f"{path} does not exist"
             raise ConfigError(f"{field}.path", problem, "name a SentencePiece .model file")
+        check_size(path, f"{field}.path", what="tokenizer file", limit=MAX_TOKENIZER_BYTES)
         try:
             self._sp = sentencepiece.SentencePieceProcessor(model_file=path)
         except (OSError, RuntimeError) as e:

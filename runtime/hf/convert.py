@@ -143,11 +143,18 @@ def _export_entry(proc: int, procs: int, checkpoint: str, spec_dict: dict, out: 
 def run_export(checkpoint: str, spec: ModelSpec, out: str, *, procs: int = 1, dtype: str | None = None,
                max_shard_bytes: int | None = None, tokenizer: str | None = None) -> None:
     from liveshard.runtime.hf.config import hf_config_from_spec
-    from liveshard.runtime.hf.weights import DEFAULT_SHARD_BYTES, export_hf, megatron_checkpoint_dir
+    from liveshard.runtime.hf.weights import (
+        DEFAULT_SHARD_BYTES,
+        export_hf,
+        megatron_checkpoint_dir,
+        tokenizer_files,
+    )
 
     hf_config_from_spec(spec)  # refuse what has no Hugging Face equivalent before reading anything
     megatron_checkpoint_dir(checkpoint)
     check_output_dir(out)
+    if tokenizer:
+        tokenizer_files(tokenizer)
     size = max_shard_bytes or DEFAULT_SHARD_BYTES
     if procs <= 1:
         export_hf(checkpoint, spec, out, dtype=dtype, max_shard_bytes=size, tokenizer=tokenizer,

@@ -255,8 +255,12 @@ def special_token_ids(tokenizer_dir: str | os.PathLike) -> dict[str, int]:
     """``bos_token_id``/``eos_token_id`` for config.json: the ids, in the tokenizer's vocabulary,
     of the tokens its ``tokenizer_config.json`` names (none when it names none or the vocabulary
     has no such token)."""
+    from liveshard.runtime.inputs import MAX_TOKENIZER_BYTES
+
     src = Path(tokenizer_dir)
     try:
+        if max((src / n).stat().st_size for n in ("tokenizer_config.json", "tokenizer.json")) > MAX_TOKENIZER_BYTES:
+            return {}  # no tokenizer file: copy_tokenizer refuses it in one line
         names = json.loads((src / "tokenizer_config.json").read_text())
         from tokenizers import Tokenizer
 
@@ -273,13 +277,25 @@ def special_token_ids(tokenizer_dir: str | os.PathLike) -> dict[str, int]:
     return ids
 
 
-def copy_tokenizer(source: str | os.PathLike, out_dir: Path) -> list[str]:
+def tokenizer_files(source: str | os.PathLike) -> list[str]:
+    """The tokenizer files of directory ``source`` an export copies, each within
+    ``MAX_TOKENIZER_BYTES`` (checked before anything is written: one line, exit 2)."""
+    from liveshard.runtime.inputs import MAX_TOKENIZER_BYTES, check_size
+
     src = Path(source)
     if not src.is_dir():
         raise ConfigError("--tokenizer", f"{source} is not a directory", "a directory with tokenizer.json")
     copied = [name for name in TOKENIZER_FILES if (src / name).is_file()]
     if "tokenizer.json" not in copied and "tokenizer.model" not in copied:
         raise ConfigError("--tokenizer", f"{source} has no tokenizer.json or tokenizer.model")
+    for name in copied:  # each a few MB at most: a larger one is no tokenizer file
+        check_size(src / name, "--tokenizer", what="tokenizer file", limit=MAX_TOKENIZER_BYTES)
+    return copied
+
+
+def copy_tokenizer(source: str | os.PathLike, out_dir: Path) -> list[str]:
+    src = Path(source)
+    copied = tokenizer_files(src)
     for name in copied:
         shutil.copyfile(src / name, out_dir / name)
     return copied

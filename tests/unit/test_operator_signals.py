@@ -304,7 +304,7 @@ def test_a_failed_container_says_its_exit_code_and_its_one_line():
     # no error line: the last line of the tail; no message: the exit code alone
     assert classify_pod(exited(1, "Traceback ...\n  File x\nKeyError: 'a'\n\n"), NOW).termination == "KeyError: 'a'"
     bare = classify_pod(exited(137), NOW)
-    assert (bare.exit_code, bare.termination, bare.reason) == (137, "", "worker pod failed: exit code 137")
+    assert (bare.exit_code, bare.termination, bare.reason) == (137, "", "worker pod failed: exit code 137 (SIGKILL)")
     # a pod the kubelet stopped itself says so in the pod's own message, which comes first
     evicted = exited(137)
     evicted["status"].update(reason="Evicted", message="The node was low on resource: memory.")

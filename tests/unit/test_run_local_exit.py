@@ -91,7 +91,7 @@ def test_a_dead_job_names_the_worker_and_its_last_words(tmp_path):
                                      "OSError: [Errno 28] No space left on device\n\n")
     why = unfinished(_report(tmp_path, 3, None, {"w0": 0, "w1": 1, "w2": -9}), 6)
     assert why is not None
-    assert "trained 3 of 6 steps" in why and "w1 exited with 1" in why and "No space left on device" in why
+    assert "trained 3 of 6 steps" in why and "w1 exited with exit code 1" in why and "No space left on device" in why
     assert str(tmp_path) in why and "\n" not in why
     assert "trained 0 of 6 steps" in (unfinished(_report(tmp_path, 0, None, {}), 6) or "")
 
@@ -109,8 +109,48 @@ def test_a_run_whose_workers_all_exited_fails_at_once_naming_the_first_failure(j
     job.procs.workers = {"w0": _Exited(-9), "w1": _Exited(1), "w2": _Exited(None)}
     job._check_alive({})  # w2 still runs
     job.procs.workers["w2"] = _Exited(0)
-    with pytest.raises(RunFailed, match=r"every worker exited; w1 with 1: RuntimeError: rendezvous failed"):
+    with pytest.raises(RunFailed, match=r"every worker exited; w1 exited with exit code 1: RuntimeError: rendezvous failed"):
         job._check_alive({})
+
+
+class _NoMembers:
+    def members(self) -> list[str]:
+        return []
+
+    def get(self, key: str) -> str | None:
+        return None
+
+
+@pytest.mark.parametrize("code,words", [
+    (-9, ("w0 exited with signal SIGKILL before registering",)),
+    (-15, ("w0 exited with signal SIGTERM before registering",)),
+    (-11, ("w0 exited with signal SIGSEGV",)),
+    (3, ("w0 exited with exit code 3 before registering: boom: the last words",)),
+    (137, ("w0 exited with exit code 137 (SIGKILL)",)),
+])
+def test_a_crash_line_names_the_exit_code_or_the_signal(job, code, words):
+    (job.dir / "w0.log").write_text("INFO starting\nboom: the last words\n")
+    job.procs.workers = {"w0": _Exited(code), "w1": _Exited(None)}
+    with pytest.raises(RunFailed) as e:
+        job._wait_registered(_NoMembers(), ["w0", "w1"], timeout=5)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+    if code < 0:  # a signal: nothing the process printed explains it
+        assert "the last words" not in str(e.value)
+
+
+def test_a_worker_that_refused_its_input_is_a_job_failure_with_its_line(job):
+    """A worker that finds its input bad (a lying dataset index) exits 2 with one line: the run
+    fails with that line, not with "exited before registering"."""
+    line = ("liveshard worker: error: spec.training.data.blend[0].prefix: /d/x.idx: sequence 3 has a negative "
+            "length (-5 tokens) (fix: write PREFIX.bin and PREFIX.idx again with liveshard prepare-data)")
+    (job.dir / "w1.log").write_text("INFO loading\n" + line + "\n")
+    job.procs.workers = {"w0": _Exited(None), "w1": _Exited(2)}
+    with pytest.raises(RunFailed) as e:
+        job._wait_registered(_NoMembers(), ["w0", "w1"], timeout=5)
+    text = str(e.value)
+    assert text.startswith("w1 refused the job (exit code 2, before registering): spec.training.data.blend[0]"), text
+    assert "negative length" in text and "\n" not in text
 
 
 def test_a_port_taken_before_the_coordinator_binds_it_is_retried_and_a_dead_coordinator_named(job, monkeypatch):
@@ -151,5 +191,5 @@ def test_a_port_taken_before_the_coordinator_binds_it_is_retried_and_a_dead_coor
 
     monkeypatch.setattr(driver, "free_port", lambda: 103)
     monkeypatch.setattr(job, "start_coordinator", dies)
-    with pytest.raises(RunFailed, match=r"exited with code 2 before serving .*: ConfigError: --checkpoint-dir"):
+    with pytest.raises(RunFailed, match=r"exited with exit code 2 before serving .*: ConfigError: --checkpoint-dir"):
         job.serve()
