@@ -144,6 +144,19 @@ class Kube:
             if e.status != 404:
                 raise
 
+    async def patch_pod(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> bool:
+        """Apply a JSON patch to a pod; False if it is gone or the patch's test failed (the pod
+        changed meanwhile: the next pass reads it again)."""
+        self._check_fence()
+        try:
+            await self._call(self.core.patch_namespaced_pod, name, namespace, patch,
+                             _content_type="application/json-patch+json")
+            return True
+        except ApiException as e:
+            if e.status in (404, 422):
+                return False
+            raise
+
     async def delete_pod(self, namespace: str, name: str) -> bool:
         self._check_fence()
         try:

@@ -16,8 +16,10 @@ Elastic jobs (annotation ``kueue.x-k8s.io/elastic-job: "true"``, Kueue's
 ``kueue.x-k8s.io/workload-slice-replacement-for: <ns>/<old>`` is created with the larger count;
 once Kueue admits it, it replaces the old one (marked ``Finished`` with reason
 ``WorkloadSliceReplaced``). To shrink, ``podSets[].count`` of the admitted Workload is lowered
-in place. New pods wait behind the scheduling gate ``kueue.x-k8s.io/elastic-job`` until the
-slice that counts them is admitted.
+in place (only the count: Kueue's webhook lets it go down and nothing else change). New pods
+wait behind the scheduling gate ``kueue.x-k8s.io/elastic-job`` until the slice that counts them
+is admitted; then the operator removes it (``ungate_patch``), as Kueue's ``ElasticJobUngater``
+does for Kueue's own jobs.
 """
 
 from __future__ import annotations
@@ -244,6 +246,20 @@ class Admission:
         """The workers' count the current Workload asks for."""
         return podset_count(self.workload, PODSET_WORKERS) if self.workload else None
 
+    @property
+    def granted(self) -> int:
+        """The worker pods the admission lets run now: the admitted count, or the Workload's
+        count once lowered in place below it (Kueue counts the quota of a scaled-down podSet at
+        its new count, and its elastic-job ungater lets at most that many pods run)."""
+        if not self.admitted:
+            return 0
+        return min(self.workers, self.requested if self.requested is not None else self.workers)
+
+    @property
+    def growing_to(self) -> int | None:
+        """The workers' count of a replacement slice not admitted yet (None: none pending)."""
+        return podset_count(self.pending_slice, PODSET_WORKERS) if self.pending_slice else None
+
 
 def _placement(assignment: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]]) -> Placement:
     selector: dict[str, str] = {}
@@ -338,14 +354,33 @@ def finish_patch(wl: Mapping[str, Any], now_iso: str, message: str) -> dict[str,
 
 
 def shrink_patch(wl: Mapping[str, Any], workers: int) -> dict[str, Any]:
-    """Lower the workers' pod set count in place (a JSON merge patch replaces the whole list)."""
+    """Lower the workers' pod set count in place (a JSON merge patch replaces the whole list).
+    Only the count changes: Kueue's Workload webhook (``validateImmutablePodSet``) lets an
+    admitted Workload's ``podSets[].count`` go down and nothing else in them change (an elastic
+    Workload has no ``minCount``); ``status.admission`` stays as Kueue wrote it, and Kueue counts
+    the podSet's quota at the lower count from then on."""
     sets = [dict(s) for s in (wl.get("spec") or {}).get("podSets") or []]
     for s in sets:
         if s.get("name") == PODSET_WORKERS:
-            s["count"] = workers
-            if int(s.get("minCount") or 0) > workers:
-                s["minCount"] = max(1, workers)
+            s["count"] = min(int(s.get("count", 1)), workers)
     return {"spec": {"podSets": sets}}
+
+
+def ungate_patch(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JSON patch that removes the elastic-job gate from ``pod`` (what Kueue's
+    ``ElasticJobUngater`` does with ``utilpod.Ungate``), other gates kept; it fails (422) if the
+    pod's gates changed since it was read."""
+    gates = list((pod.get("spec") or {}).get("schedulingGates") or [])
+    left = [g for g in gates if g.get("name") != ELASTIC_GATE]
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/spec/schedulingGates", "value": gates}]
+    ops.append({"op": "replace", "path": "/spec/schedulingGates", "value": left} if left
+               else {"op": "remove", "path": "/spec/schedulingGates"})
+    return ops
+
+
+def gated(pod: Mapping[str, Any]) -> bool:
+    """Whether ``pod`` waits behind the elastic-job scheduling gate."""
+    return any(g.get("name") == ELASTIC_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
 # ---- GenericJob ---------------------------------------------------------------------------------
@@ -419,6 +454,6 @@ def place(pod: dict[str, Any], placement: Placement, gated: bool = False) -> dic
     if placement.tolerations:
         have = list(spec.get("tolerations") or [])
         spec["tolerations"] = have + [dict(t) for t in placement.tolerations if t not in have]
-    if gated:
+    if gated and not any(g.get("name") == ELASTIC_GATE for g in spec.get("schedulingGates") or []):
         spec["schedulingGates"] = [*(spec.get("schedulingGates") or []), {"name": ELASTIC_GATE}]
     return pod

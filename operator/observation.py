@@ -54,6 +54,8 @@ class Decision:
     spec: JobSpec | None = None
     workload: WorkloadChange = field(default_factory=WorkloadChange)  # the job's Kueue Workload
     placements: dict[str, Placement] = field(default_factory=dict)  # admitted flavors, by pod set
+    gated_workers: list[int] = field(default_factory=list)  # of create_workers: behind the elastic-job gate
+    ungate_pods: list[str] = field(default_factory=list)  # pods whose elastic-job gate is removed (admitted)
 
 
 def _generation_of(plan: Any) -> int:
@@ -124,6 +126,18 @@ class Observation:
         replicas = self.spec.workers.replicas
         return replicas if self.admission is None or not self.admission.admitted \
             else min(replicas, self.admission.workers)
+
+    @property
+    def growing_to(self) -> int:
+        """The worker pods an elastic job has, gated ones included: up to the count of the
+        replacement slice it waits for (its pods beyond ``desired`` wait behind the elastic-job
+        gate), otherwise ``desired``."""
+        desired = self.desired
+        a = self.admission
+        if a is None or not a.admitted or not a.elastic or a.growing_to is None:
+            return desired
+        assert self.spec is not None
+        return max(desired, min(self.spec.workers.replicas, a.growing_to))
 
     @property
     def generation(self) -> Any:
@@ -256,7 +270,7 @@ def why_leaving(o: Observation, w: Worker) -> Signal | None:
         return w.signal
     assert o.spec is not None
     desired = o.desired
-    if w.index >= desired:
+    if w.index >= desired and not (w.gated and w.index < o.growing_to):  # (gated: waits for a slice)
         if desired < o.spec.workers.replicas:  # Kueue admits fewer (a partial preemption)
             return Signal(Cause.SCALE_DOWN, f"Kueue admits {desired} of {o.spec.workers.replicas} workers",
                           None, source="workload admission")

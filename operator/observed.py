@@ -25,6 +25,7 @@ class Worker:
     deleting: bool
     signal: Signal | None  # why it is going away (already filtered by the job's policy)
     gpu_memory_bytes: int | None
+    gated: bool = False  # spec.schedulingGates not empty: not scheduled yet (Kueue's elastic-job gate)
 
     @property
     def dead(self) -> bool:
@@ -65,5 +66,6 @@ def observe_workers(pods: list[dict[str, Any]], nodes: Mapping[str, Signal | Non
             phase=(pod.get("status") or {}).get("phase") or "Pending",
             deleting=bool(meta.get("deletionTimestamp")), signal=sig,
             gpu_memory_bytes=node_gpu_memory(node_labels.get(node)) if node else None,
+            gated=bool((pod.get("spec") or {}).get("schedulingGates")),
         ))
     return sorted(out, key=lambda w: w.index)

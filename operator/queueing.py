@@ -9,6 +9,11 @@ stop or the eviction's grace (the workers' termination grace) ran out, and the W
 is handed back (``status.admission`` cleared) so Kueue queues it again; re-admitted, it
 resumes from that checkpoint. An admission of fewer workers than desired (partial admission, a
 partial preemption) lowers the job's desired size (``Observation.desired``): a live shrink.
+
+An elastic job's Workload follows what the job runs: lowered in place when it runs fewer (scaled
+down, admitted fewer, a node's workers gone once their leave is acked), grown by a replacement
+slice; worker pods beyond what the admission grants wait behind Kueue's elastic-job scheduling
+gate, which is removed once a slice counting them is admitted (``_gate``).
 """
 
 from __future__ import annotations
@@ -17,16 +22,18 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from liveshard.operator import kueue
-from liveshard.operator.observation import Observation, Outputs, cond
+from liveshard.operator import builders, kueue
+from liveshard.operator.observation import Observation, Outputs, cond, why_leaving
 from liveshard.operator.planning import NextPlan, write_stop
-from liveshard.runtime.contract.causes import Cause
+from liveshard.runtime.contract.causes import NODE_KINDS, Cause
 from liveshard.runtime.contract.status import ConditionType, JobPhase
 
 if TYPE_CHECKING:
     from liveshard.operator.reconcile import Current
 
 QUEUED = "Queued"  # condition: True while the job waits for (or lost) Kueue's admission
+# the leaves that lower an elastic job's Workload in place: its node goes
+_NODE_LEAVES = frozenset({*NODE_KINDS, Cause.NODE_GONE})
 
 
 def runs(o: Observation) -> bool:
@@ -112,12 +119,19 @@ def admitted(o: Observation, out: Outputs) -> None:
     if not a.elastic:
         return
     keep = min(want, a.workers)
+    left = _node_leavers(o, out)
+    if left:
+        # a node took workers away (their leave acked, their pods deleted now): the Workload
+        # asks for no more than the job still runs, so the quota goes back to the queue at once
+        keep = min(keep, sum(1 for w in o.workers if not (w.gated or w.dead or w.deleting)
+                             and w.name not in d.delete_pods))
     if keep < requested:
-        # scaled down, or Kueue admits fewer (a partial admission or preemption): the Workload
-        # asks for no more than runs, so the quota goes back at once (an elastic Workload
-        # shrinks in place); growing back is a replacement slice
+        # scaled down, a node gone, or Kueue admits fewer (a partial admission or preemption):
+        # the Workload asks for no more than runs, so the quota goes back at once (an elastic
+        # Workload shrinks in place); growing back is a replacement slice
         d.workload.shrink = (a.workload_name or "", keep)
-        out.event("Normal", "WorkloadShrunk", f"Workload {a.workload_name}: {requested} -> {keep} worker pods")
+        why = f" ({', '.join(left)} left)" if left else ""
+        out.event("Normal", "WorkloadShrunk", f"Workload {a.workload_name}: {requested} -> {keep} worker pods{why}")
     elif want > requested and a.pending_slice is None:
         index = _slice_index(a.workload_name or "") + 1
         d.workload.create = kueue.build_workload(o.job, o.spec, workers=want, slice_index=index,
@@ -125,6 +139,44 @@ def admitted(o: Observation, out: Outputs) -> None:
         out.event("Normal", "WorkloadSliceRequested",
                   f"asked Kueue for {want} worker pods (slice {d.workload.create['metadata']['name']} "
                   f"replaces {a.workload_name})")
+    _gate(o, out, min(a.granted, keep))
+
+
+def _node_leavers(o: Observation, out: Outputs) -> list[str]:
+    """Running (ungated) workers deleted in this pass because their node goes (a spot notice,
+    a cordon, the node gone): once their leave is acked, or they are dead."""
+    d = out.decision
+    return [w.name for w in o.workers if w.name in d.delete_pods and not w.gated
+            and (why := why_leaving(o, w)) is not None and why.kind in _NODE_LEAVES]
+
+
+def _gate(o: Observation, out: Outputs, granted: int) -> None:
+    """Kueue's elastic-job gate on an elastic job's worker pods: at most ``granted`` of them
+    (the admitted count) are ungated, as Kueue's ``ElasticJobUngater`` counts (pods not
+    terminated, an ungated one counts whatever it does); the others wait behind
+    ``kueue.x-k8s.io/elastic-job`` for the replacement slice that counts them. Gated pods are
+    ungated lowest index first, then new pods take what room is left; the pods of a growth
+    (indices up to the pending slice's count) are created now, gated."""
+    d = out.decision
+    existing = {w.name for w in o.workers}
+    for i in range(o.desired, o.growing_to):  # a growth under way: its pods wait gated
+        if builders.worker_name(o.name, i) not in existing and i not in d.create_workers:
+            d.create_workers.append(i)
+    room = granted - sum(1 for w in o.workers if not w.gated and not w.dead)
+    for w in sorted((w for w in o.workers if w.gated and not w.dead and not w.deleting
+                     and w.name not in d.delete_pods), key=lambda w: w.index):
+        if room <= 0:
+            break
+        d.ungate_pods.append(w.name)
+        room -= 1
+    for i in sorted(d.create_workers):
+        if room > 0:
+            room -= 1
+        else:
+            d.gated_workers.append(i)
+    if d.ungate_pods:
+        out.event("Normal", "PodsUngated", f"admitted: scheduling gate {kueue.ELASTIC_GATE} removed from "
+                  f"{', '.join(d.ungate_pods)}")
 
 
 def _slice_index(name: str) -> int:

@@ -934,6 +934,13 @@ class Emulator(kmock.KubernetesEmulator):
         if key[0] != _PODS:
             return
         before, after = copy.deepcopy(old.get("spec") or {}), copy.deepcopy(new.get("spec") or {})
+        # scheduling gates may only be removed (validateOnlyDeletedSchedulingGates)
+        had = {g.get("name") for g in before.pop("schedulingGates", None) or []}
+        for i, gate in enumerate(after.pop("schedulingGates", None) or []):
+            if gate.get("name") not in had:
+                problem = (f"spec.schedulingGates[{i}].name: Forbidden: only deletion is allowed, but found new "
+                           f"scheduling gate '{gate.get('name')}'")
+                raise _error(422, "Invalid", f'Pod "{key[2]}" is invalid: {problem}', [problem])
         for spec in (before, after):
             spec.pop("activeDeadlineSeconds", None)
             for field in ("containers", "initContainers"):
@@ -1107,6 +1114,9 @@ class Emulator(kmock.KubernetesEmulator):
         if (old.get("spec") or {}).get("nodeName"):
             raise _error(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{request.name}": '
                          f'pod {request.name} is already assigned to node "{old["spec"]["nodeName"]}"')
+        if (old.get("spec") or {}).get("schedulingGates"):  # not ready for scheduling
+            raise _error(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{request.name}": '
+                         f"pod {request.name} has non-empty .spec.schedulingGates")
         new = copy.deepcopy(old)
         new.setdefault("spec", {})["nodeName"] = node
         status = new.setdefault("status", {})

@@ -20,7 +20,10 @@ conditions), so that the operator can be exercised without it:
   ``kueue.x-k8s.io/workload-slice-replacement-for`` is sized against the quota without the slice
   it replaces; admitted, the old slice gets ``Finished`` (reason ``WorkloadSliceReplaced``);
 * **deactivation**: an admitted Workload with ``spec.active: false`` is evicted
-  (``InactiveWorkload``).
+  (``InactiveWorkload``);
+* **scale-down in place**: a podSet whose ``count`` its owner lowered below the admitted count
+  counts against the quota at the new count (``status.admission`` is left as written, as Kueue's
+  webhook keeps it), so the quota it gave back admits the next Workload at once.
 
 An evicted Workload keeps its quota until its owner releases it (clears ``status.admission``), as
 with Kueue.
@@ -184,9 +187,13 @@ class KueueStandIn:
         for w in admitted:
             sets = {s["name"]: s for s in (w.get("spec") or {}).get("podSets") or []}
             for a in w["status"]["admission"].get("podSetAssignments") or []:
-                per_pod = pod_requests(sets.get(a["name"], {}).get("template") or {})
+                ps = sets.get(a["name"], {})
+                per_pod = pod_requests(ps.get("template") or {})
+                # a podSet scaled down in place counts at its new count (Kueue's
+                # totalRequestsFromAdmission): the quota it no longer asks for is free at once
+                count = min(int(a.get("count", 1)), int(ps.get("count", 1)))
                 for res, flavor in (a.get("flavors") or {}).items():
-                    used[(flavor, res)] = used.get((flavor, res), 0.0) + per_pod.get(res, 0.0) * int(a.get("count", 1))
+                    used[(flavor, res)] = used.get((flavor, res), 0.0) + per_pod.get(res, 0.0) * count
         return used
 
     def _fit(self, wl: dict[str, Any], cq: ClusterQueue, used: Usage, partial: bool = True

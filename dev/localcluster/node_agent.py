@@ -2,7 +2,7 @@
 
 ``NodeAgent`` polls the API (the official kubernetes client) and, for every pod:
 
-* **schedules** a pending pod onto a Node object that is Ready, schedulable, has no
+* **schedules** a pending pod (one with no ``spec.schedulingGates`` left) onto a Node object that is Ready, schedulable, has no
   ``NoSchedule``/``NoExecute`` taint the pod does not tolerate, satisfies the pod's required
   node affinity, and has ``nvidia.com/gpu`` left (allocatable minus the GPUs of its pods,
   Terminating ones included), and binds it as a scheduler does (``pods/binding``: a pod's spec
@@ -399,6 +399,8 @@ class NodeAgent:
             if pod["metadata"].get("deletionTimestamp"):
                 continue
             node = (pod.get("spec") or {}).get("nodeName")
+            if not node and (pod.get("spec") or {}).get("schedulingGates"):
+                continue  # not ready for scheduling until its gates are removed (the API server refuses a binding)
             if not node:
                 node = next((n for n in sorted(nodes) if fits(pod, nodes[n], used.get(n, 0))), None)
                 if node is None:  # stays Pending, as on a full cluster, and says why

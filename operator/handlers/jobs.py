@@ -115,9 +115,16 @@ async def reconcile_job(ctx: Context, namespace: str, name: str, pods_by_job: ko
             await _create(ctx, kueue.place(pod, places.get(kueue.PODSET_COORDINATOR, kueue.Placement())), refused)
         for index in decision.create_workers:
             pod = kueue.place(builders.worker_pod(job, decision.spec, index),
-                              places.get(kueue.PODSET_WORKERS, kueue.Placement()))
+                              places.get(kueue.PODSET_WORKERS, kueue.Placement()),
+                              gated=index in decision.gated_workers)
             if await _create(ctx, pod, refused):
-                logger.info(f"created worker pod {builders.worker_name(name, index)}")
+                logger.info(f"created worker pod {builders.worker_name(name, index)}"
+                            + (f" (gated: {kueue.ELASTIC_GATE})" if index in decision.gated_workers else ""))
+        by_name = {p["metadata"]["name"]: p for p in pods}
+        for pod_name in decision.ungate_pods:  # admitted: the elastic-job gate goes (Kueue's ungater)
+            if pod_name in by_name and await ctx.kube.patch_pod(namespace, pod_name,
+                                                                 kueue.ungate_patch(by_name[pod_name])):
+                logger.info(f"ungated worker pod {pod_name}")
     _report_refused(decision, refused, now, job["metadata"].get("generation"))
 
     if differs(job.get("status") or {}, decision.status):

@@ -20,7 +20,7 @@ def snapshot(body: kopf.Body) -> dict[str, Any]:
     return {
         "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "labels", "deletionTimestamp")
                      if k in meta},
-        "spec": {k: spec[k] for k in ("nodeName", "terminationGracePeriodSeconds") if k in spec},
+        "spec": {k: spec[k] for k in ("nodeName", "terminationGracePeriodSeconds", "schedulingGates") if k in spec},
         "status": {**{k: status[k] for k in ("phase", "reason", "message", "conditions") if k in status},
                    "containerStatuses": _stopped_containers(status)},
     }

@@ -159,6 +159,29 @@ def test_a_pod_spec_is_immutable_and_a_binding_schedules_it(core):
     assert core.read_namespaced_pod("p", ns).spec.containers[0].image == "busybox:2"
 
 
+def test_scheduling_gates_may_only_be_removed_and_a_gated_pod_is_not_bound(core):
+    from liveshard.operator import kueue
+
+    ns = "gates"
+    body = pod_body("g")
+    body["spec"]["schedulingGates"] = [{"name": kueue.ELASTIC_GATE}]
+    core.create_namespaced_pod(ns, body)
+    status, message = refused(bind, core, ns, "g", "node-a")
+    assert status == 409 and message.endswith("pod g has non-empty .spec.schedulingGates")
+    status, message = refused(core.patch_namespaced_pod, "g", ns, [
+        {"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": "example.com/more"}}],
+        _content_type="application/json-patch+json")
+    assert status == 422 and message == ('Pod "g" is invalid: spec.schedulingGates[1].name: Forbidden: only deletion '
+                                         "is allowed, but found new scheduling gate 'example.com/more'")
+    pod = k8s.ApiClient().sanitize_for_serialization(core.read_namespaced_pod("g", ns))
+    core.patch_namespaced_pod("g", ns, kueue.ungate_patch(pod), _content_type="application/json-patch+json")
+    assert core.read_namespaced_pod("g", ns).spec.scheduling_gates is None
+    assert bind(core, ns, "g", "node-a").status == 201
+    core.create_namespaced_pod(ns, pod_body("h"))
+    status, _ = refused(core.patch_namespaced_pod, "h", ns, {"spec": {"schedulingGates": [{"name": "x"}]}})
+    assert status == 422  # nor added to a pod created without one
+
+
 def test_a_graceful_delete_keeps_the_pod_terminating_until_its_kubelet_finishes_it(core):
     ns = "grace"
     core.create_namespaced_pod(ns, pod_body("w", grace=45))

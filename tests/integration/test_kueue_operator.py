@@ -1,8 +1,9 @@
 """The real operator (kopf, in a thread) and the stand-in for Kueue's scheduler
 (dev/localcluster/kueue_standin.py) against the API emulator with Kueue's CRDs (stand-in copies):
 two teams' queues on one spot pool; team A's elastic job waits, is admitted onto a flavor, is
-partially preempted by team B's higher-priority job (a live shrink), and grows back by a
-replacement slice when the quota frees."""
+partially preempted by team B's higher-priority job (a live shrink, its Workload lowered in
+place), and grows back by a replacement slice when the quota frees, its new pods gated by Kueue's
+elastic-job scheduling gate until the slice is admitted."""
 
 from __future__ import annotations
 
@@ -103,21 +104,30 @@ def test_queued_admitted_partially_preempted_and_grown_back(kueue_cluster):
     create_job(cluster, "urgent", 2, {kueue.QUEUE_LABEL: "team-b", kueue.PRIORITY_CLASS_LABEL: "urgent"})
     shrunk = acked_plan(cluster, "elastic", 2)
     assert shrunk["cause"] == "scale-down" and shrunk["generation"] > before["generation"]
-    wait_for(lambda: len(cluster.workers("elastic")) == 2, what="released pods")
+    wait_for(lambda: len(_ungated(cluster, "elastic")) == 2, what="released pods")
     wait_for(lambda: len(cluster.workers("urgent")) == 2, timeout=20, what="the urgent job's pods")
     wl = cluster.custom.get_namespaced_custom_object(kueue.GROUP, kueue.VERSION, NS, kueue.WORKLOADS, "etj-urgent")
     assert wl["spec"]["priority"] == 1000
     # the elastic job gave the quota it no longer uses back, and asks for a slice to grow back
     wait_for(lambda: _workers_count(cluster, "etj-elastic") == 2, what="the Workload shrunk in place")
     wait_for(lambda: _exists(cluster, "etj-elastic-s1"), what="a replacement slice")
-    # the urgent job ends: the slice is admitted and the job grows back live
+    # the growth's pods wait behind Kueue's elastic-job gate: the API server refuses to bind them
+    gated = wait_for(lambda: len(w := cluster.workers("elastic")) == 4 and sorted(set(w) - set(_ungated(
+        cluster, "elastic"))), what="gated pods of the slice asked for")
+    assert gated == ["elastic-worker-2", "elastic-worker-3"]
+    assert cluster.workers("elastic")["elastic-worker-2"].spec.scheduling_gates[0].name == kueue.ELASTIC_GATE
+    # the urgent job ends: the slice is admitted, the gates go and the job grows back live
     cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "urgent")
     wait_for(lambda: not _exists(cluster, "etj-urgent"), what="the urgent job's Workload collected with it")
-    wait_for(lambda: len(cluster.workers("elastic")) == 4, timeout=20, what="pods of the grown slice")
+    wait_for(lambda: len(_ungated(cluster, "elastic")) == 4, timeout=20, what="pods of the grown slice ungated")
     cluster.schedule("elastic", nodes)
     grown = acked_plan(cluster, "elastic", 4)
     assert grown["cause"] == "scale-up"
     assert any("replaced default/etj-elastic by default/etj-elastic-s1" in line for line in standin.log)
+
+
+def _ungated(cluster: Cluster, job: str) -> dict:
+    return {n: p for n, p in cluster.workers(job).items() if not p.spec.scheduling_gates}
 
 
 def _workers_count(cluster: Cluster, name: str) -> int | None:

@@ -7,9 +7,9 @@ import copy
 from datetime import timedelta
 
 from test_kueue_workload import FLAVORS, NOW, admit
-from test_operator_reconcile import T0, ack, coordinator, healthy, make_job, make_pod, step
+from test_operator_reconcile import SPOT, T0, ack, coordinator, healthy, make_job, make_pod, step
 
-from liveshard.operator import kueue
+from liveshard.operator import kueue, signals
 from liveshard.operator.conditions import condition
 from liveshard.runtime.contract.jobspec import read_spec
 
@@ -163,11 +163,69 @@ def test_an_elastic_job_shrinks_its_workload_in_place_and_grows_by_a_replacement
     assert new["metadata"]["name"] == "etj-train-s1" and kueue.podset_count(new, "workers") == 6
     assert new["metadata"]["annotations"][kueue.REPLACEMENT_FOR] == "ml/etj-train"
     assert d.create_workers == []  # no pod beyond what is admitted
-    # the slice is pending: asked once
+    # the slice is pending: asked once; the growth's pods are created behind the elastic-job gate
     d, _ = step(up, pods, healthy(4), T0 + timedelta(seconds=11), admission=admission(up, wl, new))
     assert d.workload.create is None
-    d, _ = step(up, pods, healthy(4), T0 + timedelta(seconds=12), admission=admission(up, wl, admit(new)))
-    assert d.create_workers == [4, 5]
+    assert d.create_workers == [4, 5] and d.gated_workers == [4, 5]
+
+
+def gated_pod(i):
+    pod = make_pod(i, phase="Pending")
+    pod["spec"]["schedulingGates"] = [{"name": kueue.ELASTIC_GATE}]
+    return pod
+
+
+def test_an_elastic_growth_waits_gated_until_its_slice_is_admitted_then_the_gates_go():
+    job, wl, pods = running_queued(elastic=True)
+    up = copy.deepcopy(job)
+    up["spec"]["workers"]["replicas"] = 6
+    up["metadata"]["generation"] = 2
+    new = kueue.build_workload(up, read_spec(up["spec"]), workers=6, slice_index=1, replaces="etj-train")
+    d, up = step(up, pods, healthy(4), T0 + timedelta(seconds=10), admission=admission(up, wl, new))
+    assert d.gated_workers == [4, 5] and d.ungate_pods == []
+    built = kueue.place(make_pod(4), kueue.Placement(), gated=True)
+    assert built["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/elastic-job"}] and kueue.gated(built)
+    # gated and pending: not leavers, not re-created, not ungated, not in a plan
+    grown = [*pods, gated_pod(4), gated_pod(5)]
+    d, up = step(up, grown, healthy(4), T0 + timedelta(seconds=11), admission=admission(up, wl, new))
+    assert d.create_workers == [] and d.delete_pods == [] and d.ungate_pods == []
+    assert "plan" not in d.status or len(d.status["plan"]["members"]) == 4
+    # the slice admitted (the old one replaced): the gates go, lowest index first
+    d, up = step(up, grown, healthy(4), T0 + timedelta(seconds=12), admission=admission(up, wl, admit(new)))
+    assert d.ungate_pods == ["train-worker-4", "train-worker-5"] and d.create_workers == []
+    # admitted for one more only: one gate goes, the other pod waits
+    d, _ = step(up, grown, healthy(4), T0 + timedelta(seconds=13), admission=admission(up, admit(new, workers=5)))
+    assert d.ungate_pods == ["train-worker-4"]
+    # a job that is not elastic never gates its pods
+    plain, wl2, pods2 = running_queued()
+    d, _ = step(plain, pods2[1:], healthy(4), T0 + timedelta(seconds=10), admission=admission(plain, wl2))
+    assert d.create_workers == [0] and d.gated_workers == []
+
+
+def test_a_node_leaving_an_elastic_job_lowers_its_workload_in_place_once_the_leave_is_acked():
+    job, wl, pods = running_queued(elastic=True)
+    t = T0 + timedelta(seconds=10)
+    gone = healthy(4)  # node-1 has a spot notice
+    gone["node-1"] = signals.classify_node({"metadata": {"name": "node-1"}, "spec": {"taints": [SPOT]}}, t)
+    d, job = step(job, pods, gone, t, admission=admission(job, wl))
+    assert d.status["plan"]["members"] == ["train-worker-0", "train-worker-2", "train-worker-3"]
+    assert not d.workload.shrink  # until the runtime acks the world without it
+    d, job = step(ack(job), pods, gone, t + timedelta(seconds=5), admission=admission(job, wl))
+    assert d.delete_pods == ["train-worker-1"] and d.workload.shrink == ("etj-train", 3)
+    assert any(r == "WorkloadShrunk" and "train-worker-1 left" in m for _, r, m in d.events)
+    # lowered (the admission as Kueue wrote it): the pod that replaces it waits gated, and a
+    # replacement slice asks for the quota back
+    shrunk = copy.deepcopy(wl)
+    shrunk["spec"].update(kueue.shrink_patch(wl, 3)["spec"])
+    rest = [p for p in pods if p["metadata"]["name"] != "train-worker-1"]
+    d, job = step(job, rest, gone, t + timedelta(seconds=6), admission=admission(job, shrunk))
+    assert d.create_workers == [1] and d.gated_workers == [1] and d.workload.shrink is None
+    assert kueue.podset_count(d.workload.create, "workers") == 4
+    # a job that is not elastic keeps its Workload as admitted
+    plain, wl2, pods2 = running_queued()
+    d, plain = step(plain, pods2, gone, t, admission=admission(plain, wl2))
+    d, _ = step(ack(plain), pods2, gone, t + timedelta(seconds=5), admission=admission(plain, wl2))
+    assert d.delete_pods == ["train-worker-1"] and not d.workload.shrink
 
 
 def test_an_elastic_job_admitted_fewer_gives_the_rest_back_then_asks_for_a_slice():
