@@ -165,6 +165,11 @@ def test_shrinking_in_place_lowers_the_workers_count_and_the_newest_admitted_sli
     assert kueue.shrink_patch(fixed, 1)["spec"]["podSets"][1]["minCount"] == fixed["spec"]["podSets"][1]["minCount"]
     a = kueue.read_admission(job, [shrunk], FLAVORS)
     assert a.workers == 4 and a.requested == 1 and a.granted == 1
+    # the stand-in, as Kueue, counts the lowered pod set's quota at its new count at once
+    from liveshard.dev.localcluster.kueue_standin import KueueStandIn
+
+    usage = KueueStandIn(None)._usage
+    assert usage([old])[("spot", "nvidia.com/gpu")] == 8 and usage([shrunk])[("spot", "nvidia.com/gpu")] == 2
     new = build(job, workers=6, slice_index=1, replaces="etj-train")
     a = kueue.read_admission(job, [old, new], FLAVORS)
     assert a.workload_name == "etj-train" and a.pending_slice["metadata"]["name"] == "etj-train-s1"
