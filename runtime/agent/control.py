@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 
 from liveshard.runtime.agent.connection import StoreClients, announcement, reannounce, register_again_if_lost
 from liveshard.runtime.agent.cutoff import PeerWatch
-from liveshard.runtime.contract.keys import Keys
+from liveshard.runtime.comms import world as worlds
+from liveshard.runtime.contract.keys import COMMITTED, Keys
 from liveshard.runtime.control.protocol import OpenGeneration, WorldPlan
 
 if TYPE_CHECKING:
@@ -193,6 +194,7 @@ class ControlThread:
                     self.prepare(plan)
                     handled = latest
         self.peers.poll(store)
+        self._abort_a_start_decided_against(store)
         now = time.monotonic()
         if now - self._registration_checked > REGISTRATION_CHECK:
             self._registration_checked = now
@@ -203,6 +205,22 @@ class ControlThread:
                                      lambda: self._in_flight(commit)),
                 guard=(lambda: commit.lock) if commit is not None else None)
         return handled
+
+    def _abort_a_start_decided_against(self, store: JobStore) -> None:
+        """A world being made from scratch (``comms.world.Start``) whose generation the
+        coordinator decided against (a member died: it aborts the generation ``T`` after the
+        member's last beat) is aborted: its rendezvous and megatron's groups would otherwise wait
+        for the lost member one collective timeout each, in turn."""
+        start = worlds.Start.current()
+        if start is None:
+            return
+        outcome = store.get(Keys.outcome(start.generation))
+        if outcome is None or outcome == COMMITTED:
+            return
+        shut = start.abort(f"generation {start.generation} was decided: {outcome}"[:300])
+        if shut is not None:
+            log.warning("aborted the start of generation %d (%s): %d connection(s) shut down",
+                        start.generation, outcome[:200], shut)
 
     def _left_behind(self, store: JobStore) -> bool:
         commit = self.state.commit_point

@@ -129,7 +129,9 @@ def start_world(agent: WorkerAgent, plan: WorldPlan, load_dir: str | None = None
 
     The members meet on the store first (``arrive``: a member lost before it arrives is waited
     for only until the coordinator decides the generation). A member lost after that leaves the
-    others in the world's rendezvous or its first collectives until they fail: like a failed
+    others in the world's rendezvous or its first collectives until they fail, or until the
+    coordinator decides the generation against it: the control thread then aborts the creation
+    (``comms.world.Start``), instead of each group's rendezvous timing out in turn. Like a failed
     transition, the start is then reported failed and torn down, and this worker waits for the
     coordinator's next plan (a first world made again without the lost member). False then."""
     cfg = ParallelConfig.parse(plan.config)
@@ -140,28 +142,39 @@ def start_world(agent: WorkerAgent, plan: WorldPlan, load_dir: str | None = None
     weights = agent.training.initial_weights if load_dir is None else None
     phases = dict(phases or {})
     t0 = time.perf_counter()
+    start: worlds.Start | None = None
     try:
         arrive(agent, plan, decided=Keys.outcome(plan.generation))
         agent.at_phase("start", plan.generation)
-        worlds.World.scratch(agent.store.store, Keys.world_prefix(plan.generation), rank, cfg.world_size,
-                             agent.options.collective_timeout)
-        agent.build(cfg, initialize=load_dir is None and weights is None)
-        phases["build"] = time.perf_counter() - t0
-        if load_dir or weights:
-            from liveshard.runtime.agent import checkpoint
+        # a member lost from here on: the control thread aborts the creation once the coordinator
+        # decides the generation (``ControlThread._poll``), not each group's timeout in turn
+        start = worlds.Start(plan.generation, lambda: agent.clients.dedicated(), agent.clients.port)
+        with start:
+            worlds.World.scratch(start.client.store, Keys.world_prefix(plan.generation), rank, cfg.world_size,
+                                 agent.options.collective_timeout)
+            agent.build(cfg, initialize=load_dir is None and weights is None)
+            phases["build"] = time.perf_counter() - t0
+            if load_dir or weights:
+                from liveshard.runtime.agent import checkpoint
 
-            t1 = time.perf_counter()
-            if load_dir:
-                checkpoint.load(agent.built, agent.trainer, load_dir)
-            else:
-                checkpoint.load_initial_weights(agent.built, weights)
-            phases["load"] = time.perf_counter() - t1
-            log.info("loaded %s from %s in %.2f s", f"initial weights ({weights.format})" if weights else "a checkpoint",
-                     load_dir or weights.path, phases["load"])
+                t1 = time.perf_counter()
+                if load_dir:
+                    checkpoint.load(agent.built, agent.trainer, load_dir)
+                else:
+                    checkpoint.load_initial_weights(agent.built, weights)
+                phases["load"] = time.perf_counter() - t1
+                log.info("loaded %s from %s in %.2f s",
+                         f"initial weights ({weights.format})" if weights else "a checkpoint",
+                         load_dir or weights.path, phases["load"])
     except Exception as e:
-        if not (isinstance(e, NotArrived) or is_comm_failure(e)):
+        aborted = start is not None and start.aborted is not None
+        if not (aborted or isinstance(e, NotArrived) or is_comm_failure(e)):
             raise
-        _not_started(agent, plan, f"start: {type(e).__name__}: {' '.join(str(e).split())[:300]}", phases)
+        why = f" (aborted: {start.aborted})" if start is not None and start.aborted else ""
+        _not_started(agent, plan, f"start: {type(e).__name__}: {' '.join(str(e).split())[:300]}{why}", phases)
+        return False
+    if start is not None and start.aborted is not None:  # aborted as it ended: its connections are shut down
+        _not_started(agent, plan, f"start: aborted: {start.aborted}", phases)
         return False
     agent.adopt(plan, rank)
     agent.report(plan.generation, MemberResult(ok=True, phases=phases, step=agent.trainer.step_count))

@@ -454,6 +454,56 @@ def shut_down(connections: set[tuple[int, int]]) -> int:
     return done
 
 
+class Start:
+    """A world being made from scratch in this process (its rendezvous, megatron's groups, the
+    rest of the build), which another thread can abort: the first world of a job, or one made
+    again after a failed start or a restore. Its rendezvous and groups wait on a store client of
+    its own (``client``, made by ``connect``), one store wait and one gloo connection per group
+    and peer, each bounded by the collective timeout: a member lost meanwhile would hold the
+    others in each of them in turn. ``abort`` (the control thread, once the coordinator decided
+    the generation against it) shuts down the TCP connections the creation opened, that client's
+    and gloo's (``shutdown(2)``): whatever it waits on fails now. Used as a context manager
+    around the creation; one at a time (``current``)."""
+
+    _current: Start | None = None
+    _lock = threading.Lock()
+
+    def __init__(self, generation: int, connect: Callable[[], Any], store_port: int | None) -> None:
+        self.generation = generation
+        self.store_port = store_port
+        self.before = tcp_connections()
+        self.client = connect()
+        self.own = tcp_connections() - self.before  # the client's connection to the store
+        self.aborted: str | None = None
+        self.ended = False
+
+    @classmethod
+    def current(cls) -> Start | None:
+        """The creation under way in this process (None: none)."""
+        return cls._current
+
+    def __enter__(self) -> Start:
+        with Start._lock:
+            Start._current = self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with Start._lock:
+            self.ended = True
+            if Start._current is self:
+                Start._current = None
+
+    def abort(self, why: str) -> int | None:
+        """Make the creation fail now (once, while it is under way; None otherwise): how many
+        connections were shut down."""
+        with Start._lock:
+            if self.ended or self.aborted is not None:
+                return None
+            self.aborted = why
+            opened = {c for c in tcp_connections() - self.before if c[1] != self.store_port}
+            return shut_down(self.own | opened)
+
+
 # ---- the world object ------------------------------------------------------------------------
 # Communicators created, by how (``World``): "scratch" (a default group from a rendezvous of every
 # member, a first world or a rebuild), "ahead" (connected while the previous world trained:
