@@ -14,8 +14,9 @@
   ``emptyDir`` its own ``DIR/pods/<uid head>/<volume>``, removed with the pod, each
   ``persistentVolumeClaim`` a ``DIR/claims/<namespace>/<claim>`` its pods share; the container's
   paths under a mount (environment values, JSON ones string by string, and arguments) are
-  rewritten to them, and its ``/tmp`` volume is its ``TMPDIR``: a pod writes nothing outside
-  ``DIR`` where it would write into its own volumes in a container;
+  rewritten to them (not paths under ``DIR`` itself: the host's already, such as the demo's
+  checkpoints and results), and its ``/tmp`` volume is its ``TMPDIR``: a pod writes nothing
+  outside ``DIR`` where it would write into its own volumes in a container;
 * maps the job's coordinator Service to 127.0.0.1 and a free port per job
   (``LIVESHARD_COORDINATOR``, ``LIVESHARD_PORT``, ``LIVESHARD_BIND``);
 * reports ``Succeeded``/``Failed`` when a process exits (``restartPolicy: Always`` restarts it),
@@ -221,10 +222,13 @@ def log_tail(path: Path, start: int = 0) -> str:
     return "".join(lines[-TERMINATION_LOG_LINES:])
 
 
-def translate(value: str, mounts: dict[str, str]) -> str:
+def translate(value: str, mounts: dict[str, str], keep: str = "") -> str:
     """``value`` with a path under one of ``mounts`` (``{mountPath: host directory}``, the
     longest mount path first) rewritten to the host directory; a JSON object or list string by
-    string."""
+    string. A path under ``keep`` (the agent's own directory) is a host path already and stays:
+    the local cluster's jobs name their checkpoints and results there (``sample_job``, the
+    demo), and under a pod's ``/tmp`` mount (the agent's directory in the system's /tmp) they
+    would land in the pod's emptyDir, not shared and removed with the pod."""
     if not mounts:
         return value
     if value[:1] in "{[":
@@ -233,20 +237,22 @@ def translate(value: str, mounts: dict[str, str]) -> str:
         except ValueError:
             pass
         else:
-            return json.dumps(_translate_json(data, mounts), sort_keys=True)
+            return json.dumps(_translate_json(data, mounts, keep), sort_keys=True)
+    if keep and (value == keep or value.startswith(keep.rstrip("/") + "/")):
+        return value
     for path in sorted(mounts, key=len, reverse=True):
         if value == path or value.startswith(path.rstrip("/") + "/"):
             return mounts[path] + value[len(path):]
     return value
 
 
-def _translate_json(data: Any, mounts: dict[str, str]) -> Any:
+def _translate_json(data: Any, mounts: dict[str, str], keep: str = "") -> Any:
     if isinstance(data, str):
-        return translate(data, mounts) if data[:1] not in "{[" else data
+        return translate(data, mounts, keep) if data[:1] not in "{[" else data
     if isinstance(data, list):
-        return [_translate_json(v, mounts) for v in data]
+        return [_translate_json(v, mounts, keep) for v in data]
     if isinstance(data, dict):
-        return {k: _translate_json(v, mounts) for k, v in data.items()}
+        return {k: _translate_json(v, mounts, keep) for k, v in data.items()}
     return data
 
 
@@ -580,8 +586,9 @@ class NodeAgent:
         argv = [expand(a, env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
         mounts = self.volumes(pod, container)
         own = {e.get("name") for e in container.get("env") or []}  # not the host's own environment
-        env = {k: translate(v, mounts) if k in own else v for k, v in env.items()}
-        argv = [translate(a, mounts) for a in argv]
+        keep = str(self.dir.resolve())  # paths the job names in the agent's directory are the host's
+        env = {k: translate(v, mounts, keep) if k in own else v for k, v in env.items()}
+        argv = [translate(a, mounts, keep) for a in argv]
         if "/tmp" in mounts and len(mounts["/tmp"]) <= SOCKET_SAFE_TMPDIR:
             env["TMPDIR"] = mounts["/tmp"]  # what /tmp is inside the container: Python's tempfile goes there
         elif "/tmp" in mounts:
