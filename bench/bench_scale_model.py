@@ -89,7 +89,7 @@ def nccl_init_s(n: int) -> float:
 # A node leave with notice is a ``Shrink``: at the switch (training paused) the transfer runs over
 # the old world (the leavers are still in it), the survivors shrink the leavers away
 # (``torch.distributed.shrink_group``, ncclCommShrink) and megatron makes its groups over the
-# shrunk world (``World.configure`` -> ``initialize_model_parallel``: every ``new_group`` call is an
+# shrunk world (``megatron.build.init_parallel`` -> ``initialize_model_parallel``: every ``new_group`` call is an
 # ``ncclCommSplit`` of the shrunk world on every rank, a non-member's with no colour, because the
 # world is eagerly initialised), then the model is built. Only the plans run while training goes
 # on. A join (and an EP change) is a ``LiveRebuild`` with the world built ahead: the transition

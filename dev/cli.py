@@ -13,5 +13,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(args))
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse: a usage error (2) or --help (0), the process's exit code
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())

@@ -372,7 +372,7 @@ def part_nccl_shrink() -> dict[str, Any]:
         out["lifecycle"] = "comms.world.World"
         build.compat.install()
         world = timed("world_scratch", lambda: World.scratch(store, "check/scratch/", 0, 1, 60.0))
-        timed("world_configure", lambda: world.configure(cfg, None, timeout=60.0))
+        timed("world_configure", lambda: build.init_parallel(cfg, None, timeout=60.0))
         out["configured_collective_ok"] = all_reduce_ok()
         os.environ[worlds.SHRINK_FAULT_ENV] = "fail"
         try:
@@ -386,7 +386,7 @@ def part_nccl_shrink() -> dict[str, Any]:
         timed("fallback_shutdown", lambda: worlds.shutdown_current())
         out["errored_after_shutdown"] = world.errored()
         again = timed("world_recreate", lambda: World.recreate(store, "check/again/", 0, 1, 60.0, name="check/again/"))
-        timed("recreated_configure", lambda: again.configure(cfg, None, timeout=60.0))
+        timed("recreated_configure", lambda: build.init_parallel(cfg, None, timeout=60.0))
         out["recreated_collective_ok"] = all_reduce_ok()
         out["recreated_is_current"] = World.current() is again
         timed("recreated_shutdown", lambda: again.shutdown())

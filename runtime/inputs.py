@@ -129,7 +129,7 @@ def _check_expansion(root: Any, source: str, field: str, limit: int) -> None:
 
     def children(node: Any) -> list[Any]:
         if isinstance(node, yaml.SequenceNode):
-            return list(node.value)
+            return node.value
         if isinstance(node, yaml.MappingNode):
             return [n for pair in node.value for n in pair]
         return []
@@ -142,7 +142,7 @@ def _check_expansion(root: Any, source: str, field: str, limit: int) -> None:
         key = id(node)
         if finished:
             open_nodes.discard(key)
-            total = 1 + sum(sizes[id(c)] for c in children(node))
+            total = 1 + sum(map(sizes.__getitem__, map(id, children(node))))
             if total > limit:
                 mark = node.start_mark
                 raise ConfigError(field, f"{source} expands, through its YAML aliases (*name), to more than "
@@ -159,7 +159,9 @@ def _check_expansion(root: Any, source: str, field: str, limit: int) -> None:
                               "write the values out without self-reference")
         open_nodes.add(key)
         stack.append((node, True))
-        stack.extend((c, False) for c in children(node) if id(c) not in sizes)
+        # a node aliased many times in one list (``[*s, *s, ...]``) is visited once
+        distinct = {id(c): c for c in children(node)}
+        stack.extend((c, False) for k, c in distinct.items() if k not in sizes)
 
 
 def load_yaml_all(path: str | os.PathLike, field: str, *, what: str = "YAML file",

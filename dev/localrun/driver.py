@@ -637,7 +637,7 @@ class LocalRun:
         """How worker ``wid`` ended, in one line: ``w1 exited with signal SIGKILL``, ``w2 exited
         with exit code 3 before step 4: <the last line it logged>``; a worker that refused its
         input (exit 2) is named with its own error line: ``w0 refused the job: spec.training...``."""
-        code = self.procs.workers[wid].returncode
+        code = self.procs.workers[wid].poll()  # it has ended: its exit status
         line = last_log_line(self.dir / f"{wid.replace('/', '_')}.log", limit=600) if code and code > 0 else ""
         refused = re.match(r"liveshard [\w-]+: error: (.*)", line)
         if code == 2 and refused:  # EXIT_BAD_INPUT: the worker's one line says what and why

@@ -185,6 +185,7 @@ class LiveRebuild(WorldChange):
         """With the communicators built ahead the world is made without waiting for the other
         members; otherwise its rendezvous would, so they are awaited on the store first."""
         from liveshard.runtime.agent.live_switch import arrive
+        from liveshard.runtime.megatron.build import init_parallel
 
         agent, plan, ahead = transition.agent, transition.plan, transition.prep.world
         # Arrival tells the coordinator that the sources have delivered (a leaver's death no
@@ -193,10 +194,10 @@ class LiveRebuild(WorldChange):
         transition.mark("meet")
         prefix, timeout = Keys.world_prefix(plan.generation), agent.options.collective_timeout
         if ahead is not None:
-            world = worlds.World.from_ahead(agent.store.store, prefix, rank, cfg.world_size, timeout, ahead)
+            worlds.World.from_ahead(agent.store.store, prefix, rank, cfg.world_size, timeout, ahead)
         else:
-            world = worlds.World.scratch(agent.store.store, prefix, rank, cfg.world_size, timeout)
-        world.configure(cfg, ahead, timeout=timeout)
+            worlds.World.scratch(agent.store.store, prefix, rank, cfg.world_size, timeout)
+        init_parallel(cfg, ahead, timeout=timeout)  # megatron's groups on the new world
 
 
 class Shrink(LiveRebuild):
@@ -219,6 +220,7 @@ class Shrink(LiveRebuild):
 
     def make_world(self, transition: Transition, cfg: ParallelConfig, rank: int) -> None:
         from liveshard.runtime.agent.live_switch import arrive
+        from liveshard.runtime.megatron.build import init_parallel
 
         agent, plan, old = transition.agent, transition.plan, transition.prep.old
         assert old is not None
@@ -242,7 +244,7 @@ class Shrink(LiveRebuild):
             worlds.shutdown_current(defer_free=True)
             world = worlds.World.recreate(agent.store.store, f"{name}rebuild/", rank, cfg.world_size, timeout,
                                           name=name)
-        world.configure(cfg, None, timeout=timeout)
+        init_parallel(cfg, None, timeout=timeout)  # megatron's groups on the shrunk or rebuilt world
 
 
 def _all_shrank(agent: WorkerAgent, plan: WorldPlan, ok: bool) -> bool:

@@ -549,12 +549,13 @@ class World:
       ``shrink`` (survivors only, from the running world: ``torch.distributed.shrink_group`` on
       NCCL; on gloo a survivors-only communicator finalised by torch's own shrink code),
       ``recreate`` (made again from scratch, after a shrink that failed or a loss);
-    * ``configure``: megatron's groups for a config, split from this world (or handed over
-      from the communicators built ahead);
+    * megatron's groups for a config are split from it by ``megatron.build.init_parallel``
+      (or handed over from the communicators built ahead): megatron builds on comms, not the
+      other way round;
     * ``errored`` (cut off, or no longer the default group), ``abort`` (``cut_off``: a collective
       blocked in it fails now) and ``shutdown`` (every group destroyed, this process's side).
 
-    Every communicator a constructor or ``configure`` creates is counted in ``CREATED`` by kind.
+    Every communicator a constructor or ``init_parallel`` creates is counted in ``CREATED`` by kind.
     One world is torch.distributed's at a time (``current``)."""
 
     _current: World | None = None
@@ -652,14 +653,6 @@ class World:
         _live.add(found_now)
         CREATED["shrink"] += 1
         return World._made(World(name, survivors.index(self.rank), len(survivors), "shrink"))
-
-    # ---- megatron's groups -------------------------------------------------------------------
-    def configure(self, cfg: Any, ahead: WorldAhead | None = None, timeout: float | None = None) -> None:
-        """Megatron's groups for ``cfg`` on this world (counted as "split" when made here; those
-        built ahead are handed over)."""
-        from liveshard.runtime.megatron.build import init_parallel
-
-        init_parallel(cfg, ahead, timeout=timeout)
 
     # ---- state and ending --------------------------------------------------------------------
     def errored(self) -> bool:

@@ -117,6 +117,6 @@ def test_a_join_that_never_commits_fails_the_run_with_every_tries_outcome(job, m
 def test_a_joiner_that_exited_after_the_abort_fails_the_run_at_once(job, monkeypatch):
     store, _ = _script(job, monkeypatch, ["aborted: x", "committed"])
     job.procs.workers["w2"] = Proc(code=1)
-    with pytest.raises(RuntimeError, match="w2 exited after the join aborted"):
+    with pytest.raises(RuntimeError, match="w2 exited with exit code 1 after the join aborted"):
         _join(job, store)
     assert len(_requests(store)) == 1
