@@ -66,6 +66,7 @@ class CoordinatorCore:
         self.unresponsive: dict[str, float] = {}  # silent in an aborted first world: since when
         self.silent_in: dict[str, int] = {}  # aborted generations in a row a member gave no result in
         self.retried: dict[str, int] = {}  # a change whose members' transition failed: tries again so far
+        self.retry_hold: switching.RetryHold | None = None  # a change asked again, waiting for its unheard members
         self.recovery_refused: dict[str, float] = {}  # why a recovery was refused, since when
         self.now = 0.0  # the last observation's monotonic time
         self.wall = 0.0  # and its unix time
@@ -146,6 +147,9 @@ class CoordinatorCore:
         if self.pending:
             out |= set(self.pending.plan.members)
             out |= set(involved(self.current, self.pending.plan))
+        hold = self.retry_hold
+        if hold is not None and any(r is hold.request for r in self.state.reissue):
+            out |= set(hold.unheard)  # asked again once they beat, dropped if they die
         return out
 
     def involved_alive(self) -> tuple[str, ...]:
@@ -206,6 +210,8 @@ class CoordinatorCore:
             return planning.start(self, state.deferred.request, obs)
         if state.reissue:
             request, *rest = state.reissue
+            if switching.held(self, request):
+                return []  # a change asked again waits for a sign of life of the members it names
             self.change(reissue=tuple(rest))
             return planning.start(self, request, obs)
         if obs.request is not None:

@@ -5,6 +5,7 @@ carried out, its outcome recorded. Functions over a ``CoordinatorCore`` in the `
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from liveshard.runtime.contract.keys import COMMITTED
@@ -173,7 +174,45 @@ def again(core: CoordinatorCore, gen: Generation, outcome: str) -> None:
                 reason, outcome, tries + 2, RETRIES + 1)
     request = PlanRequest(members=plan.members, config=plan.config, reason=f"{reason} (try {tries + 2})",
                           cause=plan.cause)
+    unheard = tuple(m for m in plan.members if m not in gen.results)
+    if unheard:
+        core.retry_hold = RetryHold(request, core.now, unheard)
     core.change(reissue=(*core.state.reissue, request))
+
+
+@dataclass(frozen=True)
+class RetryHold:
+    """A change asked again (``again``) that waits for a sign of life from the members that gave
+    no result in the try that failed."""
+
+    request: PlanRequest
+    since: float  # the reader's time of the failed try's outcome
+    unheard: tuple[str, ...]
+
+
+def held(core: CoordinatorCore, request: PlanRequest) -> bool:
+    """Whether the owed ``request`` waits before it is asked. A member's failure may be a peer's
+    death that is not judged yet: a joiner killed in its transfer resets its peers' connections at
+    once, while its silence counts only after the heartbeat timeout. Asked at once, the new try
+    would name the dead member and abort again for its death. So a change asked again goes once
+    every member that gave no result in the failed try beat anew since it failed; one of them
+    found dead meanwhile drops it (the death is handled as any other, the old world trains on);
+    past two heartbeat timeouts it is asked anyway (the beats of the living may be hidden by a
+    heartbeat key under attack, and the new try has its own bounds)."""
+    hold = core.retry_hold
+    if hold is None or hold.request is not request:
+        return False
+    dead = [m for m in hold.unheard if m in core.dead]
+    if dead:
+        core.retry_hold = None
+        core.change(reissue=tuple(r for r in core.state.reissue if r is not request))
+        log.warning("change %r not asked again: %s died", request.reason, ", ".join(dead))
+        return True
+    if all(core.liveness.beat_since(m, hold.since) for m in hold.unheard) \
+            or core.now - hold.since > 2 * core.heartbeat_timeout:
+        core.retry_hold = None
+        return False
+    return True
 
 
 def unanswered(core: CoordinatorCore, gen: Generation, outcome: str) -> list[Action]:

@@ -739,3 +739,39 @@ def test_a_change_whose_rendezvous_broke_is_asked_again_a_bounded_number_of_time
     assert c.pending is None and c.current == first  # gave up; the old world trains on
     assert [h["outcome"].startswith("aborted") for h in c.history if h.get("generation") in generations] == \
         [True] * (RETRIES + 1)
+
+
+def test_a_change_failed_by_a_joiner_that_died_is_not_asked_again():
+    """A joiner killed in its transfer resets its peers' connections: a member reports the failure
+    at once, before the joiner's silence counts. The change is not asked again while the joiner
+    gave no result and has not beaten since; found dead, it is dropped (no try that only waits
+    for the dead). Alive (a new beat), it is asked again."""
+    for joiner_lives in (False, True):
+        source = Requests()
+        c = _coordinator(source, LOCAL)
+        first = _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+        _beat(c, "w0", "w1", "w2", "w3")
+        source.queue.append(PlanRequest(members=("w0", "w1", "w2", "w3"), config="tp=1,pp=1,dp=4",
+                                        reason="w2, w3 join"))
+        c.tick()
+        gen = c.pending.plan
+        for m in ("w0", "w1", "w2"):
+            c.store.set(Keys.result(gen.generation, m),
+                        MemberResult(ok=False, error="transfer: gloo: Connection reset by peer").to_json())
+        c.tick()  # aborted: w3 gave no result
+        assert c.pending is None and c.current == first and c.core.state.reissue
+        c.clock.advance(0.6)
+        _beat(c, "w0", "w1", "w2")
+        c.tick()
+        assert c.pending is None  # held: w3 not heard since
+        c.clock.advance(0.6)
+        _beat(c, "w0", "w1", "w2", *(("w3",) if joiner_lives else ()))
+        c.tick()
+        c.tick()
+        if joiner_lives:
+            assert c.pending is not None and c.pending.plan.reason == "w2, w3 join (try 2)"
+            assert c.pending.plan.members == ("w0", "w1", "w2", "w3")
+        else:
+            assert "w3" in c.dead and c.pending is None and not c.core.state.reissue, c.history
+            assert [h["generation"] for h in c.history if h.get("reason", "").startswith("w2, w3 join")] == \
+                [gen.generation]
