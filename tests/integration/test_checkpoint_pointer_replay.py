@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import torch.distributed as dist
+from attacks import client as store_client
+from attacks import run_under_attack, sealed_json
 
 from liveshard.dev.localrun import driver
 from liveshard.dev.localrun.driver import LocalRun, RunSpec
@@ -35,21 +35,11 @@ EVENTS = f"2:coordinator=restart {KILL_AT}:kill=1"
 PROBE = b"\0probe"  # compare_set(k, PROBE, PROBE): the value without blocking on an absent key
 
 
-def _client(port: int, stop: threading.Event) -> dist.TCPStore | None:
-    while not stop.is_set():
-        try:
-            return dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
-                                 timeout=timedelta(seconds=5))
-        except Exception:
-            time.sleep(0.1)
-    return None
-
-
 def _step(raw: bytes) -> int | None:
-    """The step a sealed pointer names (``v2.<seq>.<flag>.<mac>.<json>``: readable by anyone)."""
+    """The step a sealed pointer names (readable by anyone)."""
     try:
-        return int(json.loads(raw.decode().split(".", 4)[4])["step"])
-    except (ValueError, IndexError, KeyError, TypeError, UnicodeDecodeError):
+        return int(sealed_json(raw)["step"])
+    except (KeyError, TypeError, ValueError):
         return None
 
 
@@ -59,7 +49,7 @@ def _replay(job: LocalRun, port: int, stop: threading.Event, seen: dict) -> None
     client, key = None, None
     while not stop.is_set() and KILL_AT not in job.signalled_at:
         try:
-            client = client or _client(port, stop)
+            client = client or store_client(port, stop)
             key = key or next((k for k in client.list_keys() if k.endswith("/checkpoint/latest")), None)
             raw = client.compare_set(key, PROBE, PROBE) if key is not None else PROBE
             if raw != PROBE and "captured" not in seen and _step(raw) == OLD:
@@ -83,15 +73,7 @@ def test_a_replayed_checkpoint_pointer_does_not_roll_a_restore_back(tmp_path, mo
                                 global_batch=GLOBAL_BATCH, events=parse_events(EVENTS), workdir=str(tmp_path),
                                 heartbeat_timeout=2.0, collective_timeout=10.0, checkpoint_every=EVERY))
     stop, seen = threading.Event(), {}
-    attacker = threading.Thread(target=_replay, args=(job, port, stop, seen), daemon=True)
-    attacker.start()
-    try:
-        report = job.run_live()
-        codes = {w: p.wait(timeout=60) for w, p in job.procs.workers.items()}
-    finally:
-        stop.set()
-        job.procs.kill_all()
-    attacker.join(timeout=10)
+    report, codes = run_under_attack(job, [lambda: _replay(job, port, stop, seen)], stop)
     # the replay landed over the newer pointer
     assert _step(seen.get("captured", b"")) == OLD and NEWEST in seen.get("replaced", []), seen
     # the survivor restored the newest checkpoint, not the replayed one

@@ -15,10 +15,10 @@ from __future__ import annotations
 import re
 import threading
 import time
-from datetime import timedelta
 
 import pytest
-import torch.distributed as dist
+from attacks import client as store_client
+from attacks import run_under_attack
 
 from liveshard.dev.localrun import driver
 from liveshard.dev.localrun.driver import LocalRun, RunSpec
@@ -33,18 +33,8 @@ GLOBAL_BATCH, STEPS = 4, 40
 RENDEZVOUS = re.compile(r"(?P<job>.*/)(?P<kind>world|xfer)/(?P<gen>\d+)/(?P<rest>.+)")
 
 
-def _client(port: int, stop: threading.Event) -> dist.TCPStore | None:
-    while not stop.is_set():
-        try:
-            return dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
-                                 timeout=timedelta(seconds=5))
-        except Exception:
-            time.sleep(0.1)
-    return None
-
-
 def _plant_rendezvous(port: int, stop: threading.Event, seen: dict) -> None:
-    client = _client(port, stop)
+    client = store_client(port, stop)
     planted: set[str] = set()
     while client is not None and not stop.is_set():
         try:
@@ -65,7 +55,7 @@ def _plant_rendezvous(port: int, stop: threading.Event, seen: dict) -> None:
 
 
 def _attack(port: int, path, stop: threading.Event, seen: dict) -> None:
-    client = _client(port, stop)
+    client = store_client(port, stop)
     prefix = None
     while client is not None and prefix is None and not stop.is_set():
         keys = [k for k in client.list_keys() if "/members/" in k]  # the first registration shows the job
@@ -94,18 +84,8 @@ def test_a_client_without_the_secret_neither_kills_nor_stalls_nor_breaks_a_chang
                                 workdir=str(tmp_path), heartbeat_timeout=HEARTBEAT_TIMEOUT,
                                 collective_timeout=10.0))
     stop, seen = threading.Event(), {}
-    attackers = [threading.Thread(target=_attack, args=(port, tmp_path, stop, seen), daemon=True),
-                 threading.Thread(target=_plant_rendezvous, args=(port, stop, seen), daemon=True)]
-    for a in attackers:
-        a.start()
-    try:
-        report = job.run_live()
-        codes = {w: p.wait(timeout=60) for w, p in job.procs.workers.items()}
-    finally:
-        stop.set()
-        job.procs.kill_all()
-    for a in attackers:
-        a.join(timeout=10)
+    report, codes = run_under_attack(job, [lambda: _attack(port, tmp_path, stop, seen),
+                                           lambda: _plant_rendezvous(port, stop, seen)], stop)
     assert seen.get("planted") == 2 * PLANTED, seen
     assert seen.get("forged_for", 0) >= 3 * HEARTBEAT_TIMEOUT and seen["writes"] > 1000, seen
     assert seen.get("rendezvous_planted", 0) > 0, seen  # it planted keys for later generations

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import threading
 import time
-from datetime import timedelta
 
 import pytest
-import torch.distributed as dist
+from attacks import client as store_client
+from attacks import run_under_attack, sealed_json
 
 from liveshard.dev.localrun import driver
 from liveshard.dev.localrun.driver import LocalRun, RunSpec
@@ -41,23 +40,6 @@ TRANSITION_TIMEOUT = 10.0  # the documented bound of a pending generation, short
 PROBE = b"\0probe"  # compare_set(k, PROBE, PROBE): the value without blocking on an absent key
 
 
-def _client(port: int, stop: threading.Event) -> dist.TCPStore | None:
-    while not stop.is_set():
-        try:
-            return dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
-                                 timeout=timedelta(seconds=5))
-        except Exception:
-            time.sleep(0.1)
-    return None
-
-
-def _status(raw: bytes) -> dict | None:
-    """The coordinator's status as the store shows it to anyone (``v2.<seq>.<flag>.<mac>.<json>``)."""
-    try:
-        return json.loads(raw.decode().split(".", 4)[4])
-    except (ValueError, IndexError, UnicodeDecodeError):
-        return None
-
 
 def _guessed(prefix: str, gen: int) -> list[str]:
     """Keys of generation ``gen`` the attacker guesses from the key names (contract.keys)."""
@@ -70,7 +52,7 @@ def _guessed(prefix: str, gen: int) -> list[str]:
 
 
 def _attack(port: int, stop: threading.Event, seen: dict) -> None:
-    client = _client(port, stop)
+    client = store_client(port, stop)
     prefix = None
     while client is not None and prefix is None and not stop.is_set():
         with contextlib.suppress(Exception):  # the job's prefix: where its coordinator reports
@@ -87,7 +69,7 @@ def _attack(port: int, stop: threading.Event, seen: dict) -> None:
             if raw != PROBE and raw != last_raw:  # a status written anew
                 last_raw = raw
                 seen["updates"].append(now)
-            st = _status(raw) if raw != PROBE else None
+            st = sealed_json(raw) if raw != PROBE else None
             if st is not None:
                 gen = st.get("pending")
                 # a change of the running world (the first world's start is not one)
@@ -124,15 +106,7 @@ def test_keys_deleted_while_a_change_is_pending_neither_wedge_nor_break_it(tmp_p
                                 transition_timeout=TRANSITION_TIMEOUT))
     stop = threading.Event()
     seen: dict = {"deleted": 0, "bursts": 0, "windows": {}, "updates": []}
-    attacker = threading.Thread(target=_attack, args=(port, stop, seen), daemon=True)
-    attacker.start()
-    try:
-        report = job.run_live()
-        codes = {w: p.wait(timeout=60) for w, p in job.procs.workers.items()}
-    finally:
-        stop.set()
-        job.procs.kill_all()
-    attacker.join(timeout=10)
+    report, codes = run_under_attack(job, [lambda: _attack(port, stop, seen)], stop)
     # the attack ran while changes were pending, and deleted keys each time
     assert seen["bursts"] > 5 and seen["deleted"] > 50, repr(seen)[:3000]
     assert len(seen["windows"]) >= 2, seen["windows"]  # the first world's, the leave's and the join's

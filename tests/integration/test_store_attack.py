@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
+from attacks import run_under_attack
 
 from liveshard.dev.localrun import driver
 from liveshard.dev.localrun.driver import LocalRun, RunSpec
@@ -57,14 +58,7 @@ def test_a_client_without_the_secret_cannot_kill_stall_or_steer_the_job(tmp_path
                                 global_batch=GLOBAL_BATCH, events=parse_events("3:leave=1 5:join=1"),
                                 workdir=str(tmp_path), heartbeat_timeout=2.0, collective_timeout=10.0))
     stop, counts = threading.Event(), {"writes": 0}
-    attacker = threading.Thread(target=_attack, args=(port, stop, counts), daemon=True)
-    attacker.start()
-    try:
-        report = job.run_live()
-        codes = {w: p.wait(timeout=60) for w, p in job.procs.workers.items()}
-    finally:
-        stop.set()
-        job.procs.kill_all()
+    report, codes = run_under_attack(job, [lambda: _attack(port, stop, counts)], stop)
     assert counts["writes"] > 50  # the attack ran through the job
     assert [s["step"] for s in report["steps"]] == list(range(1, STEPS + 1))
     assert [s["consumed_samples"] for s in report["steps"]] == [GLOBAL_BATCH * k for k in range(1, STEPS + 1)]
