@@ -188,6 +188,11 @@ class Demo:
     def step(self) -> int:
         return self.samples[-1]["step"] if self.samples else 0
 
+    def more_steps(self, n: int, what: str = "") -> None:
+        """Wait until the job has trained ``n`` steps past the one it is at now."""
+        start = self.step()
+        self.wait(f"{n} more steps{what}", lambda s, c: self.step() >= start + n)
+
     def node_of(self, pod: str) -> str:
         return self.pods()[pod]["spec"]["nodeName"]
 
@@ -431,19 +436,16 @@ def run_demo(out: str | Path, log: TextIO | None = sys.stdout) -> int:
         demo.wait_training(2)
         demo.join("gpu-2")
         demo.answer(demo.events[-1], [f"{demo.job}-worker-{i}" for i in range(3)])
-        start = demo.step()
-        demo.wait("3 more steps", lambda s, c: demo.step() >= start + 3)
+        demo.more_steps(3)
         victim = f"{demo.job}-worker-1"
         ev = demo.spot_notice(victim)
         demo.answer(ev, [f"{demo.job}-worker-0", f"{demo.job}-worker-2"])
         demo.wait(f"{victim} deleted after the ack", lambda s, c: victim not in demo.pods()
                   or demo.pods()[victim]["spec"].get("nodeName") != ev.node)
-        start = demo.step()
-        demo.wait("3 more steps", lambda s, c: demo.step() >= start + 3)
+        demo.more_steps(3)
         ev = demo.lose_node(f"{demo.job}-worker-2")
         demo.answer(ev, [f"{demo.job}-worker-0"])
-        start = demo.step()
-        demo.wait("3 more steps", lambda s, c: demo.step() >= start + 3)
+        demo.more_steps(3)
         demo.finish()
         ordered, problems = demo.check()
     except Exception as e:

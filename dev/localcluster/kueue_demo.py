@@ -111,11 +111,9 @@ def run_kueue_demo(out: str | Path, log: TextIO | None = sys.stdout) -> int:
         demo.answer(demo.events[-1], workers)  # admitted, then trained on 3
         demo.wait_training(3)
         demo.answer(demo.urgent(), workers[:2])  # partially preempted: a live shrink
-        start = demo.step()
-        demo.wait("3 more steps on 2 workers", lambda s, c: demo.step() >= start + 3)
+        demo.more_steps(3, " on 2 workers")
         demo.answer(demo.urgent_ends(), workers)  # the replacement slice admitted: grown back
-        start = demo.step()
-        demo.wait("3 more steps on 3 workers", lambda s, c: demo.step() >= start + 3)
+        demo.more_steps(3, " on 3 workers")
         demo.finish()
         ordered, problems = demo.check()
     except Exception as e:
