@@ -9,12 +9,27 @@ never here and never in the product packages.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+class _LoggerTable(dict):
+    """pytest's log capture walks ``logging``'s logger table at the start of every test phase
+    without logging's lock (``catching_logs.__enter__``), while a test's background threads (the
+    operator, the API emulator) may create loggers: 'dictionary changed size during iteration'
+    failed a test once in CI. Handing out a snapshot makes that walk safe; ``list`` over a dict is
+    one C call, atomic under the GIL."""
+
+    def values(self):  # type: ignore[override]
+        return list(super().values())
+
+
+logging.Logger.manager.loggerDict = _LoggerTable(logging.Logger.manager.loggerDict)
 
 
 @pytest.fixture(scope="session")

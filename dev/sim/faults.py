@@ -30,6 +30,17 @@ class Faults:
         for _ in range(self.rng.randint(0, 2)):
             self.at(self.rng.uniform(2.0, self.duration), "fault", "request:" + self.rng.choice(REQUESTS))
 
+    def _delete_pending_keys(self: Simulation, gen: int) -> None:
+        """The plan of pending generation ``gen`` and the plan pointers, deleted by a client
+        without the secret before each coordinator tick and each worker's poll in the
+        generation's first seconds (``delete_pending_for``)."""
+        since = self.pending_since.setdefault(gen, self.now)
+        if self.now - since >= self.delete_pending_for:
+            return
+        for key in self.server.keys((Keys.plan(gen), Keys.LATEST, Keys.CURRENT)):
+            if self.server.delete(key):
+                self.log(f"FAULT delete {key}")
+
     def _alive(self: Simulation) -> list[Worker]:
         return [w for w in self.workers.values() if w.alive]
 
@@ -92,6 +103,9 @@ class Faults:
         elif kind.startswith("rendezvous:"):  # scripted: the next N live transitions' rendezvous broken
             self.rendezvous_broken = int(kind.split(":", 1)[1])
             self.log(f"FAULT the rendezvous keys of the next {self.rendezvous_broken} changes overwritten")
+        elif kind.startswith("delete-pending:"):  # scripted: delete-pending:<seconds of each pending generation>
+            self.delete_pending_for = float(kind.split(":", 1)[1])
+            self.log(f"FAULT the keys of each pending generation deleted for its first {self.delete_pending_for} s")
         elif kind.startswith("unforge:"):
             self.forged_beats.discard(kind.split(":", 1)[1])
             self.solid_forged.discard(kind.split(":", 1)[1])

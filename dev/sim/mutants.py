@@ -108,6 +108,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "roots = [r for r in dict.fromkeys((primary, fallback)) if r]",
            "roots = [primary] if primary else []",
            "the final save never tries the fallback directory: a job with room there fails"),
+    Mutant("plan-not-kept", R + "coordinator.loop",
+           "                self.kept.written(Keys.plan(a.plan.generation), a.plan.to_json())\n",
+           "",
+           "a plan deleted before its members read it is never written back: the change aborts at the "
+           "transition timeout", scenario="keys-deleted-while-a-change-is-pending"),
     Mutant("lost-world-fails-despite-a-checkpoint", R + "coordinator.planning",
            "    checkpoint = core.checkpoints.latest() or core.adopted_checkpoint\n    if checkpoint is None:\n",
            "    checkpoint = core.checkpoints.latest() or core.adopted_checkpoint\n    if True:\n",

@@ -129,7 +129,27 @@ def forged_list_slots() -> tuple[SimResult, list[str]]:
     return result, problems
 
 
+def keys_deleted_while_a_change_is_pending() -> tuple[SimResult, list[str]]:
+    """A client without the secret deletes each pending generation's plan and the plan pointers
+    at every coordinator tick of the generation's first 3 s, before its members read them (a
+    join, then a leave): the coordinator writes them back (``coordinator.kept``), so each
+    change is prepared once the deletions stop and commits without an aborted try."""
+    sim = Simulation(7, faults=frozenset(), workers=3, config="dp", absent=("w2",),
+                     script=((1.0, "delete-pending:3"), (3.0, "respawn:w2"),
+                             (14.0, "request:plan:w1 leaves:w0,w2")))
+    result = sim.run()
+    problems = _aborted(sim)
+    core = sim.core
+    if core is None or core.current is None or set(core.current.members) != {"w0", "w2"}:
+        problems.append(f"the job runs {core.current.members if core and core.current else None}, not w0, w2")
+    deleted = sum(" FAULT delete plan/" in line for line in sim.trace)
+    if deleted < 2:
+        problems.append(f"only {deleted} plan deletions: the attack did not reach the plans")
+    return result, problems
+
+
 SCENARIOS: dict[str, Callable[[], tuple[SimResult, list[str]]]] = {
+    "keys-deleted-while-a-change-is-pending": keys_deleted_while_a_change_is_pending,
     "forged-list-slots": forged_list_slots,
     "rendezvous-overwritten-then-intact": rendezvous_overwritten_then_intact,
     "rendezvous-overwritten-all-along": rendezvous_overwritten_all_along,

@@ -298,6 +298,8 @@ class Simulation(Faults):
         self.seen_plans: dict[int, WorldPlan] = {}  # what some worker read under each generation
         self.seen_by: dict[int, set[str]] = {}  # the processes that read it
         self.forged_beats: set[str] = set()  # heartbeat keys overwritten by an attacker all along
+        self.delete_pending_for = 0.0  # seconds of each pending generation in which its keys are deleted
+        self.pending_since: dict[int, float] = {}  # generation -> when it was first seen pending
         self.solid_forged: set[str] = set()  # ... before every read of the coordinator
         self.rendezvous_broken = 0  # live transitions still to fail in their rendezvous (c10d keys overwritten)
         self.broken_rendezvous: set[int] = set()  # the generations whose rendezvous was broken
@@ -406,6 +408,8 @@ class Simulation(Faults):
                 w = self.workers.get(m)
                 self.server.forge(Keys.heartbeat(m), Heartbeat(time=self.now, state="training",
                                                                incarnation=w.inc if w else None).to_json())
+        if self.delete_pending_for and coordinator.pending is not None:
+            self._delete_pending_keys(coordinator.pending.plan.generation)
         if self.now < self.coord_frozen_until:
             return  # SIGSTOP: no tick (its store answers nobody either: ``SimServer.frozen_until``)
         paused = coordinator.paused_since(self.last_coord_tick)  # as ``Coordinator.run`` measures it
@@ -567,6 +571,8 @@ class Simulation(Faults):
         self.at(self.now + POLL * self.rng.uniform(0.8, 1.2), "wake", w.id)
         if self.now < w.frozen_until:
             return
+        if self.delete_pending_for and self.coordinator is not None and self.coordinator.pending is not None:
+            self._delete_pending_keys(self.coordinator.pending.plan.generation)  # the attacker reads first
         if not self._connected(w):
             self._commit_step(w)  # a member waiting in its commit window keeps counting
             return

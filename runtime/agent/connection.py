@@ -12,6 +12,11 @@ What a worker writes here: its registration (``members/<id>``: host, node, pid, 
 coordinator restart also its world, its open commit point and a plan whose outcome it never
 learned), its heartbeats (``hb/<id>``, written by its pulse process where it has one: ``beat``)
 and its outcome of each generation (``gen/<N>/result/<id>``).
+
+What it writes for a generation under way (its result, its prepared digest, its connect answer,
+its arrival) it keeps written until the generation is decided (``KeptWrites``): a client
+without the job's secret can delete any key, and a key deleted before its reader read it would
+leave the generation to abort at the transition timeout.
 """
 
 from __future__ import annotations
@@ -46,6 +51,47 @@ if TYPE_CHECKING:
 log = logging.getLogger("liveshard.worker")
 
 
+KEPT_CHECK = 0.5  # seconds between read-backs of the kept writes (``KeptWrites.restore``)
+
+
+class KeptWrites:
+    """What this worker wrote for generations still undecided: written again where gone or not
+    authentic (``restore``, by the control thread), dropped once the generation has an outcome.
+    Only values a member never takes back are kept (a digest, an answer, a result, an arrival)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, tuple[int, str]] = {}  # key -> (generation, value)
+        self._checked = float("-inf")
+
+    def keep(self, gen: int, key: str, value: str) -> None:
+        with self._lock:
+            self._values[key] = (gen, value)
+
+    def restore(self, store: JobStore, now: float) -> None:
+        """Read every kept write back, at most every ``KEPT_CHECK`` seconds (``now``: monotonic)."""
+        if now - self._checked < KEPT_CHECK:
+            return
+        self._checked = now
+        with self._lock:
+            kept = dict(self._values)
+        decided: set[int] = set()
+        for gen in sorted({g for g, _ in kept.values()}):
+            if store.has(Keys.outcome(gen)):
+                decided.add(gen)
+        for key, (gen, value) in kept.items():
+            if gen in decided:
+                continue
+            r = store.read(key)
+            if r.tampered or r.value != value:
+                log.warning("store key %s (this worker's, generation %d) was deleted or overwritten: written again",
+                            key, gen)
+                store.set(key, value)
+        with self._lock:
+            for key in [k for k, (g, _) in self._values.items() if g in decided]:
+                del self._values[key]
+
+
 class StoreClients:
     """The worker's store clients: one for the main thread, one for the control thread."""
 
@@ -56,12 +102,19 @@ class StoreClients:
         self.epoch = 0  # clients made so far after the first: the pulse connects anew when it changes
         self.registration_slot: int | None = None  # where this worker's registration is listed
         self.replaced_at = float("-inf")  # time.monotonic() of the last replace
+        self.kept = KeptWrites()  # this worker's writes for undecided generations (the control thread restores them)
         self._stores = self.connect(timeout)
 
     def connect(self, timeout: float) -> dict[str, JobStore]:
         """New clients (not yet in use: see ``replace``)."""
         return {name: JobStore(connect_store(self.host, self.port, timeout=timeout), self.job, self.secret)
                 for name in ("main", "control")}
+
+    def set_kept(self, gen: int, key: str, value: str) -> None:
+        """Write ``key`` for generation ``gen`` (the calling thread's client) and keep it written
+        until the generation is decided (``KeptWrites``)."""
+        self.store.set(key, value)
+        self.kept.keep(gen, key, value)
 
     def dedicated(self, timeout: float = 300.0) -> JobStore:
         """A new client for one helper thread's blocking work (a communicator's rendezvous),
@@ -217,6 +270,11 @@ def beat(clients: StoreClients, worker_id: str, heartbeat: Heartbeat, pulse: Pul
     send_heartbeat(clients.store, worker_id, heartbeat)
 
 
-def report_result(store: JobStore, worker_id: str, gen: int, result: MemberResult) -> None:
-    """This worker's outcome of generation ``gen`` (the coordinator collects every member's)."""
-    store.set(Keys.result(gen, worker_id), result.to_json())
+def report_result(store: JobStore, worker_id: str, gen: int, result: MemberResult,
+                  kept: KeptWrites | None = None) -> None:
+    """This worker's outcome of generation ``gen`` (the coordinator collects every member's),
+    kept written until the generation is decided where ``kept`` is given."""
+    key, value = Keys.result(gen, worker_id), result.to_json()
+    store.set(key, value)
+    if kept is not None:
+        kept.keep(gen, key, value)

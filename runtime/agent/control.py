@@ -10,6 +10,9 @@ Training never waits on the store. This thread does it instead, a few times a se
   while training goes on;
 * it cuts this worker's world off when the coordinator declares one of its members dead
   (``cutoff.PeerWatch``), so that training is never left blocked in a collective with it;
+* it keeps what this worker wrote for a generation written until the generation is decided
+  (``connection.KeptWrites``): a key deleted before its reader read it would abort the
+  generation at the transition timeout;
 * when the store stops answering (the coordinator restarts), it connects to the new one and
   announces the world this worker trains in, the commit point it is in and the plan it was
   preparing (``connection.reannounce``), so the new coordinator resolves the one and re-issues
@@ -107,6 +110,9 @@ class ControlThread:
         self.stop_requested = False  # the job asked every worker to finish
         self.excluded: int | None = None  # set when the coordinator declared this process dead
         self.preparing: WorldPlan | None = None  # the newest plan this thread started to prepare
+        # plans read (authentic) by this thread or the training thread (``training.StepBoundary``):
+        # a plan deleted from the store after one of them read it is still known to both
+        self.plans_read: dict[int, WorldPlan] = {}
         self.peers = PeerWatch(worker_id, options, state)  # cuts the world off when a peer is declared dead
         self._registration_checked = time.monotonic()
         self._stop = threading.Event()
@@ -181,8 +187,9 @@ class ControlThread:
             self.peers.excluded()  # a training thread blocked in the stale world must get out to rejoin
             return handled
         if latest > handled:  # read a plan until it is acted on, not on every poll after
-            plan = store.plan(latest)
+            plan = self.plans_read.get(latest) or store.plan(latest)
             if plan is not None:
+                self.plans_read[latest] = plan
                 self.peers.plan_seen(plan)  # before preparing it: its transition group is never cut
                 current = self.state.generation if self.state.generation is not None else -1
                 if self.preparations.known(latest) or latest <= current or store.has(Keys.outcome(latest)):
@@ -196,6 +203,7 @@ class ControlThread:
         self.peers.poll(store)
         self._abort_a_start_decided_against(store)
         now = time.monotonic()
+        self.clients.kept.restore(store, now)
         if now - self._registration_checked > REGISTRATION_CHECK:
             self._registration_checked = now
             commit = self.state.commit_point

@@ -254,7 +254,7 @@ def arrive(agent: WorkerAgent, plan: WorldPlan, wait: bool = True, epoch: int | 
     if epoch is not None and agent.clients.epoch != epoch:
         raise NotArrived(f"the coordinator restarted during the switch to generation {gen}")
     store = agent.store
-    store.set(Keys.arrived(gen, agent.id), "1")  # sealed, one key per member: nobody else can count it in
+    agent.clients.set_kept(gen, Keys.arrived(gen, agent.id), "1")  # sealed, one key per member: nobody else can count it in
     store.store.add(Keys.arrivals(gen), 1)
     if not wait:
         return

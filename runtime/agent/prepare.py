@@ -217,7 +217,8 @@ class Preparer:
         except Exception as e:
             log.error("prepare %d failed: %s", plan.generation, traceback.format_exc())
             self.preparations.fail(plan.generation, f"{type(e).__name__}: {e}")
-            report_result(self.clients.store, self.id, plan.generation, MemberResult(ok=False, error=f"prepare: {e}"))
+            report_result(self.clients.store, self.id, plan.generation, MemberResult(ok=False, error=f"prepare: {e}"),
+                          self.clients.kept)
 
     def _prepare_live(self, plan: WorldPlan, old: WorldPlan, start: float) -> Prepared:
         connected_before, created_before = Counter(worlds.CONNECTED), Counter(worlds.CREATED)
@@ -276,7 +277,7 @@ class Preparer:
                 log.warning("generation %d: megatron's process groups could not be probed (%s: %s); the new "
                             "world is made at the commit", gen, type(e).__name__, e)
         store = self.clients.store
-        store.set(Keys.connecting(gen, self.id), AHEAD if requests is not None else AT_COMMIT)
+        self.clients.set_kept(gen, Keys.connecting(gen, self.id), AHEAD if requests is not None else AT_COMMIT)
         answers = []
         for m in plan.members:
             answer = self._wait_heartbeating(Keys.connecting(gen, m), timeout=120.0, gen=gen)
@@ -300,7 +301,7 @@ class Preparer:
 
     def _agree(self, gen: int, members: tuple[str, ...], checksum: str) -> None:
         """Publish our plan's inputs digest and check every member's against it."""
-        self.clients.store.set(Keys.prepared(gen, self.id), checksum)
+        self.clients.set_kept(gen, Keys.prepared(gen, self.id), checksum)
         for m in members:
             other = self._wait_heartbeating(Keys.prepared(gen, m), timeout=120.0, gen=gen)
             if other is None:

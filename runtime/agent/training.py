@@ -43,6 +43,7 @@ log = logging.getLogger("liveshard.worker")
 # switch (dev tooling holds a worker there: ``liveshard.dev.localrun.held_worker``). Returns
 # True when it held the worker: the newest plan generation is then read again from the store.
 StepGate = Callable[[int], bool]
+TAMPERED_REREAD = 5.0  # seconds a held worker reads a tampered plan pointer again (``_refresh_latest``)
 
 # Called when the worker reaches a phase of a reconfiguration (``protocol.PHASES``), with the
 # phase and the plan's generation (dev tooling holds a worker there to kill it at that point).
@@ -129,14 +130,17 @@ class StepBoundary:
         self.checkpoints = checkpoints
         self.switch = switch
         self.step_gate = step_gate
-        self._plans: dict[int, WorldPlan] = {}
+        self._plans = control.plans_read  # shared with the control thread: a plan either one read
 
     def __call__(self, trainer: Any, built: Any) -> None:
         """Agree over the old world whether to switch to the newest plan now.
 
         One all-reduce of three integers: the newest generation any rank has seen, the lowest
         generation every rank has prepared, and whether a safety checkpoint is due. All ranks see
-        the same result, so they decide alike.
+        the same result, so they decide alike. While a newer generation is announced, a second
+        one (``_everyone_holds``) agrees that every rank holds its plan: a rank that could not
+        read it (deleted from the store before it read it) holds every rank back instead of
+        skipping the vote the others cast.
         """
         step = trainer.step_count
         self.control.stepped()  # this step's compute sample goes to the coordinator now
@@ -156,11 +160,27 @@ class StepBoundary:
     def _refresh_latest(self, timeout: float = 300.0) -> None:
         """After a gate held this worker: read the newest plan generation again (the plan due
         at this step may have been published meanwhile). The store may be coming back with a
-        restarted coordinator: the control thread connects this thread's client anew."""
+        restarted coordinator: the control thread connects this thread's client anew. A pointer
+        deleted or forged meanwhile reads as the last value this client accepted (which may
+        predate the plan) or as absent: it is read again until the coordinator has written it back
+        (``coordinator.kept``, within a second), and so is the plan it names, for at most
+        ``TAMPERED_REREAD`` seconds."""
         end = time.monotonic() + timeout
+        tampered_until = time.monotonic() + TAMPERED_REREAD
         while True:
             try:
-                latest = self.clients.store.latest_generation()
+                store = self.clients.store
+                r = store.read(Keys.LATEST)
+                latest = -1 if r.value is None else int(r.value)
+                missing = latest > self.state.generation and latest not in self._plans
+                if missing and (plan := store.plan(latest)) is not None:
+                    self._plans[latest], missing = plan, False
+                # absent (never read by this client, then deleted), below this world, or not
+                # authentic: not the pointer the coordinator wrote
+                stale = r.tampered or latest < self.state.generation
+                if (stale or missing) and time.monotonic() < tampered_until:
+                    time.sleep(0.02)
+                    continue
                 break
             except Exception:
                 if time.monotonic() > end:
@@ -176,6 +196,13 @@ class StepBoundary:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         return int(flags[0]), -int(flags[1]), bool(int(flags[2]))
 
+    @staticmethod
+    def _everyone_holds(held: bool) -> bool:
+        """The MIN all-reduce of whether each rank holds the announced plan."""
+        flag = torch.tensor([int(held)], dtype=torch.int64, device=worlds.device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(int(flag))
+
     def _save(self, trainer: Any, built: Any) -> None:
         try:
             self.checkpoints.save(built, trainer, background=True)
@@ -189,14 +216,17 @@ class StepBoundary:
         self._plans.clear()
 
     def _next_plan(self, latest: int) -> WorldPlan | None:
-        """The plan of generation ``latest`` if it follows this world, else None."""
+        """The plan of generation ``latest`` if it follows this world and every rank holds it,
+        else None. Collective when ``latest`` is newer than this world (agreed: every rank
+        calls it alike)."""
         if latest <= self.state.generation:
             return None
         plan = self._plans.get(latest) or self.clients.store.plan(latest)
-        if plan is None or plan.previous != self.state.generation:
+        if not self._everyone_holds(plan is not None):
             return None
+        assert plan is not None
         self._plans[latest] = plan
-        return plan
+        return plan if plan.previous == self.state.generation else None
 
     def _all_ready(self, plan: WorldPlan, latest: int, all_prepared: int, step: int) -> bool:
         """Whether to switch at this step: its time has come (``switch_at_step``, waiting for

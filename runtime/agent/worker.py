@@ -403,7 +403,7 @@ class WorkerAgent:
                                                       preparing.generation if preparing else None), self.pulse)
 
     def report(self, gen: int, result: MemberResult) -> None:
-        report_result(self.store, self.id, gen, result)
+        report_result(self.store, self.id, gen, result, self.clients.kept)
 
     def build(self, cfg: ParallelConfig, initialize: bool = True,
               spare_buffers: list[torch.Tensor] | None = None, groups_ready: bool = False) -> None:

@@ -318,6 +318,7 @@ class Coordinator:
             a = queue.pop(0)
             if isinstance(a, Publish):
                 self.store.publish_plan(a.plan)
+                self.kept.written(Keys.plan(a.plan.generation), a.plan.to_json())
                 self.kept.written(Keys.LATEST, str(a.plan.generation))
             elif isinstance(a, Decide):
                 stands = self.store.decide(Keys.decision(a.generation), a.value)

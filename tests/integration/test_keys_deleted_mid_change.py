@@ -7,8 +7,10 @@ the publication of the plan, the preparation and the first votes; an attack kept
 stall, which the docs bound, not a change that can be made). It reads the coordinator's status
 from the store as anyone can (sealed, not secret) to know when a change is pending.
 
-What was deleted is written again by its owners (the coordinator's kept keys, a reader that
-accepted a write-once value, a worker's registration), so each change commits (or aborts and is
+What was deleted is written again by its owners (the coordinator's kept keys: pointers, plans,
+decisions; a worker's kept writes: results, digests, arrivals; a reader that accepted a
+write-once value; a worker's registration), and every rank agrees that it holds the plan before
+the world votes on it, so each change commits (or aborts and is
 asked again) within the pending generation's bound (``--transition-timeout``:
 docs/architecture.md, "Bounds"), the coordinator's status keeps being written, every step trains
 once in order with its samples, and every process exits 0.
@@ -30,7 +32,6 @@ from liveshard.dev.localrun import driver
 from liveshard.dev.localrun.driver import LocalRun, RunSpec
 from liveshard.dev.localrun.events import parse_events
 from liveshard.dev.ports import free_port
-from liveshard.runtime.errors import RunFailed
 
 pytestmark = pytest.mark.slow
 
@@ -93,10 +94,6 @@ def _attack(port: int, stop: threading.Event, seen: dict) -> None:
     seen["open"] = {g: time.monotonic() - t0 for g, t0 in pending_since.items()}
 
 
-@pytest.mark.xfail(strict=True, raises=RunFailed, reason=(
-    "issue #37, open: a change whose keys are deleted in its first seconds is never prepared (its members "
-    "keep the last plan/latest they read; the plan's switch step passes), aborts at the transition timeout "
-    "as bounded, and a leave is not asked again: run-local fails 'event 3:leave=1 ended aborted'"))
 def test_keys_deleted_while_a_change_is_pending_neither_wedge_nor_break_it(tmp_path, monkeypatch):
     port = free_port()
     monkeypatch.setattr(driver, "free_port", lambda: port)  # the attacker knows where the store listens

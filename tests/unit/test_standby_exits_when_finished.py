@@ -5,6 +5,7 @@ that goes away with the job (which logged c10d connection errors for half a minu
 
 from __future__ import annotations
 
+from liveshard.runtime.agent.connection import KeptWrites
 from liveshard.runtime.agent.control import ControlThread
 from liveshard.runtime.agent.prepare import Preparations
 from liveshard.runtime.agent.worker import WorkerOptions, WorkerState
@@ -31,6 +32,7 @@ class Store:
 class Clients:
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.kept = KeptWrites()
 
 
 def _control(store: Store, rank: int | None) -> ControlThread:
