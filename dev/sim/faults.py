@@ -31,13 +31,13 @@ class Faults:
             self.at(self.rng.uniform(2.0, self.duration), "fault", "request:" + self.rng.choice(REQUESTS))
 
     def _delete_pending_keys(self: Simulation, gen: int) -> None:
-        """The plan of pending generation ``gen`` and the plan pointers, deleted by a client
+        """Every key of pending generation ``gen``, its plan and the plan pointers, deleted by a client
         without the secret before each coordinator tick and each worker's poll in the
         generation's first seconds (``delete_pending_for``)."""
         since = self.pending_since.setdefault(gen, self.now)
         if self.now - since >= self.delete_pending_for:
             return
-        for key in self.server.keys((Keys.plan(gen), Keys.LATEST, Keys.CURRENT)):
+        for key in self.server.keys((f"gen/{gen}/", Keys.plan(gen), Keys.LATEST, Keys.CURRENT)):
             if self.server.delete(key):
                 self.log(f"FAULT delete {key}")
 

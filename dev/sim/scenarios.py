@@ -130,10 +130,12 @@ def forged_list_slots() -> tuple[SimResult, list[str]]:
 
 
 def keys_deleted_while_a_change_is_pending() -> tuple[SimResult, list[str]]:
-    """A client without the secret deletes each pending generation's plan and the plan pointers
-    at every coordinator tick of the generation's first 3 s, before its members read them (a
-    join, then a leave): the coordinator writes them back (``coordinator.kept``), so each
-    change is prepared once the deletions stop and commits without an aborted try."""
+    """A client without the secret deletes every key of each pending generation, its plan and the
+    plan pointers before every coordinator tick and worker poll of the generation's first 3 s,
+    before its members read them (a join, then a leave): the coordinator writes back what it
+    keeps (``coordinator.kept``), the workers what they wrote (``agent.kept_writes``), so each
+    change is prepared once the deletions stop and commits without an aborted try. (Deletions
+    kept up for the whole change are a stall the docs bound, not a change that can be made.)"""
     sim = Simulation(7, faults=frozenset(), workers=3, config="dp", absent=("w2",),
                      script=((1.0, "delete-pending:3"), (3.0, "respawn:w2"),
                              (14.0, "request:plan:w1 leaves:w0,w2")))

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
+from liveshard.runtime.agent.kept_writes import KeptWrites
+
 if TYPE_CHECKING:
     from liveshard.runtime.control.store import JobStore
 
@@ -213,6 +215,7 @@ class Link:
 
     def __init__(self) -> None:
         self.epoch = -1
+        self.kept = KeptWrites()  # the shipped kept writes; the world restores them at each poll
         self.registration_slot: int | None = None
         self.client: SimClient | None = None
         self._store: JobStore | None = None

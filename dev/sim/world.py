@@ -580,6 +580,7 @@ class Simulation(Faults):
             if self.now >= w.next_beat:
                 w.next_beat = self.now + HB_INTERVAL
                 self._beat(w)
+            w.link.kept.restore(w.link.store, self.now)  # as the control thread's poll
             if self.now >= w.next_registration_check:
                 w.next_registration_check = self.now + REGISTRATION_CHECK
                 if register_again_if_lost(w.link, w.id, lambda: self._registration(w, reconnected=True)):
@@ -749,7 +750,7 @@ class Simulation(Faults):
         w.world, w.phase, w.state_step, w.target, w.driver, w.torn_down = plan, "training", step, None, None, False
         w.broken_at = None
         self._adopted(w, plan)
-        report_result(w.link.store, w.id, plan.generation, MemberResult(ok=True))
+        report_result(w.link.store, w.id, plan.generation, MemberResult(ok=True), w.link.kept)
 
     def _adopted(self, w: Worker, plan: WorldPlan) -> None:
         """``w`` trains in ``plan`` from now on: the samples invariant."""
@@ -850,6 +851,7 @@ class Simulation(Faults):
             else:
                 try:
                     p.link.store.set(Keys.arrived(gen, p.id), "1")
+                    p.link.kept.keep(gen, Keys.arrived(gen, p.id), "1")  # as ``live_switch.arrive``
                     p.link.store.store.add(Keys.arrivals(gen), 1)
                 except Exception as e:  # the store is gone: it cannot build the world
                     error = f"arrive: {e}"
@@ -925,7 +927,7 @@ class Simulation(Faults):
         w.torn_down = False
         try:
             if w.link.server is not None and w.link.server.up:
-                report_result(w.link.store, w.id, plan.generation, result)
+                report_result(w.link.store, w.id, plan.generation, result, w.link.kept)
         except Exception:
             pass
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from liveshard.runtime.agent.commit_point import CommitPoint, WriteReady
+from liveshard.runtime.agent.kept_writes import KeptWrites
 from liveshard.runtime.contract.keys import COMMITTED, Keys
 from liveshard.runtime.control.barrier import STORE_BACKOFF, Backoff
 from liveshard.runtime.control.store import JobStore
@@ -45,13 +46,17 @@ NOT_AUTHENTIC = "aborted: the decision is not authentic"
 
 class StoreLink(Protocol):
     """A process's store clients: ``epoch`` counts the clients made after the first (a new one
-    per coordinator restart); ``store`` is the calling thread's current client."""
+    per coordinator restart); ``store`` is the calling thread's current client; ``kept``: the
+    writes kept written until their generation is decided (``kept_writes``)."""
 
     @property
     def epoch(self) -> int: ...
 
     @property
     def store(self) -> JobStore: ...
+
+    @property
+    def kept(self) -> KeptWrites: ...
 
 
 class CommitDriver:
@@ -117,6 +122,7 @@ class CommitDriver:
             return
         try:
             store.set(ready, "1")
+            self.link.kept.keep(self.gen, ready, "1")  # a vote is never taken back: kept written
             confirmed = store.get(ready) == "1"
         finally:
             self.cp.voted(ok=True, write_confirmed=confirmed)

@@ -33,6 +33,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from liveshard.runtime import telemetry
+from liveshard.runtime.agent.kept_writes import KeptWrites
 from liveshard.runtime.contract.env import Env
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.control.protocol import (
@@ -49,47 +50,6 @@ if TYPE_CHECKING:
     from liveshard.runtime.agent.worker import WorkerState
 
 log = logging.getLogger("liveshard.worker")
-
-
-KEPT_CHECK = 0.5  # seconds between read-backs of the kept writes (``KeptWrites.restore``)
-
-
-class KeptWrites:
-    """What this worker wrote for generations still undecided: written again where gone or not
-    authentic (``restore``, by the control thread), dropped once the generation has an outcome.
-    Only values a member never takes back are kept (a digest, an answer, a result, an arrival)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: dict[str, tuple[int, str]] = {}  # key -> (generation, value)
-        self._checked = float("-inf")
-
-    def keep(self, gen: int, key: str, value: str) -> None:
-        with self._lock:
-            self._values[key] = (gen, value)
-
-    def restore(self, store: JobStore, now: float) -> None:
-        """Read every kept write back, at most every ``KEPT_CHECK`` seconds (``now``: monotonic)."""
-        if now - self._checked < KEPT_CHECK:
-            return
-        self._checked = now
-        with self._lock:
-            kept = dict(self._values)
-        decided: set[int] = set()
-        for gen in sorted({g for g, _ in kept.values()}):
-            if store.has(Keys.outcome(gen)):
-                decided.add(gen)
-        for key, (gen, value) in kept.items():
-            if gen in decided:
-                continue
-            r = store.read(key)
-            if r.tampered or r.value != value:
-                log.warning("store key %s (this worker's, generation %d) was deleted or overwritten: written again",
-                            key, gen)
-                store.set(key, value)
-        with self._lock:
-            for key in [k for k, (g, _) in self._values.items() if g in decided]:
-                del self._values[key]
 
 
 class StoreClients:

@@ -53,7 +53,7 @@ def test_only_the_newest_plans_are_kept_and_the_pointers_are_never_pruned_as_pla
 
 
 def test_a_workers_writes_for_an_undecided_generation_come_back_until_it_is_decided():
-    from liveshard.runtime.agent.connection import KEPT_CHECK, KeptWrites
+    from liveshard.runtime.agent.kept_writes import KEPT_CHECK, KeptWrites
     from liveshard.runtime.contract.keys import COMMITTED
 
     raw = dist.HashStore()
