@@ -23,10 +23,10 @@ Strategies:
   ahead, or from scratch at the commit);
 * ``Shrink``: a leave with notice (nobody joins, nobody is dead, the survivors keep their
   order): the transfer runs over the old world, the leavers still in it; then the leavers shut
-  their side down and the survivors shrink them away (``World.shrink``) and split megatron's
-  groups from the shrunk world. No world is made from scratch. A shrink that fails or passes
-  its bound (any survivor's: they agree on the store) falls back to a rebuild from scratch
-  (``World.recreate``), and the switch goes on.
+  their side down and the survivors shrink them away (``World.shrink``) and make megatron's
+  groups on the shrunk world, each by its members only (``comms.groups``). No world is made
+  from scratch. A shrink that fails or passes its bound (any survivor's: they agree on the
+  store) falls back to a rebuild from scratch (``World.recreate``), and the switch goes on.
 """
 
 from __future__ import annotations
@@ -244,7 +244,9 @@ class Shrink(LiveRebuild):
             worlds.shutdown_current(defer_free=True)
             world = worlds.World.recreate(agent.store.store, f"{name}rebuild/", rank, cfg.world_size, timeout,
                                           name=name)
-        init_parallel(cfg, None, timeout=timeout)  # megatron's groups on the shrunk or rebuilt world
+        # megatron's groups on the shrunk or rebuilt world, each made by its members only: the world
+        # is eager on NCCL, where megatron's own calls would split it once per group on every rank
+        init_parallel(cfg, None, timeout=timeout, members_only=True)
 
 
 def _all_shrank(agent: WorkerAgent, plan: WorldPlan, ok: bool) -> bool:

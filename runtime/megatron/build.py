@@ -67,13 +67,18 @@ class BuiltModel:
         return dist.get_rank()
 
 
-def init_parallel(cfg: ParallelConfig, ahead: Any = None, timeout: float | None = None) -> None:
+def init_parallel(cfg: ParallelConfig, ahead: Any = None, timeout: float | None = None,
+                  members_only: bool = False) -> None:
     """Create megatron's model-parallel groups for ``cfg`` on the initialised default group;
     groups whose communicators were built ahead (``comms.world.WorldAhead``) get those.
     ``timeout``: seconds a collective of every group waits for a peer (the job's collective
-    timeout; None: megatron's own default, 30 minutes), as ``group_requests`` must be given too."""
+    timeout; None: megatron's own default, 30 minutes), as ``group_requests`` must be given too.
+    ``members_only`` (without ``ahead``): each group is made by its members only
+    (``comms.groups``: one split per kind of group on an eagerly initialised NCCL world, instead
+    of one per group on every rank); a shrink asks for it, where the world is eager by need."""
     from megatron.core import parallel_state
 
+    from liveshard.runtime.comms import groups as member_groups
     from liveshard.runtime.comms import world as worlds
 
     if not dist.is_initialized():
@@ -85,8 +90,12 @@ def init_parallel(cfg: ParallelConfig, ahead: Any = None, timeout: float | None 
                                       f"has {world}", "make tp*pp*cp*dp equal the world size")
     if parallel_state.model_parallel_is_initialized():
         destroy()
+    members = None
+    if members_only and ahead is None:
+        rank = dist.get_rank()
+        members = member_groups.MembersOnly(group_requests(cfg, rank, timeout), rank)
     # the groups' connections are the world's: cut off with it when it loses a member
-    with worlds.noting_world_connections(), _recording_new_groups(ahead, timeout) as created:
+    with worlds.noting_world_connections(), _recording_new_groups(ahead, timeout, members) as created:
         parallel_state.initialize_model_parallel(**_model_parallel_args(cfg, timeout))
     _groups[:] = created
 
@@ -448,10 +457,12 @@ def destroy(defer_free: bool = False) -> None:
 
 
 @contextmanager
-def _recording_new_groups(ahead: Any = None, timeout: float | None = None) -> Iterator[list[Any]]:
+def _recording_new_groups(ahead: Any = None, timeout: float | None = None,
+                          members: Any = None) -> Iterator[list[Any]]:
     """Record the process groups made meanwhile; with ``ahead`` (``comms.world.WorldAhead``),
-    hand each group built ahead its communicator instead of connecting a new one. A group asked
-    for without a timeout gets ``timeout`` (torch's default would be 30 minutes)."""
+    hand each group built ahead its communicator instead of connecting a new one; with
+    ``members`` (``comms.groups.MembersOnly``), make each group by its members only. A group
+    asked for without a timeout gets ``timeout`` (torch's default would be 30 minutes)."""
     from datetime import timedelta
 
     from liveshard.runtime.comms import world as worlds
@@ -465,7 +476,10 @@ def _recording_new_groups(ahead: Any = None, timeout: float | None = None) -> It
             kwargs["timeout"] = timedelta(seconds=timeout)
         communicator = ahead.take(request) if ahead is not None and dist.get_rank() in request.ranks else None
         if communicator is None:
-            group = real(ranks, *args, backend=backend, **kwargs)
+            if members is None:
+                group = real(ranks, *args, backend=backend, **kwargs)
+            else:
+                group = members.make(request, lambda: real(ranks, *args, backend=backend, **kwargs), backend, kwargs)
             if not request.ranks or dist.get_rank() in request.ranks:
                 worlds.CONNECTED["group"] += 1
                 worlds.CREATED["split"] += 1  # made on the running world
