@@ -386,7 +386,15 @@ def part_nccl_shrink() -> dict[str, Any]:
         timed("fallback_shutdown", lambda: worlds.shutdown_current())
         out["errored_after_shutdown"] = world.errored()
         again = timed("world_recreate", lambda: World.recreate(store, "check/again/", 0, 1, 60.0, name="check/again/"))
-        timed("recreated_configure", lambda: build.init_parallel(cfg, None, timeout=60.0))
+        # megatron's groups as a shrink makes them, by their members only (comms.groups): on an eager
+        # NCCL world one split_group per kind of group
+        from collections import Counter
+
+        from liveshard.runtime.comms import groups as member_groups
+
+        made_before = Counter(member_groups.MADE)
+        timed("recreated_configure", lambda: build.init_parallel(cfg, None, timeout=60.0, members_only=True))
+        out["members_only_steps"] = dict(Counter(member_groups.MADE) - made_before)
         out["recreated_collective_ok"] = all_reduce_ok()
         out["recreated_is_current"] = World.current() is again
         timed("recreated_shutdown", lambda: again.shutdown())
@@ -410,6 +418,8 @@ def part_nccl_shrink() -> dict[str, Any]:
             problems.append(f"the eager world: bound {out['bound_device']}, split {out.get('split_error', 'ok')}")
         if out["supports_shrinking"] is False:
             problems.append("the eager NCCL world does not support shrinking")
+        if "members_only_steps" in out and "split" not in out["members_only_steps"]:
+            problems.append(f"megatron's groups by their members only did not split: {out['members_only_steps']}")
     return _judged(out, problems)
 
 
