@@ -67,6 +67,7 @@ def steps(requests: Sequence[GroupRequest], rank: int, splittable: bool) -> list
     kinds: dict[tuple[str, bool], list[tuple[int, ...]]] = {}
     for r in requests:
         kinds.setdefault((r.desc, r.gloo), []).append(r.ranks)
+    disjoint = {kind: _disjoint(groups) for kind, groups in kinds.items()}
     out: list[Step] = []
     split_done: set[tuple[str, bool]] = set()
     for r in requests:
@@ -75,7 +76,7 @@ def steps(requests: Sequence[GroupRequest], rank: int, splittable: bool) -> list
             out.append(Step(STOCK, True))
         elif r.gloo or not splittable:
             out.append(Step(CONNECT if member else SKIP, member))
-        elif not r.desc or not _disjoint(kinds[kind]):
+        elif not r.desc or not disjoint[kind]:
             out.append(Step(STOCK, member))
         elif kind not in split_done:
             split_done.add(kind)
