@@ -138,9 +138,10 @@ def members_only_groups_s(r: dict, n: int) -> float:
     ring all-gather, ``NOCOLOR_HOP_S`` per step) making the rank's group (``SPLIT_MEMBER_S``) or,
     where the kind leaves the rank out, none; each gloo group the rank is in connected by its
     members (taken as a split the rank is in); a kind whose groups overlap (none in these layouts)
-    goes through megatron's own calls. The calls are sequential, in megatron's order."""
+    goes through megatron's own calls. The calls are sequential, in megatron's order, after the
+    list of megatron's calls is made (``group_requests`` + ``steps``, CPU seconds measured here)."""
     ring = (n - 1) * NOCOLOR_HOP_S
-    return (r["megatron_split_kinds"] * ring + r["megatron_member_splits"] * SPLIT_MEMBER_S
+    return (r["members_only_listing_cpu_s"] + r["megatron_split_kinds"] * ring + r["megatron_member_splits"] * SPLIT_MEMBER_S
             + r["megatron_member_gloo_groups"] * SPLIT_MEMBER_S
             + megatron_groups_s(r["megatron_stock_calls"], r["megatron_member_stock_calls"], n))
 
@@ -201,7 +202,8 @@ SOURCES = {
             f"all-gather at ~100k ranks in N/2 steps; +-3x), + {SPLIT_MEMBER_S} s for each group the rank is "
             f"in (measured on a lent H100, split_group of an eager NCCL world of one, "
             f"bench/results/gpu_check_h100.json; megatron's gloo groups, connected by their members, taken "
-            f"alike: assumed)"),
+            f"alike: assumed), after listing megatron's calls (megatron.build.group_requests + comms.groups."
+            f"steps: measured here on CPU, one core)"),
         "transfer_seconds": TRANSFER_SOURCE,
         "build_seconds": BUILD_SOURCE,
         "pause_seconds": "transfer + shrink + megatron's groups + build (the shrink and the splits follow the transfer)",
@@ -254,7 +256,8 @@ def summary(data: dict) -> list[dict]:
 
 # What ``count_groups`` records per row.
 GROUP_COUNTS = ("megatron_group_calls", "megatron_member_groups", "megatron_split_kinds", "megatron_member_splits",
-                "megatron_member_gloo_groups", "megatron_stock_calls", "megatron_member_stock_calls")
+                "megatron_member_gloo_groups", "megatron_stock_calls", "megatron_member_stock_calls",
+                "members_only_listing_cpu_s")
 
 
 def count_groups(rows: list[dict]) -> None:
@@ -267,8 +270,14 @@ def count_groups(rows: list[dict]) -> None:
     from liveshard.runtime.megatron.build import group_requests
 
     for r in rows:
-        requests = group_requests(ParallelConfig.parse(r["to"]), 0)
+        cfg = ParallelConfig.parse(r["to"])
+        group_requests(cfg, 0)  # the first probe imports what the others reuse
+        gc.collect()
+        t0 = time.process_time()
+        requests = group_requests(cfg, 0)
         plan = steps(requests, 0, splittable=True)
+        # what init_parallel(members_only=True) adds on the CPU before megatron's first call
+        r["members_only_listing_cpu_s"] = time.process_time() - t0
         r["megatron_group_calls"] = len(requests)
         r["megatron_member_groups"] = sum(1 for q in requests if 0 in q.ranks)
         r["megatron_split_kinds"] = sum(1 for s in plan if s.how == SPLIT)
