@@ -20,7 +20,8 @@ down instead (``shutdown(2)``): every pending receive on them fails at once. Whi
 are the world's is recorded while its groups connect (``noting_connections``): those that
 appeared meanwhile, less any to the job's store.
 
-Backend-specific lines are here and only here: gloo on CPU, NCCL when CUDA is present.
+Backend-specific lines are here and only here (and in ``comms.groups``, megatron's groups made by
+their members): gloo on CPU, NCCL when CUDA is present.
 """
 
 from __future__ import annotations
