@@ -5,8 +5,8 @@ that goes away with the job (which logged c10d connection errors for half a minu
 
 from __future__ import annotations
 
-from liveshard.runtime.agent.kept_writes import KeptWrites
 from liveshard.runtime.agent.control import ControlThread
+from liveshard.runtime.agent.kept_writes import KeptWrites
 from liveshard.runtime.agent.prepare import Preparations
 from liveshard.runtime.agent.worker import WorkerOptions, WorkerState
 from liveshard.runtime.contract.keys import Keys
