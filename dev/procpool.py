@@ -42,8 +42,11 @@ def _worker(member: int, tasks: Any, results: Any, preload: tuple[str, ...], tim
 
     import torch.distributed as dist
 
-    for name in preload:  # pay the import cost once, while the pool starts
-        importlib.import_module(name)
+    from liveshard.runtime.megatron.compat import eager_fusions
+
+    with eager_fusions():  # megatron-core, if a preloaded module imports it, as a worker imports it
+        for name in preload:  # pay the import cost once, while the pool starts
+            importlib.import_module(name)
     world = 0
     group_port = 0  # a member that sat out a smaller world still holds an older group
     while True:

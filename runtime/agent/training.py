@@ -54,13 +54,14 @@ def warm_up(device: torch.device) -> float:
     """Pay the one-off costs (imports, megatron's CPU/GPU set-up) before joining the job, so a
     joiner is admitted ready and only the transfer and commit stop training. Returns seconds."""
     t0 = time.perf_counter()
-    import megatron.core.distributed
-    import megatron.core.models.gpt.gpt_layer_specs
-    import megatron.core.optimizer
-    import megatron.core.optimizer_param_scheduler
-    import megatron.core.pipeline_parallel  # noqa: F401
-
     from liveshard.runtime.megatron import compat
+
+    with compat.eager_fusions():
+        import megatron.core.distributed
+        import megatron.core.models.gpt.gpt_layer_specs
+        import megatron.core.optimizer
+        import megatron.core.optimizer_param_scheduler
+        import megatron.core.pipeline_parallel  # noqa: F401
 
     compat.install()
     if torch.cuda.is_available():

@@ -43,6 +43,34 @@ _installed = False
 _applied: list[str] = []
 
 
+@contextlib.contextmanager
+def eager_fusions() -> Iterator[None]:
+    """Import megatron-core inside this on a CPU-only torch: its fused elementwise kernels
+    (``megatron.core.jit.jit_fuser``, ``torch.compile`` since torch 2.2) are decorated at import,
+    which imports torch's dynamo and inductor compilers (about 1.5 s of CPU per process, every
+    worker and every test process) for kernels a CPU run never compiles (megatron enables them
+    with ``bias_activation_fusion`` and friends, off here). While megatron-core is first imported,
+    ``torch.compile`` returns the function itself: ``jit_fuser`` keeps that, and the fusions run
+    eagerly. Nothing changes where CUDA is present, or once megatron-core is imported."""
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available() or "megatron.core" in sys.modules:
+        yield
+        return
+    real = torch.compile
+
+    def uncompiled(model: Any = None, **kwargs: Any) -> Any:
+        return model if model is not None else (lambda fn: fn)
+
+    torch.compile = uncompiled  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.compile = real
+
+
 def install() -> bool:
     """Apply the CPU patches if CUDA is absent. Returns whether they are active. Idempotent."""
     global _installed
