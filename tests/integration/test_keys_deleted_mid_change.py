@@ -35,7 +35,12 @@ from liveshard.dev.ports import free_port
 
 pytestmark = pytest.mark.slow
 
-GLOBAL_BATCH, STEPS = 4, 8
+GLOBAL_BATCH, STEPS = 4, 24
+# Each step's compute stretched 10x (slept, not burnt: ``held_worker.Slowdown``), so the 19 steps
+# after the join's publication last longer than the attack on it plus its preparation however
+# loaded the machine is: a join is switched to once prepared, and a run that trains to its end
+# first ends with "training finished before the join committed".
+STRETCH = 10.0
 ATTACK = 3.0  # seconds of deletions per pending generation (then the job must recover on its own)
 TRANSITION_TIMEOUT = 10.0  # the documented bound of a pending generation, shortened for the test
 PROBE = b"\0probe"  # compare_set(k, PROBE, PROBE): the value without blocking on an absent key
@@ -100,7 +105,7 @@ def test_keys_deleted_while_a_change_is_pending_neither_wedge_nor_break_it(tmp_p
     job = LocalRun(RunSpec.mock("tiny-llama", workers=2, parallel="tp=1,pp=1,dp=2", steps=STEPS,
                                 global_batch=GLOBAL_BATCH, events=parse_events("3:leave=1 5:join=1"),
                                 workdir=str(tmp_path), heartbeat_timeout=2.0, collective_timeout=10.0,
-                                transition_timeout=TRANSITION_TIMEOUT))
+                                transition_timeout=TRANSITION_TIMEOUT, stretch=STRETCH))
     stop = threading.Event()
     seen: dict = {"deleted": 0, "bursts": 0, "windows": {}, "updates": []}
     report, codes = run_under_attack(job, [lambda: _attack(port, stop, seen)], stop)
