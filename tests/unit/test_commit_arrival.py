@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 
+from liveshard.runtime.agent.kept_writes import KeptWrites
 from liveshard.runtime.agent.live_switch import arrive
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.control.protocol import WorldPlan
@@ -19,7 +20,8 @@ PLAN = WorldPlan(generation=3, config="tp=1,pp=1,dp=2", members=("w0", "w2"), pr
 
 
 def _agent(store: JobStore) -> SimpleNamespace:
-    return SimpleNamespace(id="w0", store=store, options=SimpleNamespace(commit_timeout=5.0))
+    return SimpleNamespace(id="w0", store=store, options=SimpleNamespace(commit_timeout=5.0),
+                           clients=SimpleNamespace(kept=KeptWrites()))
 
 
 def test_a_member_whose_world_was_built_ahead_counts_in_without_waiting():
