@@ -103,6 +103,16 @@ class Faults:
         elif kind.startswith("rendezvous:"):  # scripted: the next N live transitions' rendezvous broken
             self.rendezvous_broken = int(kind.split(":", 1)[1])
             self.log(f"FAULT the rendezvous keys of the next {self.rendezvous_broken} changes overwritten")
+        elif kind == "capture-checkpoint":  # scripted: the attacker keeps checkpoint/latest's bytes as they are
+            self.captured_pointer = self.server.data.get(full(Keys.CHECKPOINT))
+            self.log(f"FAULT checkpoint/latest captured ({self.captured_pointer is not None})")
+        elif kind == "plant-checkpoint":  # scripted: ... and writes them back, into the store of the day
+            if self.captured_pointer is not None and server.up:
+                server._land(ATTACKER, full(Keys.CHECKPOINT), self.captured_pointer)
+                self.log("FAULT the captured checkpoint/latest written back (a replay)")
+        elif kind == "coordinator-now":  # scripted: the coordinator killed at once
+            if core is not None:
+                self._kill_coordinator("scripted")
         elif kind.startswith("delete-pending:"):  # scripted: delete-pending:<seconds of each pending generation>
             self.delete_pending_for = float(kind.split(":", 1)[1])
             self.log(f"FAULT the keys of each pending generation deleted for its first {self.delete_pending_for} s")
@@ -110,7 +120,7 @@ class Faults:
             self.forged_beats.discard(kind.split(":", 1)[1])
             self.solid_forged.discard(kind.split(":", 1)[1])
         elif kind == "replay":
-            prefix = rng.choice(("hb/", "hb/", "members/", "gen/", "plan/", "dead/"))
+            prefix = rng.choice(("hb/", "hb/", "members/", "gen/", "plan/", "dead/", Keys.CHECKPOINT))
             keys = server.stale_keys((prefix,)) if rng.random() < 0.5 else []
             keys = keys or [k for k in server.keys((prefix,)) if server.history.get(full(k))]
             for key in rng.sample(keys, min(len(keys), rng.choice((1, 1, 2, 5)))):

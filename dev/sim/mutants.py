@@ -113,6 +113,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "",
            "a plan deleted before its members read it is never written back: the change aborts at the "
            "transition timeout", scenario="keys-deleted-while-a-change-is-pending"),
+    Mutant("replayed-checkpoint-pointer-trusted", R + "coordinator.events",
+           "    if newest is not None and (not pointer or int(newest[\"step\"]) > int(pointer.get(\"step\", -1))):\n",
+           "    if newest is not None and not pointer:\n",
+           "a validly sealed checkpoint/latest replayed to a restarted coordinator rolls a restore back to the "
+           "older checkpoint it names", scenario="checkpoint-pointer-replayed"),
     Mutant("lost-world-fails-despite-a-checkpoint", R + "coordinator.planning",
            "    checkpoint = core.checkpoints.latest() or core.adopted_checkpoint\n    if checkpoint is None:\n",
            "    checkpoint = core.checkpoints.latest() or core.adopted_checkpoint\n    if True:\n",

@@ -150,7 +150,26 @@ def keys_deleted_while_a_change_is_pending() -> tuple[SimResult, list[str]]:
     return result, problems
 
 
+def checkpoint_pointer_replayed() -> tuple[SimResult, list[str]]:
+    """An attacker keeps ``checkpoint/latest``'s bytes while they name an early checkpoint, and
+    writes them back into the store of a restarted coordinator, which never read a newer
+    pointer; then every worker is lost (no surviving copy): the restore takes the newest
+    checkpoint that verifies on the job's volume, not the replayed one (``restore_choice``)."""
+    sim = Simulation(4, faults=frozenset(), workers=2, config="dp",
+                     script=((6.0, "capture-checkpoint"), (15.0, "coordinator-now"), (19.5, "plant-checkpoint"),
+                             (19.6, "kill:w0"), (19.6, "kill:w1"), (21.0, "respawn:w0"), (21.2, "respawn:w1")))
+    result = sim.run()
+    problems = []
+    restores = [p for p in sim.published.values() if p.restore_from is not None]
+    if not restores:
+        problems.append("no restore was planned")
+    if not any("written back (a replay)" in line for line in sim.trace):
+        problems.append("the replayed pointer was never planted")
+    return result, problems
+
+
 SCENARIOS: dict[str, Callable[[], tuple[SimResult, list[str]]]] = {
+    "checkpoint-pointer-replayed": checkpoint_pointer_replayed,
     "keys-deleted-while-a-change-is-pending": keys_deleted_while_a_change_is_pending,
     "forged-list-slots": forged_list_slots,
     "rendezvous-overwritten-then-intact": rendezvous_overwritten_then_intact,

@@ -56,7 +56,7 @@ from liveshard.runtime.control.protocol import (
     transition_members,
 )
 from liveshard.runtime.control.store import JobStore
-from liveshard.runtime.coordinator.events import CheckpointView
+from liveshard.runtime.coordinator.events import CheckpointView, restore_choice
 from liveshard.runtime.coordinator.loop import Coordinator
 from liveshard.runtime.coordinator.membership import LOST_PROCESS
 from liveshard.runtime.coordinator.requests import PlanningInputs, PlanRequest
@@ -183,12 +183,23 @@ class SimResult:
 
 
 class SimCheckpoints(CheckpointView):
+    """The job's volume is the simulator's list of checkpoints (all of them, seen by every
+    coordinator); ``checkpoint/latest`` is read from the coordinator's store and the choice is
+    the shipped rule's (``events.restore_choice``)."""
+
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
 
     def latest(self) -> dict | None:
         good = [c for c in self.sim.checkpoints if c["verified"]]
-        return good[-1] if good else None
+        pointer = None
+        if self.sim.cstore is not None:
+            with contextlib.suppress(Exception):  # a store that is gone: no pointer
+                pointer = self.sim.cstore.get_json(Keys.CHECKPOINT)
+        named = next((c for c in self.sim.checkpoints if pointer and c["path"] == pointer.get("path")), None)
+        problem = None if named is None or named["verified"] else "its files do not verify"
+        choice, _ = restore_choice(pointer, problem, good[-1] if good else None)
+        return choice
 
     def on_volume(self) -> dict | None:
         return self.latest()  # the volume holds every checkpoint (none before the first world)
@@ -298,6 +309,7 @@ class Simulation(Faults):
         self.seen_plans: dict[int, WorldPlan] = {}  # what some worker read under each generation
         self.seen_by: dict[int, set[str]] = {}  # the processes that read it
         self.forged_beats: set[str] = set()  # heartbeat keys overwritten by an attacker all along
+        self.captured_pointer: bytes | None = None  # checkpoint/latest's bytes an attacker kept (a replay)
         self.delete_pending_for = 0.0  # seconds of each pending generation in which its keys are deleted
         self.pending_since: dict[int, float] = {}  # generation -> when it was first seen pending
         self.solid_forged: set[str] = set()  # ... before every read of the coordinator
@@ -477,6 +489,10 @@ class Simulation(Faults):
                 ck = next((c for c in self.checkpoints if c["path"] == plan.restore_from), None)
                 if ck is None or not ck["verified"]:
                     self.violate(f"plan {plan.generation} restores unverified checkpoint {plan.restore_from}")
+                newest = max((c["step"] for c in self.checkpoints if c["verified"]), default=None)
+                if ck is not None and newest is not None and ck["step"] < newest:
+                    self.violate(f"plan {plan.generation} restores step {ck['step']} although step {newest} "
+                                 "verifies (a rollback)")
         self.published[plan.generation] = plan
         self.log(f"publish {plan.generation} {plan.config} {plan.members} prev={plan.previous} "
                  f"restore={plan.restore_from} ({plan.reason})")
@@ -798,7 +814,10 @@ class Simulation(Faults):
                 m.state_step = t.step
                 m.broken_at = None
             if t.step % CHECKPOINT_EVERY == 0:
-                self.checkpoints.append({"path": f"ckpt/{self.epoch}.{gen}/{t.step}", "step": t.step, "verified": True})
+                record = {"path": f"ckpt/{self.epoch}.{gen}/{t.step}", "step": t.step}
+                self.checkpoints.append({**record, "verified": True})
+                with contextlib.suppress(Exception):  # rank 0 publishes it, as after a save; the store may be gone
+                    ws[0].link.store.publish_checkpoint(record)
         self._switches()
 
     def _is_declared(self, w: Worker, peer: Worker) -> bool:

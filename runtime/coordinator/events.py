@@ -97,3 +97,23 @@ class CheckpointView:
 
     def on_volume(self) -> dict[str, Any] | None:  # the newest complete one on the job's volume
         return None
+
+
+def restore_choice(pointer: dict[str, Any] | None, problem: str | None,
+                   newest: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The checkpoint a restore takes, and a warning to log (or None), from ``pointer`` (what
+    ``checkpoint/latest`` names, as read), ``problem`` (why the checkpoint it names fails
+    verification on the job's volume; None: it verifies, or is not on a volume this process
+    sees) and ``newest`` (the newest of the job's checkpoints on that volume that verifies;
+    None: none, or no volume).
+
+    The pointer, unless what it names fails verification (then the newest that verifies), or a
+    newer checkpoint verifies (a validly sealed pointer replayed to a reader that never read
+    the newer one: a replay must not roll the job back)."""
+    if pointer and problem is not None:
+        return newest, f"checkpoint {pointer.get('path')} failed verification ({problem}): looking for an older one"
+    if newest is not None and (not pointer or int(newest["step"]) > int(pointer.get("step", -1))):
+        warning = (f"checkpoint/latest names step {pointer.get('step')}, but step {newest['step']} verifies on the "
+                   "job's volume: restoring from it") if pointer else None
+        return newest, warning
+    return pointer, None

@@ -36,6 +36,7 @@ from liveshard.runtime.coordinator.events import (
     Report,
     Stop,
     WriteOutcome,
+    restore_choice,
 )
 from liveshard.runtime.coordinator.generations import Generation
 from liveshard.runtime.coordinator.kept import KeptKeys
@@ -435,18 +436,11 @@ class Coordinator:
         from liveshard.runtime.agent.checkpoint import newest_complete, verify
         from liveshard.runtime.contract.checkpoint import JobIdentity
 
-        if info and os.path.isdir(str(info.get("path"))):
-            problem = verify(info["path"])
-            if problem is not None:
-                log.warning("checkpoint %s failed verification (%s): looking for an older one", info["path"], problem)
-                return newest_complete(self.checkpoint_dir, JobIdentity.from_env())
-        newest = newest_complete(self.checkpoint_dir, JobIdentity.from_env())
-        if newest is not None and (not info or int(newest["step"]) > int(info.get("step", -1))):
-            if info:
-                log.warning("checkpoint/latest names step %s, but step %d verifies on the job's volume: restoring "
-                            "from it", info.get("step"), newest["step"])
-            return newest
-        return info
+        problem = verify(info["path"]) if info and os.path.isdir(str(info.get("path"))) else None
+        choice, warning = restore_choice(info, problem, newest_complete(self.checkpoint_dir, JobIdentity.from_env()))
+        if warning is not None:
+            log.warning("%s", warning)
+        return choice
 
     def _report(self) -> None:
         self._last_report = self.clock()
