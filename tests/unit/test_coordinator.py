@@ -38,6 +38,11 @@ class Requests:
         return self.inputs
 
 
+# The production store with the job's secret: every value sealed, as in a job (the tests about
+# the unauthenticated branch are in test_store_auth.py).
+SECRET = b"coordinator-test-secret"
+
+
 class Clock:
     """The coordinator's clock, moved by hand: silence is time passing without beats."""
 
@@ -52,8 +57,8 @@ class Clock:
 
 
 def _coordinator(source: Requests, planning: PlanningInputs, model: str = "tiny-gpt") -> Coordinator:
-    return Coordinator(JobStore(dist.HashStore()), PRESETS[model], source, planning, heartbeat_timeout=1.0,
-                       clock=Clock())
+    return Coordinator(JobStore(dist.HashStore(), secret=SECRET), PRESETS[model], source, planning,
+                       heartbeat_timeout=1.0, clock=Clock())
 
 
 _sent = [time.time()]
@@ -217,7 +222,7 @@ def test_progress_metrics_and_the_finish_come_from_the_heartbeats():
 
     training = read_training({"data": {"mock": True}, "trainIters": 100, "globalBatch": 4, "seqLength": 32})
     source, metrics = Requests(), JobMetrics("train")
-    c = Coordinator(JobStore(dist.HashStore()), PRESETS["tiny-gpt"], source, LOCAL, heartbeat_timeout=5.0,
+    c = Coordinator(JobStore(dist.HashStore(), secret=SECRET), PRESETS["tiny-gpt"], source, LOCAL, heartbeat_timeout=5.0,
                     training=training, metrics=metrics)
     _running(c, source, ("p1", "p2"), "tp=1,pp=2,dp=1")
     now = time.time()
@@ -259,11 +264,11 @@ def test_a_first_world_continues_the_newest_complete_checkpoint_on_the_jobs_volu
             (d / "liveshard.json").write_text(json.dumps({"step": step, "config": "tp=1,pp=1,dp=2,ep=1"}))
     assert newest_complete(tmp_path)["step"] == 8 and newest_complete(tmp_path / "none") is None
     source = Requests()
-    c = Coordinator(JobStore(dist.HashStore()), PRESETS["tiny-gpt"], source, LOCAL, heartbeat_timeout=5.0,
+    c = Coordinator(JobStore(dist.HashStore(), secret=SECRET), PRESETS["tiny-gpt"], source, LOCAL, heartbeat_timeout=5.0,
                     checkpoint_dir=str(tmp_path))
     plan = _running(c, source, ("p1", "p2"), "tp=1,pp=1,dp=2")
     assert plan.restore_from == str(tmp_path / "step00000008")
-    fresh = Coordinator(JobStore(dist.HashStore()), PRESETS["tiny-gpt"], Requests(), LOCAL,
+    fresh = Coordinator(JobStore(dist.HashStore(), secret=SECRET), PRESETS["tiny-gpt"], Requests(), LOCAL,
                         checkpoint_dir=str(tmp_path / "empty"))
     fresh.source.queue.append(PlanRequest(members=("p1",), config="tp=1,pp=1,dp=1"))
     _beat(fresh, "p1")
@@ -285,7 +290,7 @@ def test_a_reported_checkpoint_that_fails_verification_gives_way_to_an_older_int
         (d / MARKER).write_text(json.dumps({"step": step, "config": "tp=2,pp=1,dp=1,ep=1", "files": file_manifest(d)}))
     (tmp_path / "step00000008" / ".metadata").write_bytes(b"metadata 9")  # corrupted after the save
     source = Requests()
-    c = Coordinator(JobStore(dist.HashStore()), PRESETS["tiny-gpt"], source, LOCAL, heartbeat_timeout=5.0,
+    c = Coordinator(JobStore(dist.HashStore(), secret=SECRET), PRESETS["tiny-gpt"], source, LOCAL, heartbeat_timeout=5.0,
                     checkpoint_dir=str(tmp_path))
     c.store.set_json(Keys.CHECKPOINT, {"path": str(tmp_path / "step00000008"), "step": 8, "config": "tp=2,pp=1,dp=1"})
     assert c.latest_checkpoint()["path"] == str(tmp_path / "step00000004")
@@ -507,7 +512,7 @@ def test_a_slow_device_measured_in_the_heartbeats_gets_a_straggler_plan_with_its
                               "seqLength": 32, "precision": "fp32"})
     planning = _replace(LOCAL, adaptive=AdaptivePolicy(enabled=True, window=4))
     source = Requests()
-    c = Coordinator(JobStore(dist.HashStore()), PRESETS["tiny-gpt"], source, planning, heartbeat_timeout=5.0,
+    c = Coordinator(JobStore(dist.HashStore(), secret=SECRET), PRESETS["tiny-gpt"], source, planning, heartbeat_timeout=5.0,
                     training=training)
     workers = ("w0", "w1")
     _running(c, source, workers, "tp=1,pp=2,dp=1")
