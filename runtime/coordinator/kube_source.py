@@ -59,6 +59,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -124,9 +125,12 @@ class KubePlanSource:
     """Turns new operator plans into plan requests and writes the coordinator's acks back."""
 
     def __init__(self, store: JobStore | None, job: str, namespace: str, api: Any = None,
-                 poll_interval: float = 0.5) -> None:
+                 poll_interval: float = 0.5, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         import kubernetes.client
 
+        self.clock = clock  # paces the polls and the reports (monotonic)
+        self.wall = wall  # the times written into the job's status (acks, appliedAt)
         self.store = store
         self.job = job
         self.namespace = namespace
@@ -189,7 +193,7 @@ class KubePlanSource:
 
     # ---- PlanSource --------------------------------------------------------------------------
     def poll(self) -> PlanRequest | None:
-        now = time.monotonic()
+        now = self.clock()
         if now < self._next_poll:
             return None
         self._next_poll = now + self.poll_interval
@@ -221,7 +225,7 @@ class KubePlanSource:
             # A stop: the running world saves a checkpoint; a later plan with members restores it.
             self.handled = gen
             if not self.current.get("config"):  # nothing is running (already stopped, or not started)
-                self._ack(gen, time.time())
+                self._ack(gen, self.wall())
                 return None
             self.awaiting = gen
             self._handed[gen] = plan
@@ -235,7 +239,7 @@ class KubePlanSource:
             # runtime has moved on since (the operator records that world next): never a transition.
             self.handled = gen
             if idle and running == members and same_config(self.current.get("config"), plan.config):
-                self._ack(gen, time.time(), runtime=self.current.get("generation"))
+                self._ack(gen, self.wall(), runtime=self.current.get("generation"))
             else:
                 log.info("operator plan %d records runtime generation %s, which no longer runs: nothing to do",
                          gen, plan.observed_world)
@@ -258,7 +262,7 @@ class KubePlanSource:
         if idle and running == members and same_config(self.current.get("config"), plan.config):
             log.info("operator plan %d matches the running world (runtime generation %s): acked",
                      gen, self.current.get("generation"))
-            self._ack(gen, time.time(), runtime=self.current.get("generation"))
+            self._ack(gen, self.wall(), runtime=self.current.get("generation"))
             return None
         self.awaiting = gen
         self._handed[gen] = plan
@@ -373,14 +377,14 @@ class KubePlanSource:
         self._report_world(status, by_runtime)
         for op_gen, why in answers:
             if why is None:
-                self._ack(op_gen, time.time())
+                self._ack(op_gen, self.wall())
             else:
                 self._abort(op_gen, why)
         for op_gen, patch in sorted(self._unwritten.items()):  # answers the API refused before
             if self._write(patch):
                 self.answered.add(op_gen)
                 del self._unwritten[op_gen]
-        now = time.monotonic()
+        now = self.clock()
         failure = status.get("failure")
         if failure and not self._failure_written:
             self._failure_written = self._write(RuntimeFailure(str(failure.get("reason")), str(failure.get("message")),
@@ -437,7 +441,7 @@ class KubePlanSource:
         health = status.get("health") or {}
         members = health.get("members") or {}
         reference = health.get("reference_seconds_per_unit")
-        now = time.time()
+        now = self.wall()
         out = []
         for device in sorted(set(health.get("stragglers") or ())):
             m = members.get(device) or {}
@@ -469,7 +473,7 @@ class KubePlanSource:
         gen = int(gen)
         workers = tuple(status.get("members") or ())
         entry = by_runtime.get(gen) or {}
-        at = self._committed_at.setdefault(gen, time.time())
+        at = self._committed_at.setdefault(gen, self.wall())
         world = CommittedWorld(generation=gen, config=str(status.get("config") or ""), members=pods_of(workers),
                                world_size=len(workers), plan_generation=self._plan_of.get(gen),
                                cause=cause_of(entry.get("cause")), reason=str(entry.get("reason") or ""),
