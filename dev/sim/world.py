@@ -935,6 +935,12 @@ class Simulation(Faults):
             elif w.id in plan.standbys:
                 w.world, w.phase, w.state_step = plan, "standby", None
             else:
+                # the state's safety: a leaver lets its state go only once the generation that
+                # moved it elsewhere was decided committed by a process or a coordinator
+                if (self.ledger.decisions.get(plan.generation) != COMMITTED
+                        and COMMITTED not in self.ledger.outcomes.get(plan.generation, set())):
+                    self.violate(f"{w.inc} left generation {plan.generation} (its state with it) that nobody "
+                                 "decided committed")
                 w.state_step = None
                 self._exit(w, "left by plan")
         else:
