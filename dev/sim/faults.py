@@ -37,7 +37,8 @@ class Faults:
         since = self.pending_since.setdefault(gen, self.now)
         if self.now - since >= self.delete_pending_for:
             return
-        for key in self.server.keys((f"gen/{gen}/", Keys.plan(gen), Keys.LATEST, Keys.CURRENT)):
+        plans = (Keys.plan(gen), Keys.LATEST, Keys.CURRENT) if self.delete_pending_plans else ()
+        for key in self.server.keys((f"gen/{gen}/", *plans)):
             if self.server.delete(key):
                 self.log(f"FAULT delete {key}")
 
@@ -113,8 +114,9 @@ class Faults:
         elif kind == "coordinator-now":  # scripted: the coordinator killed at once
             if core is not None:
                 self._kill_coordinator("scripted")
-        elif kind.startswith("delete-pending:"):  # scripted: delete-pending:<seconds of each pending generation>
+        elif kind.startswith("delete-pending"):  # scripted: delete-pending[-votes]:<seconds of each pending generation>
             self.delete_pending_for = float(kind.split(":", 1)[1])
+            self.delete_pending_plans = not kind.startswith("delete-pending-votes")
             self.log(f"FAULT the keys of each pending generation deleted for its first {self.delete_pending_for} s")
         elif kind.startswith("unforge:"):
             self.forged_beats.discard(kind.split(":", 1)[1])

@@ -113,6 +113,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "",
            "a plan deleted before its members read it is never written back: the change aborts at the "
            "transition timeout", scenario="keys-deleted-while-a-change-is-pending"),
+    Mutant("worker-writes-not-kept", R + "agent.kept_writes",
+           "        if now - self._checked < KEPT_CHECK:\n",
+           "        if True:\n",
+           "a member's result, digest, arrival or ready vote deleted before it was read is never written "
+           "again: the change aborts at the timeout", scenario="votes-deleted-while-a-change-is-pending"),
     Mutant("replayed-checkpoint-pointer-trusted", R + "coordinator.events",
            "    if newest is not None and (not pointer or int(newest[\"step\"]) > int(pointer.get(\"step\", -1))):\n",
            "    if newest is not None and not pointer:\n",

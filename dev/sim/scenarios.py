@@ -150,6 +150,24 @@ def keys_deleted_while_a_change_is_pending() -> tuple[SimResult, list[str]]:
     return result, problems
 
 
+def votes_deleted_while_a_change_is_pending() -> tuple[SimResult, list[str]]:
+    """The same attack on a generation's own keys only (prepared digests, results, arrivals,
+    ready votes, decisions), for the first 4 s of each pending generation: the plans are read at
+    once, so the members write while the deletions go on; each member writes its keys again
+    (``agent.kept_writes``), and a join and a leave commit without an aborted try."""
+    sim = Simulation(7, faults=frozenset(), workers=3, config="dp", absent=("w2",),
+                     script=((1.0, "delete-pending-votes:4"), (3.0, "respawn:w2"),
+                             (14.0, "request:plan:w1 leaves:w0,w2")))
+    result = sim.run()
+    problems = _aborted(sim)
+    core = sim.core
+    if core is None or core.current is None or set(core.current.members) != {"w0", "w2"}:
+        problems.append(f"the job runs {core.current.members if core and core.current else None}, not w0, w2")
+    if sum(" FAULT delete gen/" in line for line in sim.trace) < 10:
+        problems.append("the attack did not reach the generations' keys")
+    return result, problems
+
+
 def checkpoint_pointer_replayed() -> tuple[SimResult, list[str]]:
     """An attacker keeps ``checkpoint/latest``'s bytes while they name an early checkpoint, and
     writes them back into the store of a restarted coordinator, which never read a newer
@@ -170,6 +188,7 @@ def checkpoint_pointer_replayed() -> tuple[SimResult, list[str]]:
 
 SCENARIOS: dict[str, Callable[[], tuple[SimResult, list[str]]]] = {
     "checkpoint-pointer-replayed": checkpoint_pointer_replayed,
+    "votes-deleted-while-a-change-is-pending": votes_deleted_while_a_change_is_pending,
     "keys-deleted-while-a-change-is-pending": keys_deleted_while_a_change_is_pending,
     "forged-list-slots": forged_list_slots,
     "rendezvous-overwritten-then-intact": rendezvous_overwritten_then_intact,

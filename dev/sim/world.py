@@ -310,7 +310,8 @@ class Simulation(Faults):
         self.seen_by: dict[int, set[str]] = {}  # the processes that read it
         self.forged_beats: set[str] = set()  # heartbeat keys overwritten by an attacker all along
         self.captured_pointer: bytes | None = None  # checkpoint/latest's bytes an attacker kept (a replay)
-        self.delete_pending_for = 0.0  # seconds of each pending generation in which its keys are deleted
+        self.delete_pending_for = 0.0
+        self.delete_pending_plans = True  # the plans and pointers too (else only the generation's own keys)  # seconds of each pending generation in which its keys are deleted
         self.pending_since: dict[int, float] = {}  # generation -> when it was first seen pending
         self.solid_forged: set[str] = set()  # ... before every read of the coordinator
         self.rendezvous_broken = 0  # live transitions still to fail in their rendezvous (c10d keys overwritten)
