@@ -870,8 +870,7 @@ class Simulation(Faults):
                 error = f"the coordinator restarted during the switch to generation {gen}"
             else:
                 try:
-                    p.link.store.set(Keys.arrived(gen, p.id), "1")
-                    p.link.kept.keep(gen, Keys.arrived(gen, p.id), "1")  # as ``live_switch.arrive``
+                    p.link.kept.write(p.link.store, gen, Keys.arrived(gen, p.id), "1")  # as ``live_switch.arrive``
                     p.link.store.store.add(Keys.arrivals(gen), 1)
                 except Exception as e:  # the store is gone: it cannot build the world
                     error = f"arrive: {e}"

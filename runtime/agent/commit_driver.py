@@ -121,8 +121,7 @@ class CommitDriver:
             self.cp.voted(ok=False, write_confirmed=True)
             return
         try:
-            store.set(ready, "1")
-            self.link.kept.keep(self.gen, ready, "1")  # a vote is never taken back: kept written
+            self.link.kept.write(store, self.gen, ready, "1")  # a vote is never taken back: kept written
             confirmed = store.get(ready) == "1"
         finally:
             self.cp.voted(ok=True, write_confirmed=confirmed)

@@ -14,7 +14,8 @@ learned), its heartbeats (``hb/<id>``, written by its pulse process where it has
 and its outcome of each generation (``gen/<N>/result/<id>``).
 
 What it writes for a generation under way (its result, its prepared digest, its connect answer,
-its arrival) it keeps written until the generation is decided (``KeptWrites``): a client
+its arrival, its ready vote) it keeps written until the generation is decided
+(``kept_writes.KeptWrites``, ``StoreClients.kept``): a client
 without the job's secret can delete any key, and a key deleted before its reader read it would
 leave the generation to abort at the transition timeout.
 """
@@ -69,12 +70,6 @@ class StoreClients:
         """New clients (not yet in use: see ``replace``)."""
         return {name: JobStore(connect_store(self.host, self.port, timeout=timeout), self.job, self.secret)
                 for name in ("main", "control")}
-
-    def set_kept(self, gen: int, key: str, value: str) -> None:
-        """Write ``key`` for generation ``gen`` (the calling thread's client) and keep it written
-        until the generation is decided (``KeptWrites``)."""
-        self.store.set(key, value)
-        self.kept.keep(gen, key, value)
 
     def dedicated(self, timeout: float = 300.0) -> JobStore:
         """A new client for one helper thread's blocking work (a communicator's rendezvous),
@@ -235,6 +230,7 @@ def report_result(store: JobStore, worker_id: str, gen: int, result: MemberResul
     """This worker's outcome of generation ``gen`` (the coordinator collects every member's),
     kept written until the generation is decided where ``kept`` is given."""
     key, value = Keys.result(gen, worker_id), result.to_json()
-    store.set(key, value)
-    if kept is not None:
-        kept.keep(gen, key, value)
+    if kept is None:
+        store.set(key, value)
+    else:
+        kept.write(store, gen, key, value)

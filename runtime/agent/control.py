@@ -11,7 +11,7 @@ Training never waits on the store. This thread does it instead, a few times a se
 * it cuts this worker's world off when the coordinator declares one of its members dead
   (``cutoff.PeerWatch``), so that training is never left blocked in a collective with it;
 * it keeps what this worker wrote for a generation written until the generation is decided
-  (``connection.KeptWrites``): a key deleted before its reader read it would abort the
+  (``kept_writes.KeptWrites``): a key deleted before its reader read it would abort the
   generation at the transition timeout;
 * when the store stops answering (the coordinator restarts), it connects to the new one and
   announces the world this worker trains in, the commit point it is in and the plan it was

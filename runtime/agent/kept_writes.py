@@ -36,6 +36,11 @@ class KeptWrites:
         with self._lock:
             self._values[key] = (gen, value)
 
+    def write(self, store: JobStore, gen: int, key: str, value: str) -> None:
+        """Write ``key`` for generation ``gen`` and keep it written until the generation is decided."""
+        store.set(key, value)
+        self.keep(gen, key, value)
+
     def restore(self, store: JobStore, now: float) -> None:
         """Read every kept write back, at most every ``KEPT_CHECK`` seconds (``now``: monotonic)."""
         if now - self._checked < KEPT_CHECK:

@@ -254,8 +254,8 @@ def arrive(agent: WorkerAgent, plan: WorldPlan, wait: bool = True, epoch: int | 
     if epoch is not None and agent.clients.epoch != epoch:
         raise NotArrived(f"the coordinator restarted during the switch to generation {gen}")
     store = agent.store
-    store.set(Keys.arrived(gen, agent.id), "1")  # sealed, one key per member: nobody else can count it in
-    agent.clients.kept.keep(gen, Keys.arrived(gen, agent.id), "1")  # written again if deleted before it is read
+    # sealed, one key per member: nobody else can count it in; written again if deleted before it is read
+    agent.clients.kept.write(store, gen, Keys.arrived(gen, agent.id), "1")
     store.store.add(Keys.arrivals(gen), 1)
     if not wait:
         return

@@ -277,7 +277,7 @@ class Preparer:
                 log.warning("generation %d: megatron's process groups could not be probed (%s: %s); the new "
                             "world is made at the commit", gen, type(e).__name__, e)
         store = self.clients.store
-        self.clients.set_kept(gen, Keys.connecting(gen, self.id), AHEAD if requests is not None else AT_COMMIT)
+        self.clients.kept.write(store, gen, Keys.connecting(gen, self.id), AHEAD if requests is not None else AT_COMMIT)
         answers = []
         for m in plan.members:
             answer = self._wait_heartbeating(Keys.connecting(gen, m), timeout=120.0, gen=gen)
@@ -301,7 +301,7 @@ class Preparer:
 
     def _agree(self, gen: int, members: tuple[str, ...], checksum: str) -> None:
         """Publish our plan's inputs digest and check every member's against it."""
-        self.clients.set_kept(gen, Keys.prepared(gen, self.id), checksum)
+        self.clients.kept.write(self.clients.store, gen, Keys.prepared(gen, self.id), checksum)
         for m in members:
             other = self._wait_heartbeating(Keys.prepared(gen, m), timeout=120.0, gen=gen)
             if other is None:
