@@ -11,12 +11,11 @@ from datetime import datetime, timedelta
 from liveshard.operator import signals
 from liveshard.operator.observation import Observation, Outputs, is_lost, why_departing
 from liveshard.runtime.contract.causes import WITHOUT_NOTICE, Cause
-from liveshard.runtime.contract.status import CommittedWorld, JobPhase, StatusPlan
+from liveshard.runtime.contract.status import CommittedWorld, JobPhase, StatusPlan, answer_due
 from liveshard.runtime.contract.times import iso, parse_time
 from liveshard.runtime.planner.pods import Candidate, PodAssignment, micro_batches, plan_for
 from liveshard.runtime.planner.search import NoFeasiblePlan
 
-ACK_GRACE_SECONDS = 60.0  # after a plan's deadline, before the operator plans again without an ack
 ABORT_RETRY_SECONDS = 30.0
 
 
@@ -69,10 +68,14 @@ def next_plan(o: Observation, out: Outputs, plan: StatusPlan | None, members: li
 
 
 def _ack_overdue(o: Observation, out: Outputs, plan: StatusPlan) -> bool:
-    """Whether ``plan`` is past its deadline plus ``ACK_GRACE_SECONDS`` without an answer."""
-    if plan.deadline is None:
+    """Whether ``plan`` is past the time by which a live coordinator has answered it
+    (``contract.answer_due``): the runtime alone acks or aborts a plan (it aborts one whose
+    members are not up by the deadline), so before that time there is nothing to decide here;
+    after it no coordinator is there to answer, and planning again is the operator's."""
+    due = answer_due(plan)
+    if due is None:
         return False
-    left = (plan.deadline - o.now).total_seconds() + ACK_GRACE_SECONDS
+    left = (due - o.now).total_seconds()
     if left > 0:
         out.requeue(left + 0.1)
     return left <= 0

@@ -44,6 +44,9 @@ class Defaults:
 
     HEARTBEAT_TIMEOUT = 3.0  # seconds of silence before the coordinator declares a member dead
     TRANSITION_TIMEOUT = 120.0  # seconds a generation may take before the coordinator aborts it
+    # members still training towards a switch extend its wait, up to this many transition timeouts
+    TRANSITION_PROGRESS_CAP = 4
+    MEMBERS_UP_TIMEOUT = 300.0  # seconds an operator plan without a deadline waits for its members to come up
     COLLECTIVE_TIMEOUT = 20.0  # seconds before a collective with a dead peer fails
     FINAL_SAVE_PATIENCE = 600.0  # seconds the final checkpoint's retries wait for space before the job fails
     STAGING_BUDGET = 64 << 20  # staging bytes per rank during a transfer

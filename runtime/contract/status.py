@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
 from liveshard.runtime.contract.causes import Cause, cause_of
+from liveshard.runtime.contract.env import Defaults
 from liveshard.runtime.contract.times import iso, parse_time
 
 
@@ -266,6 +267,34 @@ class CommittedWorld:
                    plan_generation=_int(world, "planGeneration", "world.planGeneration", None),
                    cause=cause_of(world.get("cause")), reason=str(world.get("reason") or ""),
                    committed_at=parse_time(world.get("committedAt")))
+
+
+# A live coordinator writes its answer within a poll of deciding; its pod restarted in between
+# re-reads the plan and answers it anew (seconds): the slack covers both.
+ANSWER_SLACK_SECONDS = 60.0
+
+
+def members_due(plan: StatusPlan) -> datetime | None:
+    """Until when the coordinator waits for ``plan``'s members to come up before it aborts the
+    plan: its deadline (``spec.elasticity.reconfigurationTimeoutSeconds`` after it was written,
+    or the notice's end), else ``Defaults.MEMBERS_UP_TIMEOUT`` after it was written."""
+    if plan.deadline is not None:
+        return plan.deadline
+    if plan.created_at is not None:
+        return plan.created_at + timedelta(seconds=Defaults.MEMBERS_UP_TIMEOUT)
+    return None
+
+
+def answer_due(plan: StatusPlan, transition_timeout: float = Defaults.TRANSITION_TIMEOUT) -> datetime | None:
+    """When a live coordinator has answered ``plan`` (acked or aborted) at the latest: it waits
+    for the members until ``members_due``, then the change itself ends within
+    ``TRANSITION_PROGRESS_CAP`` transition timeouts. The runtime alone answers a plan; the
+    operator plans again without an answer only past this time, when no coordinator is there to
+    answer, so the two never decide the same plan. None: the plan carries no time to count from."""
+    due = members_due(plan)
+    if due is None:
+        return None
+    return due + timedelta(seconds=Defaults.TRANSITION_PROGRESS_CAP * transition_timeout + ANSWER_SLACK_SECONDS)
 
 
 @dataclass(frozen=True)

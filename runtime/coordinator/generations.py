@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from liveshard.runtime.contract.env import Defaults
 from liveshard.runtime.contract.keys import COMMITTED
 from liveshard.runtime.control.protocol import LIVE, MemberResult, WorldPlan, transition_members
 
@@ -76,7 +77,7 @@ class Judgement:
 WAIT = Judgement()
 # A generation whose missing members keep training towards it may take this many transition
 # timeouts in all (a loaded node's steps are slow; the switch step is some steps away).
-PROGRESS_CAP = 4
+PROGRESS_CAP = Defaults.TRANSITION_PROGRESS_CAP  # the operator counts on it too (contract.answer_due)
 TIMED_OUT = "aborted: no result from"  # how an outcome for members that never answered starts
 
 

@@ -40,8 +40,10 @@ uid it announces, ``status.plan.memberUids``; the store keeps the registration o
 of the same name, e.g. one deleted by a scale-down), heartbeating as the process that registered
 (its heartbeat key carries the registration's incarnation and does not say it ended), and not
 judged dead by the coordinator (``status.dead``). None of this weighs time: the liveness judge
-is the coordinator's. A plan whose members do not all come up within ``REGISTER_TIMEOUT`` is
-reported aborted; the operator then plans again.
+is the coordinator's. A plan whose members are not all up by its deadline (``contract.members_due``:
+``spec.elasticity.reconfigurationTimeoutSeconds`` after it was written, or the notice's end) is
+reported aborted; the operator then plans again. Every plan is answered, acked or aborted, by
+``contract.answer_due``; the operator plans again without an answer only past that time.
 
 A stop plan (``config: ""``, no members) becomes a stop request: the running world saves a
 checkpoint to the job's checkpoint directory and every worker waits; it is acked once saved. The
@@ -65,6 +67,7 @@ from typing import Any
 
 from liveshard.runtime.contract.causes import cause_of
 from liveshard.runtime.contract.crd import GROUP, PLURAL, VERSION
+from liveshard.runtime.contract.env import Defaults
 from liveshard.runtime.contract.jobspec import read_spec
 from liveshard.runtime.contract.keys import Keys
 from liveshard.runtime.contract.status import (
@@ -82,11 +85,12 @@ from liveshard.runtime.contract.status import (
     Straggler,
     Telemetry,
     Waiting,
+    members_due,
     pod_of,
     pods_of,
     same_config,
 )
-from liveshard.runtime.contract.times import parse_time
+from liveshard.runtime.contract.times import iso, parse_time
 from liveshard.runtime.control.protocol import Heartbeat, Registration
 from liveshard.runtime.control.store import JobStore
 from liveshard.runtime.coordinator.requests import PlanningInputs, PlanRequest
@@ -98,7 +102,6 @@ log = logging.getLogger("liveshard.kube_source")
 SPEEDS_INTERVAL = 30.0  # seconds between speed reports (they feed the next plan, not this one)
 STANDBY_INTERVAL = 1.0  # seconds between looks at which pods outside the world are up (status.standby)
 PROGRESS_INTERVAL = 10.0  # seconds between status.progress updates (kubectl get etj's Step and Loss)
-REGISTER_TIMEOUT = 300.0  # how long a plan waits for its joining workers to come up
 
 __all__ = ["KubePlanSource", "api_client", "pod_speeds", "same_config"]  # same_config: contract.status's
 
@@ -253,10 +256,17 @@ class KubePlanSource:
             return None
         missing = self.not_up(members, plan)
         if missing:
-            if now - first < REGISTER_TIMEOUT:
+            due = members_due(plan)
+            if due is None:  # a plan without times: counted from when it was first read
+                if now - first < Defaults.MEMBERS_UP_TIMEOUT:
+                    return None
+                why = f"in {Defaults.MEMBERS_UP_TIMEOUT:.0f} s"
+            elif self.wall() < due.timestamp():
                 return None
+            else:
+                why = f"by the plan's deadline ({iso(due)})"
             self.handled = gen
-            self._abort(gen, f"worker(s) {', '.join(missing[:3])} did not come up in {REGISTER_TIMEOUT:.0f} s")
+            self._abort(gen, f"worker(s) {', '.join(missing[:3])} did not come up {why}")
             return None
         self.handled = gen
         if idle and running == members and same_config(self.current.get("config"), plan.config):

@@ -74,6 +74,33 @@ def test_plan_waits_for_its_workers_then_is_acked_when_committed(env):
     assert st["appliedGeneration"] == 1 and st["appliedAt"].endswith("Z")
 
 
+def test_a_plan_whose_pods_are_not_up_by_its_deadline_is_aborted_by_the_runtime(env):
+    """The runtime answers every plan: one whose members are not all up by its deadline is
+    aborted then (not after a timer of its own that the operator's would race)."""
+    from datetime import UTC, datetime, timedelta
+
+    from liveshard.runtime.contract.times import iso
+
+    source, store, custom = env
+    wall = [datetime(2026, 3, 1, 12, 0, tzinfo=UTC).timestamp()]
+    source.wall = lambda: wall[0]
+    deadline = datetime.fromtimestamp(wall[0], UTC) + timedelta(seconds=40)
+    alive(store, "j-worker-0/0", "j-worker-0/1")  # j-worker-1 never comes up
+    write_plan(custom, 1, ["j-worker-0", "j-worker-1"], deadline=iso(deadline),
+               createdAt=iso(deadline - timedelta(seconds=300)))
+    assert source.poll() is None and "abortedGeneration" not in status(custom)
+    wall[0] += 39.0
+    assert source.poll() is None and "abortedGeneration" not in status(custom)
+    wall[0] += 2.0
+    assert source.poll() is None
+    st = status(custom)
+    assert st["abortedGeneration"] == 1, st
+    assert "j-worker-1/0" in st["abortReason"] and "by the plan's deadline" in st["abortReason"]
+    # the next plan is a new one: its own deadline counts
+    write_plan(custom, 2, ["j-worker-0", "j-worker-1"], deadline=iso(deadline + timedelta(seconds=100)))
+    assert source.poll() is None and status(custom)["abortedGeneration"] == 1
+
+
 def test_runtime_generations_stay_apart_and_a_matching_plan_is_acked_at_once(env):
     source, store, custom = env
     alive(store, "j-worker-0/0", "j-worker-0/1", "j-worker-1/0", "j-worker-1/1")
@@ -234,7 +261,7 @@ def test_checkpoint_reports_and_a_terminal_failure_reach_the_jobs_status(env):
 
 
 def test_a_plan_naming_a_pod_whose_process_the_coordinator_judged_dead_is_aborted_at_once(env):
-    """Not a wait of REGISTER_TIMEOUT: the coordinator's verdict is on the very pod the plan
+    """Not a wait until the plan's deadline: the coordinator's verdict is on the very pod the plan
     names (its registration carries that pod's uid); only a new pod brings a new process."""
     source, store, custom = env
     alive(store, "j-worker-0/0", "j-worker-0/1")
