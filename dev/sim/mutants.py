@@ -123,6 +123,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "    if newest is not None and not pointer:\n",
            "a validly sealed checkpoint/latest replayed to a restarted coordinator rolls a restore back to the "
            "older checkpoint it names", scenario="checkpoint-pointer-replayed"),
+    Mutant("standbys-left-out-of-a-recovery", R + "coordinator.planning",
+           "    survivors = tuple(m for m in (*core.current.members, *core.current.standbys) if m not in core.dead)\n",
+           "    survivors = tuple(m for m in core.current.members if m not in core.dead)\n",
+           "a recovery from a loss plans over the members alone: a standby never takes the lost member's "
+           "place, and the job trains below the parallelism it needs", scenario="standby-takes-over-a-lost-member"),
     Mutant("lost-world-fails-despite-a-checkpoint", R + "coordinator.planning",
            "    checkpoint = core.checkpoints.latest() or core.adopted_checkpoint\n    if checkpoint is None:\n",
            "    checkpoint = core.checkpoints.latest() or core.adopted_checkpoint\n    if True:\n",

@@ -52,6 +52,32 @@ def scale_up_one_to_four() -> tuple[SimResult, list[str]]:
     return result, problems
 
 
+def standby_takes_over_a_lost_member() -> tuple[SimResult, list[str]]:
+    """Three workers, of which the planner trains two (dp=2, the minimum the job accepts) and
+    keeps the third standing by; a member is lost without notice: the runtime's recovery makes
+    the standby a member at once (it is a survivor too), so the job never trains below dp=2
+    after the loss, and the standby, which held no state, is given it by the survivor."""
+    t_loss = 5.0
+    sim = Simulation(9, faults=frozenset(), workers=3, config="dp", most=2, script=((t_loss, "kill:w1"),))
+    result = sim.run()
+    problems = _aborted(sim)
+    first = sim.published.get(min(sim.published)) if sim.published else None
+    if first is None or first.standbys != ("w2",):
+        problems.append(f"the first world stands by {first.standbys if first else None}, not w2")
+    recovery = [p for p in sim.published.values() if "w1" in p.dead]
+    if not recovery:
+        problems.append("no recovery from w1's loss was planned")
+    elif set(recovery[0].members) != {"w0", "w2"}:
+        problems.append(f"the recovery trains {recovery[0].members}, not w0 and the standby w2")
+    smaller = [p.generation for p in sim.published.values() if p.previous is not None and len(p.members) < 2]
+    if smaller:
+        problems.append(f"generation(s) {smaller} train below dp=2")
+    core = sim.core
+    if core is None or core.current is None or set(core.current.members) != {"w0", "w2"}:
+        problems.append(f"the job runs {core.current.members if core and core.current else None}, not w0, w2")
+    return result, problems
+
+
 def _deaths(sim: Simulation, member: str) -> list[float]:
     return [float(line.split()[0]) for line in sim.trace if f"declared dead: {member} " in line]
 
@@ -195,6 +221,7 @@ SCENARIOS: dict[str, Callable[[], tuple[SimResult, list[str]]]] = {
     "rendezvous-overwritten-all-along": rendezvous_overwritten_all_along,
     "node-deleted-then-operator-plan": node_deleted_then_operator_plan,
     "scale-up-one-to-four": scale_up_one_to_four,
+    "standby-takes-over-a-lost-member": standby_takes_over_a_lost_member,
     "heartbeat-forged-for-three-timeouts": heartbeat_forged_for_three_timeouts,
     "forged-beat-left-on-a-dead-worker": forged_beat_left_on_a_dead_worker,
 }

@@ -101,8 +101,13 @@ def shards(config: str) -> int:
 
 
 class SimChooser(WorldChooser):
-    def __init__(self) -> None:
+    """The planner, modelled: every member trains, or at most ``most`` of them (the running
+    world's first, as the planner's fewest-changes objective keeps them) and the rest stand by,
+    as when the global batch fits no more data-parallel ranks."""
+
+    def __init__(self, most: int | None = None) -> None:
         super().__init__(spec=None, plans=PlanCache())  # type: ignore[arg-type]
+        self.most = most
 
     def choose(self, request, members, *, current, dead, inputs, node_of, memory_of=None, count=True):
         config = request.config or (current.config if current and current.config else "dp")
@@ -112,7 +117,12 @@ class SimChooser(WorldChooser):
             from liveshard.runtime.errors import ConfigError
 
             raise ConfigError("config", f"{config} needs {shards(config)} workers, {len(members)} given", "")
-        return _World(config, tuple(_Gpu(m) for m in members))
+        if self.most is None or len(members) <= self.most:
+            return _World(config, tuple(_Gpu(m) for m in members))
+        running = set(current.members) if current else set()
+        ordered = sorted(members, key=lambda m: m not in running)  # stable: the running world's first
+        return _World(config, tuple(_Gpu(m) for m in ordered[:self.most]), tuple(_Gpu(m) for m in ordered[self.most:]),
+                      f"the global batch fits at most {self.most} data-parallel ranks")
 
     def no_live_copy(self, plan: WorldPlan, current: WorldPlan, count: bool = True) -> str | None:
         if current.is_stop:
@@ -259,10 +269,11 @@ class Ledger:
 class Simulation(Faults):
     def __init__(self, seed: int, faults: frozenset[str] = frozenset(FAULTS), workers: int | None = None,
                  duration: float = 20.0, script: tuple[tuple[float, str], ...] | None = None,
-                 absent: tuple[str, ...] = (), config: str | None = None) -> None:
+                 absent: tuple[str, ...] = (), config: str | None = None, most: int | None = None) -> None:
         """``script``: scripted events (time, a fault kind such as ``kill:w2`` or ``respawn:w1``,
         or a request ``request:<reason>:<member,member,...>``) instead of random faults;
-        ``absent``: workers whose process starts later (by a ``respawn:`` event)."""
+        ``absent``: workers whose process starts later (by a ``respawn:`` event); ``most``: the
+        planner trains at most this many workers, the others stand by (``SimChooser``)."""
         self.rng = random.Random(seed)
         self.seed = seed
         self.faults = faults
@@ -270,6 +281,12 @@ class Simulation(Faults):
         self.duration = duration  # faults happen before this; then the job must settle
         self.settle = TRANSITION_TIMEOUT + COMMIT_BOUND + 4 * HB_TIMEOUT
         n = workers or self.rng.randint(2, 5)
+        if most is None and script is None and n >= 3:
+            # a random schedule keeps one worker standing by in some runs (a stream of its own:
+            # the faults drawn for a seed stay the same)
+            shape = random.Random(seed * 104729 + 5)
+            most = n - 1 if shape.random() < 0.3 else None
+        self.most = most
         self.workers = {f"w{i}": Worker(f"w{i}") for i in range(n)}
         self.epoch = 0
         self.server = SimServer(0, lambda: self.now, self._on_write)
@@ -310,8 +327,8 @@ class Simulation(Faults):
         self.seen_by: dict[int, set[str]] = {}  # the processes that read it
         self.forged_beats: set[str] = set()  # heartbeat keys overwritten by an attacker all along
         self.captured_pointer: bytes | None = None  # checkpoint/latest's bytes an attacker kept (a replay)
-        self.delete_pending_for = 0.0
-        self.delete_pending_plans = True  # the plans and pointers too (else only the generation's own keys)  # seconds of each pending generation in which its keys are deleted
+        self.delete_pending_for = 0.0  # seconds of each pending generation in which its keys are deleted
+        self.delete_pending_plans = True  # the plans and pointers too (else only the generation's own keys)
         self.pending_since: dict[int, float] = {}  # generation -> when it was first seen pending
         self.solid_forged: set[str] = set()  # ... before every read of the coordinator
         self.rendezvous_broken = 0  # live transitions still to fail in their rendezvous (c10d keys overwritten)
@@ -407,7 +424,7 @@ class Simulation(Faults):
         planning = PlanningInputs(Constraints(global_batch=8, micro_batch=1))
         self.coordinator = Coordinator(self.cstore, None, self.source, planning, heartbeat_timeout=HB_TIMEOUT,
                                        transition_timeout=TRANSITION_TIMEOUT, precompute=False,
-                                       clock=lambda: self.now, wall=lambda: self.now, chooser=SimChooser(),
+                                       clock=lambda: self.now, wall=lambda: self.now, chooser=SimChooser(self.most),
                                        checkpoints=SimCheckpoints(self))
 
     def _coord_tick(self) -> None:
@@ -726,8 +743,6 @@ class Simulation(Faults):
                 w.handled = latest - 1
                 self._rejoin(w)
             return  # a plan about another world than ours
-        if w.phase == "waiting" and w.id not in plan.members:
-            return
         if not_this_process(w.id, w.world.generation if w.world else None, plan, r):
             return
         if plan.generation in w.known:
@@ -838,8 +853,8 @@ class Simulation(Faults):
                 continue
             procs = [self.workers[m] for m in transition_members(old, plan)]
             if any(p.alive and (p.target is None or p.target.generation != gen or self.now < p.prep_done
-                                or self.now < p.frozen_until) for p in procs):
-                continue
+                                or self.now < p.frozen_until or p.phase == "saving") for p in procs):
+                continue  # (a process in its final save is inside its last step: it switches no more)
             if any(not p.alive for p in procs):
                 continue  # the transition group cannot form: the coordinator aborts it
             ok = all(p.phase != "broken" or p.state_step is not None for p in procs)

@@ -28,7 +28,7 @@ from liveshard.runtime.contract.keys import COMMITTED
 from liveshard.runtime.control.protocol import WorkerPhase, WorldPlan
 from liveshard.runtime.coordinator import phases, planning, switching
 from liveshard.runtime.coordinator.adoption import take_over
-from liveshard.runtime.coordinator.events import Action, CheckpointView, MarkDead, Observation, Report
+from liveshard.runtime.coordinator.events import Action, CheckpointView, Decide, MarkDead, Observation, Report
 from liveshard.runtime.coordinator.generations import Generation, involved
 from liveshard.runtime.coordinator.membership import Liveness
 from liveshard.runtime.coordinator.phases import ControlState, Phase
@@ -181,7 +181,7 @@ class CoordinatorCore:
         out += self._judge_liveness(obs)
         self._measure(obs)
         if self.pending is not None:
-            out += switching.collect(self, obs)
+            out += self._finished_before_the_change(obs) or switching.collect(self, obs)
         if self.failure is None and self.pending is None and self.current is not None \
                 and any(m in self.dead for m in self.current.members):
             out += planning.recover(self)
@@ -217,6 +217,21 @@ class CoordinatorCore:
         if obs.request is not None:
             return planning.start(self, obs.request, obs)
         return self._consider_stragglers(obs)
+
+    def _finished_before_the_change(self, obs: Observation) -> list[Action]:
+        """Rank 0 of the world that runs reported trainIters reached and the final checkpoint
+        saved while a change to another world was pending and undecided: its workers exit, so
+        the change can never commit. It is decided aborted (a write-once decision: one that
+        stands wins), and the report is taken once nothing is pending."""
+        report, gen, current = obs.finished, self.pending, self.current
+        if not isinstance(report, dict) or report.get("error") or gen is None or current is None:
+            return []
+        if report.get("generation") != current.generation or obs.decision is not None:
+            return []
+        if any((b := self.liveness.latest(m)) is not None and b.generation == gen.plan.generation
+               for m in gen.plan.members):
+            return []  # a member trains in the new world: it read a commit (``switching.collect``)
+        return [Decide(gen.plan.generation, f"aborted: training finished in generation {current.generation}")]
 
     def decided(self, generation: int, value: str | None, now: float) -> list[Action]:
         """The value that stands at ``generation``'s commit point after a ``Decide``."""
@@ -286,9 +301,11 @@ class CoordinatorCore:
 
     def _peer_loss_reported(self) -> frozenset[str]:
         """The current world's members, when another of them reports that world broken (from the
-        last heartbeats read): a failed collective, the first sign of a peer lost without notice."""
+        last heartbeats read): a failed collective, the first sign of a peer lost without notice.
+        None once one of them is dead: that death explains the break, and the report says
+        nothing more about the others (whose keys an attacker may be overwriting)."""
         current = self.current
-        if current is None:
+        if current is None or any(m in self.dead for m in current.members):
             return frozenset()
         reporting = [m for m in current.members if m not in self.dead
                      and (b := self.liveness.latest(m)) is not None and b.state == WorkerPhase.BROKEN

@@ -74,6 +74,8 @@ class Death:
     member: str
     incarnation: str | None
     why: str
+    # its key was contested: only the peers' report that its world broke made its silence count
+    on_report: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,12 @@ class Liveness:
             death = self._observe(m, w, read, now, corroborated)
             if death is not None:
                 deaths.append(death)
+        if any(d.member in corroborated and not d.on_report for d in deaths):
+            # A silence that needs no report explains the broken world: the report no longer
+            # speaks against a member whose key is contested (its silence may be the forgery's).
+            # Were it dead too, it gives no result in the recovery's generation and is found
+            # dead there (``switching``: silent in two aborted generations).
+            deaths = [d for d in deaths if not d.on_report]
         for d in deaths:
             self.dead.add(d.member)
             self.dead_incarnation[d.member] = d.incarnation
@@ -204,17 +212,18 @@ class Liveness:
             limit = self.contest_limit if self.contest_limit is not None else 3 * self.timeout
         else:
             limit = self.timeout / 2 if m in corroborated else self.timeout
+        on_report = w.contested_at is not None and now - w.contested_at <= self.timeout
         if w.fresh_at is not None:
             if now - w.fresh_at > limit:
-                return Death(m, w.incarnation, f"no heartbeat for {now - w.fresh_at:.1f} s")
+                return Death(m, w.incarnation, f"no heartbeat for {now - w.fresh_at:.1f} s", on_report)
             return None
         if w.registered_at is not None:
             if now - w.registered_at > limit:
-                return Death(m, w.incarnation, "registered, then silent")
+                return Death(m, w.incarnation, "registered, then silent", on_report)
             return None
         grace = self.never_seen_grace if w.grace is None else w.grace
         if now - w.since > max(grace, limit):
-            return Death(m, w.incarnation, f"never seen in {grace:.0f} s")
+            return Death(m, w.incarnation, f"never seen in {grace:.0f} s", on_report)
         return None
 
     def expect(self, holders: Mapping[str, str | None], now: float, grace: float, world: int | None = None) -> None:

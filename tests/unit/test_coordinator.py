@@ -250,6 +250,40 @@ def test_progress_metrics_and_the_finish_come_from_the_heartbeats():
     assert c.pending is None and not c.dead and not c.status().get("dead")
 
 
+def test_a_job_that_finishes_while_a_change_is_pending_ends_without_waiting_for_the_change():
+    """Rank 0 of the running world saves the final checkpoint while a change to another world is
+    pending and undecided: its workers exit, so the change can never commit. It is decided
+    aborted at once (not after the transition timeout, nor kept alive by recoveries of a world
+    whose workers ended), and the job is finished."""
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    first = _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+    _beat(c, "w0", "w1", "w2")
+    source.queue.append(PlanRequest(members=("w0", "w1", "w2"), reason="w2 joins"))
+    c.tick()
+    assert c.pending is not None
+    gen = c.pending.plan.generation
+    c.store.set_json(Keys.FINISHED, {"step": 100, "checkpoint": "/ckpt/final", "generation": first.generation,
+                                     "time": time.time()})
+    c.tick()
+    assert c.store.get(Keys.decision(gen)) == f"aborted: training finished in generation {first.generation}"
+    c.tick()
+    assert c.pending is None and c.status()["finished"]["checkpoint"] == "/ckpt/final"
+    # a decision that stands wins: a change already committed is not undone by the report
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    first = _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+    _beat(c, "w0", "w1", "w2")
+    source.queue.append(PlanRequest(members=("w0", "w1", "w2"), reason="w2 joins"))
+    c.tick()
+    gen = c.pending.plan.generation
+    c.store.decide(Keys.decision(gen), COMMITTED)
+    c.store.set_json(Keys.FINISHED, {"step": 100, "checkpoint": "/ckpt/final", "generation": first.generation,
+                                     "time": time.time()})
+    c.tick()
+    assert c.store.get(Keys.decision(gen)) == COMMITTED
+
+
 def test_a_first_world_continues_the_newest_complete_checkpoint_on_the_jobs_volume(tmp_path):
     """Every process of the job was replaced (a whole spot pool gone): the new coordinator's first
     world restores the newest *complete* checkpoint instead of starting from scratch."""
@@ -611,6 +645,39 @@ def test_a_forged_heartbeat_never_kills_a_live_member_and_never_keeps_a_dead_one
         _beat(c, "w0")
         c.tick()
     assert c.dead == {"w1"}
+
+
+def test_a_death_that_explains_a_broken_world_ends_the_reports_weight_against_a_member_under_attack():
+    """w1's heartbeat key is overwritten all along while w2 is lost for real and w0 reports the
+    world broken: w2's silence, which needs no report, explains the break; w1 (alive, its beats
+    hidden by the forgery) is not evicted on that report, in the same look or after it. Without
+    the death, the report still finds a silent member under attack dead (the test above)."""
+    from liveshard.runtime.control.store import JobStore
+
+    for same_look in (True, False):
+        source = Requests()
+        c = Coordinator(JobStore(dist.HashStore(), secret=b"s"), PRESETS["tiny-gpt"], source, LOCAL,
+                        heartbeat_timeout=1.0, clock=Clock())
+        _running(c, source, ("w0", "w1", "w2", "w3"), "tp=1,pp=1,dp=4")
+        _beat(c, "w0", "w1", "w2", "w3")
+        c.tick()
+        gen = c.current.generation
+        # 6 s: w1 contested past contest_limit (3 s). w3 goes silent from the start, or (same
+        # look) beats until its peers report the break, so that its death, on the report's
+        # shorter limit, and w1's, on the report alone, fall in one look
+        for i in range(12):
+            c.clock.advance(0.5)
+            state = "broken" if (i >= 8 if same_look else i >= 1) else "training"
+            for w in ("w0", "w2"):
+                c.store.set_json(Keys.heartbeat(w), {"time": _now(), "state": state, "generation": gen})
+            if same_look and i < 8:
+                c.store.set_json(Keys.heartbeat("w3"), {"time": _now(), "state": "training", "generation": gen})
+            c.store.store.set(Keys.heartbeat("w1"), "forged")
+            c.tick()
+        assert "w3" in c.dead, same_look
+        assert "w1" not in c.dead, (same_look, c.dead)
+        plan = c.pending.plan if c.pending is not None else c.current
+        assert "w1" in (*plan.members, *plan.standbys) and "w3" not in plan.members, (same_look, plan)
 
 
 def _train(c: Coordinator, step: int, *workers: str) -> None:
