@@ -111,6 +111,17 @@ class Faults:
             if self.captured_pointer is not None and server.up:
                 server._land(ATTACKER, full(Keys.CHECKPOINT), self.captured_pointer)
                 self.log("FAULT the captured checkpoint/latest written back (a replay)")
+        elif kind.startswith("freeze-coordinator:") and self.coordinator is not None:  # scripted: for <seconds>
+            until = self.now + float(kind.split(":", 1)[1])
+            self.coord_frozen_until = self.server.frozen_until = until
+            self.coord_frozen_from = self.now
+            self.beating_at_freeze = {w.inc for w in alive if self.now - w.last_valid_beat < 1.5
+                                      and self.now >= w.frozen_until}
+            self.log(f"FAULT freeze the coordinator until {until:.2f}")
+        elif kind == "delete-registrations":  # scripted: every registration (members/...) deleted
+            for key in server.keys(("members/",)):
+                server.delete(key)
+                self.log(f"FAULT delete {key}")
         elif kind == "coordinator-now":  # scripted: the coordinator killed at once
             if core is not None:
                 self._kill_coordinator("scripted")

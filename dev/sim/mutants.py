@@ -128,6 +128,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "    survivors = tuple(m for m in core.current.members if m not in core.dead)\n",
            "a recovery from a loss plans over the members alone: a standby never takes the lost member's "
            "place, and the job trains below the parallelism it needs", scenario="standby-takes-over-a-lost-member"),
+    Mutant("generation-prepared-twice", R + "agent.control",
+           "    if known or plan.generation <= current or decided or replacement():\n",
+           "    if plan.generation <= current or decided or replacement():\n",
+           "a worker takes up again a generation it prepared (and saw aborted) before: members switch to "
+           "a generation the coordinator decided against", scenario="coordinator-stopped-mid-switch"),
     Mutant("lost-world-fails-despite-a-checkpoint", R + "coordinator.planning",
            "    checkpoint = core.checkpoints.latest() or core.adopted_checkpoint\n    if checkpoint is None:\n",
            "    checkpoint = core.checkpoints.latest() or core.adopted_checkpoint\n    if True:\n",

@@ -78,6 +78,24 @@ def standby_takes_over_a_lost_member() -> tuple[SimResult, list[str]]:
     return result, problems
 
 
+def coordinator_stopped_mid_switch() -> tuple[SimResult, list[str]]:
+    """A reshape is prepared by every member; the coordinator's process is stopped (SIGSTOP) just
+    before the switch, so each member aborts the generation on its own (its store does not
+    answer); when it wakes, the registrations are deleted and the members register again, which
+    has them read the plans afresh: none takes up again the generation it prepared before
+    (``control.takes_up``), and every process acts on one decision."""
+    sim = Simulation(11, faults=frozenset(), workers=3, config="dp",
+                     script=((3.45, "request:reshape"), (5.5, "freeze-coordinator:10.7"),
+                             (18.0, "delete-registrations")))
+    result = sim.run()
+    problems = []
+    if not any("aborted" in line and "does not answer" in line for line in sim.trace):
+        problems.append("no member aborted the generation on its own")
+    if not any("registers again" in line for line in sim.trace):
+        problems.append("no member registered again")
+    return result, problems
+
+
 def _deaths(sim: Simulation, member: str) -> list[float]:
     return [float(line.split()[0]) for line in sim.trace if f"declared dead: {member} " in line]
 
@@ -222,6 +240,7 @@ SCENARIOS: dict[str, Callable[[], tuple[SimResult, list[str]]]] = {
     "node-deleted-then-operator-plan": node_deleted_then_operator_plan,
     "scale-up-one-to-four": scale_up_one_to_four,
     "standby-takes-over-a-lost-member": standby_takes_over_a_lost_member,
+    "coordinator-stopped-mid-switch": coordinator_stopped_mid_switch,
     "heartbeat-forged-for-three-timeouts": heartbeat_forged_for_three_timeouts,
     "forged-beat-left-on-a-dead-worker": forged_beat_left_on_a_dead_worker,
 }

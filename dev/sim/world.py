@@ -34,10 +34,12 @@ from liveshard.runtime.agent.commit_point import CommitPoint, Failed
 from liveshard.runtime.agent.connection import register_again_if_lost, report_result
 from liveshard.runtime.agent.control import (
     REGISTRATION_CHECK,
+    Uptake,
     in_flight,
     involved,
     left_behind,
     not_this_process,
+    takes_up,
 )
 from liveshard.runtime.agent.final_save import (
     GaveUp,
@@ -743,10 +745,12 @@ class Simulation(Faults):
                 w.handled = latest - 1
                 self._rejoin(w)
             return  # a plan about another world than ours
-        if not_this_process(w.id, w.world.generation if w.world else None, plan, r):
+        generation = w.world.generation if w.world else None
+        uptake = takes_up(w.id, plan, generation=generation, world=w.world, known=plan.generation in w.known,
+                          decided=False,  # (read by ``_poll`` before)
+                          replacement=lambda: not_this_process(w.id, generation, plan, r))
+        if uptake is not Uptake.PREPARE:
             return
-        if plan.generation in w.known:
-            return  # prepared (and perhaps aborted) before: never switched to again (``Preparations.known``)
         w.known.add(plan.generation)
         w.target, w.target_epoch, w.preparing = plan, w.link.epoch, plan
         w.phase = "preparing" if w.phase != "broken" else "broken"

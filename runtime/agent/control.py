@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from liveshard.runtime.agent.connection import StoreClients, announcement, reannounce, register_again_if_lost
@@ -55,6 +56,30 @@ def involved(worker_id: str, plan: WorldPlan, current: WorldPlan | None) -> bool
     if worker_id in plan.members or worker_id in plan.standbys:
         return True
     return current is not None and plan.previous == current.generation and worker_id in current.members
+
+
+class Uptake(StrEnum):
+    """What a worker does with the newest plan it read (``takes_up``)."""
+
+    PREPARE = "prepare"
+    NEVER = "never"  # not for this process, whatever happens next: not read again
+    NOT_NOW = "not-now"  # it does not concern the world this process holds now: read again
+
+
+def takes_up(worker_id: str, plan: WorldPlan, *, generation: int | None, world: WorldPlan | None, known: bool,
+             decided: bool, replacement: Callable[[], bool]) -> Uptake:
+    """What this worker does with ``plan``, the newest plan it read: never prepare one it prepared
+    (or failed to) before (``known``: a generation is never switched to twice), one no newer than
+    the world it trains in (``generation``), one decided already (``decided``), nor one that names
+    as a process of the world before it an id this process never held (``replacement``:
+    ``not_this_process``, asked last because it may read the store); prepare one that concerns it
+    (``involved``: a member or standby of it, or a member of ``world``, which it follows); look
+    again at any other once its world changes. The control thread and the protocol simulator's
+    workers both decide with this."""
+    current = generation if generation is not None else -1
+    if known or plan.generation <= current or decided or replacement():
+        return Uptake.NEVER
+    return Uptake.PREPARE if involved(worker_id, plan, world) else Uptake.NOT_NOW
 
 
 def left_behind(worker_id: str, generation: int | None, in_commit_window: bool, store: JobStore) -> bool:
@@ -192,13 +217,15 @@ class ControlThread:
                 self.plans_read[latest] = plan
                 self.peers.plan_seen(plan)  # before preparing it: its transition group is never cut
                 current = self.state.generation if self.state.generation is not None else -1
-                if self.preparations.known(latest) or latest <= current or store.has(Keys.outcome(latest)):
-                    handled = latest  # (decided already: nothing to prepare)
-                elif not_this_process(self.id, self.state.generation, plan, store):
-                    handled = latest
-                elif involved(self.id, plan, self.state.plan):
+                known = self.preparations.known(latest)
+                decided = not known and latest > current and store.has(Keys.outcome(latest))
+                uptake = takes_up(self.id, plan, generation=self.state.generation, world=self.state.plan,
+                                  known=known, decided=decided,
+                                  replacement=lambda: not_this_process(self.id, self.state.generation, plan, store))
+                if uptake is Uptake.PREPARE:
                     self.preparing = plan
                     self.prepare(plan)
+                if uptake is not Uptake.NOT_NOW:
                     handled = latest
         self.peers.poll(store)
         self._abort_a_start_decided_against(store)
