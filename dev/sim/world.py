@@ -857,8 +857,11 @@ class Simulation(Faults):
                 continue
             procs = [self.workers[m] for m in transition_members(old, plan)]
             if any(p.alive and (p.target is None or p.target.generation != gen or self.now < p.prep_done
-                                or self.now < p.frozen_until or p.phase == "saving") for p in procs):
-                continue  # (a process in its final save is inside its last step: it switches no more)
+                                or self.now < p.frozen_until or p.phase == "saving" or p.driver is not None)
+                   for p in procs):
+                # (a process in its final save is inside its last step: it switches no more; one
+                # in its commit window switched already)
+                continue
             if any(not p.alive for p in procs):
                 continue  # the transition group cannot form: the coordinator aborts it
             ok = all(p.phase != "broken" or p.state_step is not None for p in procs)

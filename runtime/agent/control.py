@@ -70,14 +70,16 @@ def takes_up(worker_id: str, plan: WorldPlan, *, generation: int | None, world: 
              decided: bool, replacement: Callable[[], bool]) -> Uptake:
     """What this worker does with ``plan``, the newest plan it read: never prepare one it prepared
     (or failed to) before (``known``: a generation is never switched to twice), one no newer than
-    the world it trains in (``generation``), one decided already (``decided``), nor one that names
+    the world it trains in (``generation``), one decided already (``decided``), one that counts
+    this id dead (a process cut off that came back: the transition leaves it out, and it rejoins
+    as a new process once the plan commits, ``left_behind``), nor one that names
     as a process of the world before it an id this process never held (``replacement``:
     ``not_this_process``, asked last because it may read the store); prepare one that concerns it
     (``involved``: a member or standby of it, or a member of ``world``, which it follows); look
     again at any other once its world changes. The control thread and the protocol simulator's
     workers both decide with this."""
     current = generation if generation is not None else -1
-    if known or plan.generation <= current or decided or replacement():
+    if known or plan.generation <= current or decided or worker_id in plan.dead or replacement():
         return Uptake.NEVER
     return Uptake.PREPARE if involved(worker_id, plan, world) else Uptake.NOT_NOW
 

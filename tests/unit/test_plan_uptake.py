@@ -43,6 +43,15 @@ def test_a_plan_prepared_before_decided_or_naming_another_process_is_never_taken
     assert uptake("w0", **{why: True}) is Uptake.NEVER
 
 
+def test_a_process_the_plan_counts_dead_never_takes_it_up():
+    """A process cut off (frozen past the timeout), back after a coordinator restart whose new
+    store has not its verdict yet: the recovery's plan counts it dead and its transition leaves it
+    out; it must not prepare the plan (it rejoins as a new process once the plan commits)."""
+    recovery = WorldPlan(generation=4, config="tp=1,pp=1,dp=1", members=("w0",), previous=3, dead=("w1",))
+    assert uptake("w1", recovery) is Uptake.NEVER
+    assert uptake("w0", recovery) is Uptake.PREPARE
+
+
 def test_a_plan_no_newer_than_the_world_it_trains_in_is_never_taken_up():
     assert uptake("w0", plan=WORLD) is Uptake.NEVER
 
