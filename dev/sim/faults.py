@@ -42,6 +42,20 @@ class Faults:
             if self.server.delete(key):
                 self.log(f"FAULT delete {key}")
 
+    def _operator_plan_for_the_loss(self: Simulation, lost: str) -> None:
+        """In some schedules (``operator_plans``), the operator's plan for the same loss arrives
+        later too (a node deleted: the operator saw it after the runtime did), naming the running
+        world's other workers: it may change nothing the runtime already did (one authority)."""
+        core = self.core
+        if self.operator_plans is None or core is None or core.current is None or lost not in core.current.members:
+            return
+        others = tuple(m for m in (*core.current.members, *core.current.standbys) if m != lost)
+        if others:
+            from liveshard.dev.sim.world import HB_TIMEOUT
+
+            delay = self.operator_plans.uniform(0.5, 3 * HB_TIMEOUT)
+            self.at(self.now + delay, "fault", f"request:plan:operator: node of {lost} deleted:{','.join(others)}")
+
     def _alive(self: Simulation) -> list[Worker]:
         return [w for w in self.workers.values() if w.alive]
 
@@ -60,7 +74,8 @@ class Faults:
                 config = "dp" if cur.config.startswith("tp") else "tp"
                 self.source.queue.append(PlanRequest(members=cur.members, config=config, reason="reshape"))
             elif kind.startswith("request:plan:"):  # a scripted plan: request:plan:<reason>:<m,m,...>
-                _, _, reason, members = kind.split(":", 3)
+                head, members = kind.rsplit(":", 1)  # the reason may hold colons; the members do not
+                reason = head.removeprefix("request:plan:")
                 self.source.queue.append(PlanRequest(members=tuple(members.split(",")), reason=reason))
             self.log(f"request {kind}")
             return
@@ -75,6 +90,7 @@ class Faults:
             self.log(f"FAULT kill {w.inc}")
             if kind == "restart":
                 self.at(self.now + rng.uniform(1.0, 3.0), "fault", f"respawn:{w.id}")
+            self._operator_plan_for_the_loss(w.id)
         elif kind.startswith("respawn:"):
             w = self.workers[kind.split(":", 1)[1]]
             w.incarnation += 1

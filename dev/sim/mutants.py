@@ -129,8 +129,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "a recovery from a loss plans over the members alone: a standby never takes the lost member's "
            "place, and the job trains below the parallelism it needs", scenario="standby-takes-over-a-lost-member"),
     Mutant("generation-prepared-twice", R + "agent.control",
-           "    if known or plan.generation <= current or decided or replacement():\n",
-           "    if plan.generation <= current or decided or replacement():\n",
+           "    if known or plan.generation <= current or decided or worker_id in plan.dead or replacement():\n",
+           "    if plan.generation <= current or decided or worker_id in plan.dead or replacement():\n",
            "a worker takes up again a generation it prepared (and saw aborted) before: members switch to "
            "a generation the coordinator decided against", scenario="coordinator-stopped-mid-switch"),
     Mutant("lost-world-fails-despite-a-checkpoint", R + "coordinator.planning",

@@ -289,6 +289,10 @@ class Simulation(Faults):
             shape = random.Random(seed * 104729 + 5)
             most = n - 1 if shape.random() < 0.3 else None
         self.most = most
+        # in some random schedules the operator's plan for a loss follows the runtime's recovery
+        # (``_operator_plan_for_the_loss``); its delays are drawn from a stream of their own
+        ops = random.Random(seed * 104729 + 11)
+        self.operator_plans = random.Random(seed * 7 + 3) if script is None and ops.random() < 0.3 else None
         self.workers = {f"w{i}": Worker(f"w{i}") for i in range(n)}
         self.epoch = 0
         self.server = SimServer(0, lambda: self.now, self._on_write)

@@ -137,12 +137,17 @@ class Liveness:
             death = self._observe(m, w, read, now, corroborated)
             if death is not None:
                 deaths.append(death)
-        if any(d.member in corroborated and not d.on_report for d in deaths):
-            # A silence that needs no report explains the broken world: the report no longer
-            # speaks against a member whose key is contested (its silence may be the forgery's).
-            # Were it dead too, it gives no result in the recovery's generation and is found
-            # dead there (``switching``: silent in two aborted generations).
-            deaths = [d for d in deaths if not d.on_report]
+        if any(d.on_report for d in deaths):
+            # The peers' report says that someone of their world is gone, not who. It decides
+            # against a member whose key is contested (its silence may be the forgery's) only
+            # when that member is the one suspect: not once a silence that needs no report
+            # explains the break, nor while two or more contested members share the suspicion.
+            # A contested member that is dead after all gives no result in the recovery's
+            # generation and is found dead there (``switching``: silent in two aborted ones).
+            suspects = [m for m in corroborated if (w := self._watch.get(m)) is not None
+                        and w.contested_at is not None and now - w.contested_at <= self.timeout]
+            if len(suspects) > 1 or any(d.member in corroborated and not d.on_report for d in deaths):
+                deaths = [d for d in deaths if not d.on_report]
         for d in deaths:
             self.dead.add(d.member)
             self.dead_incarnation[d.member] = d.incarnation

@@ -250,6 +250,34 @@ def test_progress_metrics_and_the_finish_come_from_the_heartbeats():
     assert c.pending is None and not c.dead and not c.status().get("dead")
 
 
+def test_a_broken_world_report_never_picks_one_of_two_members_under_attack():
+    """Two members' heartbeat keys are overwritten all along and one of them (w3) is lost for
+    real; their peers report the world broken. The report says someone is gone, not who: neither
+    is declared dead on it (a live one would be evicted half the time); the recovery of the world
+    broken with every member alive asks both, and the silent one is found dead there."""
+    from liveshard.runtime.control.store import JobStore
+
+    source = Requests()
+    c = Coordinator(JobStore(dist.HashStore(), secret=b"s"), PRESETS["tiny-gpt"], source, LOCAL,
+                    heartbeat_timeout=1.0, clock=Clock())
+    _running(c, source, ("w0", "w1", "w2", "w3"), "tp=1,pp=1,dp=4")
+    _beat(c, "w0", "w1", "w2", "w3")
+    c.tick()
+    gen = c.current.generation
+    for i in range(12):  # 6 s, twice contest_limit
+        c.clock.advance(0.5)
+        for w in ("w0", "w2"):
+            c.store.set_json(Keys.heartbeat(w), {"time": _now(), "state": "broken" if i >= 1 else "training",
+                                                 "generation": gen})
+        for w in ("w1", "w3"):
+            c.store.store.set(Keys.heartbeat(w), "forged")
+        c.tick()
+    assert not ({"w1", "w3"} & c.dead), c.dead
+    from liveshard.runtime.coordinator.generations import involved
+
+    assert c.pending is not None and {"w1", "w3"} <= set(involved(c.current, c.pending.plan)), c.pending
+
+
 def test_a_job_that_finishes_while_a_change_is_pending_ends_without_waiting_for_the_change():
     """Rank 0 of the running world saves the final checkpoint while a change to another world is
     pending and undecided: its workers exit, so the change can never commit. It is decided

@@ -85,6 +85,10 @@ REGRESSIONS = {
     # plan that counts it dead (``takes_up`` now never takes such a plan up), and the simulator
     # started the transition a second time for members already in its commit window
     5001427: "generation 1: live processes acted on different decisions",
+    # two members' heartbeat keys overwritten all along, one of them killed: the peers' report of
+    # the broken world was held against both, and the live one was evicted (a report now decides
+    # against a contested member only when it is the one suspect)
+    5012578: "w2 declared dead while heartbeating validly",
 }
 
 

@@ -33,3 +33,15 @@ def test_a_mutant_whose_text_moved_is_an_error_not_a_pass():
         "try:\n    import liveshard.runtime.coordinator.generations\n"
         "except mutants.NotPlanted:\n    sys.exit(3)\n")], capture_output=True, text=True, timeout=300)
     assert run.returncode == 3, run.stderr
+
+
+def test_the_command_exits_3_for_a_mutant_whose_text_moved_in_any_module_it_imports():
+    """Also in a module imported with the simulator itself (the worker's control rules), where
+    the planted import fails before any schedule runs."""
+    code = ("import sys; from liveshard.dev.sim import mutants; "
+            "gone = mutants.Mutant('gone', 'liveshard.runtime.agent.control', 'no such text', '', ''); "
+            "mutants.BY_NAME['gone'] = gone; "
+            "from liveshard.dev.sim.__main__ import main; sys.exit(main(['--mutant', 'gone', '--schedules', '1']))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 3, run.stderr
+    assert "its text is not in" in run.stderr and "Traceback" not in run.stderr
