@@ -31,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.mutant:
         mutants.install(mutants.BY_NAME[args.mutant])
     try:
-        from liveshard.dev.sim.run import run_schedules  # imports the shipped modules: a mutant is planted here
+        from liveshard.dev.sim.run import (
+            run_schedules,  # imports the shipped modules: a mutant is planted here
+        )
 
         scenario = mutants.BY_NAME[args.mutant].scenario if args.mutant else None
         if scenario is not None and (caught := _scenario(scenario)):
