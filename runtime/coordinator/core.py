@@ -273,6 +273,9 @@ class CoordinatorCore:
         busy: set[str] = set(self.current.members) if self.current else set()
         if self.pending is not None:
             busy |= set(self.pending.plan.members) | set(involved(self.current, self.pending.plan))
+            for m in obs.results:
+                if m not in self.pending.results:  # read for the first time (``switching.collect`` keeps it)
+                    self.liveness.sign_of_life(m, obs.now)
         verdict = self.liveness.judge(obs.now, self.watched() - self.dead, obs.beats, paused=obs.paused,
                                       corroborated=self._peer_loss_reported(), busy=frozenset(busy))
         out: list[Action] = []

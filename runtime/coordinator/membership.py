@@ -245,6 +245,14 @@ class Liveness:
         """Whether some member's holding process is not known yet (``expect`` without one)."""
         return any(w.incarnation == LOST_PROCESS for w in self._watch.values())
 
+    def sign_of_life(self, member: str, now: float) -> None:
+        """``member`` wrote a sealed value read now for the first time (its result for the
+        pending generation): it was alive a moment ago, as a new beat would say, whatever its
+        heartbeat key holds (an attacker may be overwriting it)."""
+        w = self._watch.get(member)
+        if w is not None and member not in self.dead:
+            w.fresh_at = now if w.fresh_at is None else max(w.fresh_at, now)
+
     def hold(self, member: str, incarnation: str | None) -> None:
         """``incarnation`` registered holding the member's part: it is the process to watch."""
         w = self._watch.get(member)

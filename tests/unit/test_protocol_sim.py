@@ -89,6 +89,10 @@ REGRESSIONS = {
     # the broken world was held against both, and the live one was evicted (a report now decides
     # against a contested member only when it is the one suspect)
     5012578: "w2 declared dead while heartbeating validly",
+    # a member frozen past the timeout while its heartbeat key was overwritten, back in time to
+    # give its result for the restore's generation: held dead on its peer's report right after
+    # (a sealed result read for the first time is now a sign of life, as a beat is)
+    6001238: "w0 declared dead while heartbeating validly",
 }
 
 
