@@ -221,8 +221,9 @@ class CoordinatorCore:
     def _finished_before_the_change(self, obs: Observation) -> list[Action]:
         """Rank 0 of the world that runs reported trainIters reached and the final checkpoint
         saved while a change to another world was pending and undecided: its workers exit, so
-        the change can never commit. It is decided aborted (a write-once decision: one that
-        stands wins), and the report is taken once nothing is pending."""
+        the change can never commit. The report is taken now (the job is finished: nothing more
+        is planned, no recovery of the world whose workers end), and the change decided aborted
+        (a write-once decision: one that stands wins, and then it is recorded as it stands)."""
         report, gen, current = obs.finished, self.pending, self.current
         if not isinstance(report, dict) or report.get("error") or gen is None or current is None:
             return []
@@ -231,7 +232,10 @@ class CoordinatorCore:
         if any((b := self.liveness.latest(m)) is not None and b.generation == gen.plan.generation
                for m in gen.plan.members):
             return []  # a member trains in the new world: it read a commit (``switching.collect``)
-        return [Decide(gen.plan.generation, f"aborted: training finished in generation {current.generation}")]
+        self.change(finished=report)
+        log.info("training finished at step %s in generation %d while generation %d was pending; final "
+                 "checkpoint %s", report.get("step"), current.generation, gen.plan.generation, report.get("checkpoint"))
+        return [Decide(gen.plan.generation, f"aborted: training finished in generation {current.generation}"), Report()]
 
     def decided(self, generation: int, value: str | None, now: float) -> list[Action]:
         """The value that stands at ``generation``'s commit point after a ``Decide``."""

@@ -122,7 +122,7 @@ def finish(core: CoordinatorCore, gen: Generation, outcome: str, now: float) -> 
     out.append(Report())
     if outcome == COMMITTED:
         out += precompute_action(core)
-    if core.current is not None and any(m in core.dead for m in core.current.members):
+    if core.finished is None and core.current is not None and any(m in core.dead for m in core.current.members):
         out += planning.recover(core)  # the world lost a member (before this generation, or after its commit point)
     return out
 

@@ -310,6 +310,19 @@ def test_a_job_that_finishes_while_a_change_is_pending_ends_without_waiting_for_
                                      "time": time.time()})
     c.tick()
     assert c.store.get(Keys.decision(gen)) == COMMITTED
+    # the change is the recovery from a member's loss: the world is not recovered again after it
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    first = _running(c, source, ("w0", "w1"), "tp=1,pp=1,dp=2")
+    _lose(c, "w1", ("w0",))
+    assert c.pending is not None and "w1" in c.pending.plan.dead
+    c.store.set_json(Keys.FINISHED, {"step": 100, "checkpoint": "/ckpt/final", "generation": first.generation,
+                                     "time": time.time()})
+    published = c.core.next_generation
+    for _ in range(3):
+        _beat(c, "w0")
+        c.tick()
+    assert c.pending is None and c.finished is not None and c.core.next_generation == published
 
 
 def test_a_first_world_continues_the_newest_complete_checkpoint_on_the_jobs_volume(tmp_path):
