@@ -42,6 +42,7 @@ from liveshard.runtime.agent.control import (
     takes_up,
 )
 from liveshard.runtime.agent.final_save import (
+    FINISHED_REPORT_PATIENCE,
     GaveUp,
     Saved,
     attempts,
@@ -167,6 +168,7 @@ class Worker:
     next_beat: float = 0.0
     next_registration_check: float = 0.0
     exit_reason: str | None = None
+    finished_report: tuple[dict, float] | None = None  # rank 0 telling the end of training: (record, give up at)
 
     @property
     def inc(self) -> str:
@@ -613,6 +615,9 @@ class Simulation(Faults):
             return
         if self.delete_pending_for and self.coordinator is not None and self.coordinator.pending is not None:
             self._delete_pending_keys(self.coordinator.pending.plan.generation)  # the attacker reads first
+        if w.finished_report is not None:
+            self._report_finished(w)
+            return
         if not self._connected(w):
             self._commit_step(w)  # a member waiting in its commit window keeps counting
             return
@@ -1034,11 +1039,30 @@ class Simulation(Faults):
         if path is not None:
             self.checkpoints.append({"path": path, "step": step, "verified": written, "final": True})
         rank0 = members[0]
-        with contextlib.suppress(Exception):  # the store is gone: the workers end all the same
-            rank0.link.store.set_json(Keys.FINISHED, finished_record(step, step * 8, path, gen, self.now, error))
         for w in members:
             w.phase = "failed" if error else "finished"
+        # rank 0 tells the coordinator, trying again on a restarted one's store for a while
+        # (``WorkerAgent._report_finished``); the others end at once
+        rank0.finished_report = (finished_record(step, step * 8, path, gen, self.now, error),
+                                 self.now + FINISHED_REPORT_PATIENCE)
+        for w in members[1:]:
             self._exit(w, error or "finished")
+        self._report_finished(rank0)
+
+    def _report_finished(self, w: Worker) -> None:
+        assert w.finished_report is not None
+        record, give_up = w.finished_report
+        try:
+            if self._connected(w):
+                w.link.store.set_json(Keys.FINISHED, record)
+                w.finished_report = None
+                self._exit(w, record.get("error") or "finished")
+                return
+        except Exception:  # a store that does not answer: tried again at its next wake
+            pass
+        if self.now >= give_up:
+            w.finished_report = None
+            self._exit(w, "could not tell the coordinator that training finished")
 
     def _pods_ended(self) -> None:
         """The operator's part: when every worker's process ended after its final save gave up

@@ -97,6 +97,11 @@ def verdict(errors: list[str | None]) -> str | None:
     return f"rank {rank}: {error} (and {len(failed) - 1} more rank(s))"
 
 
+# Seconds rank 0 tries to tell a (restarted) coordinator that training finished
+# (``finished_record``) before the error stands (``WorkerAgent._report_finished``).
+FINISHED_REPORT_PATIENCE = 60.0
+
+
 def finished_record(step: int, consumed_samples: int, checkpoint: str | None, generation: int | None,
                     now: float, error: str | None = None) -> dict:
     """``Keys.FINISHED``, written by rank 0 once the final save is decided: the step, the final

@@ -355,8 +355,8 @@ class WorkerAgent:
             log.warning("no checkpoint directory: the trained weights of step %d are not saved", t.step_count)
         self.state.final_checkpoint = path
         if self.state.rank == 0:
-            self.store.set_json(Keys.FINISHED, final_save.finished_record(t.step_count, t.consumed_samples, path,
-                                                                          self.state.generation, time.time(), error))
+            self._report_finished(final_save.finished_record(t.step_count, t.consumed_samples, path,
+                                                             self.state.generation, time.time(), error))
         if error:
             self.state.phase, self.state.failure = "failed", error
             self.state.events.append({"kind": "final-checkpoint-failed", "step": t.step_count, "error": error,
@@ -366,6 +366,24 @@ class WorkerAgent:
         self.state.phase = "finished"
         self.state.events.append({"kind": "finished", "step": t.step_count, "checkpoint": path, "time": time.time()})
         log.info("training finished at step %d; final checkpoint: %s", t.step_count, path or "none")
+
+    def _report_finished(self, record: dict) -> None:
+        """Rank 0's last word, ``Keys.FINISHED``: the coordinator learns the job's end from it
+        alone. A coordinator restarted during the final save has a new store: the control thread
+        reconnects to it meanwhile, so the write is tried again for ``FINISHED_REPORT_PATIENCE``
+        seconds; then the error stands (the process exits non-zero and its pod is made again)."""
+        from liveshard.runtime.agent.final_save import FINISHED_REPORT_PATIENCE
+
+        deadline = time.monotonic() + FINISHED_REPORT_PATIENCE
+        while True:
+            try:
+                self.store.set_json(Keys.FINISHED, record)
+                return
+            except Exception as e:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("telling the coordinator that training finished: %s; trying again", e)
+                time.sleep(0.5)
 
     def _after_step(self) -> None:
         t = self.trainer
