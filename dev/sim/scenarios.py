@@ -17,6 +17,14 @@ def _aborted(sim: Simulation) -> list[str]:
     return [f"generation {g}: {sorted(kinds)}" for g, kinds in sorted(sim.ledger.outcomes.items()) if "aborted" in kinds]
 
 
+def _runs(sim: Simulation, *members: str) -> list[str]:
+    """What is wrong, if the job does not end up running exactly ``members`` (in any order)."""
+    core = sim.core
+    running = core.current.members if core is not None and core.current is not None else None
+    return [] if running is not None and set(running) == set(members) else \
+        [f"the job runs {running}, not {', '.join(members)}"]
+
+
 def node_deleted_then_operator_plan() -> tuple[SimResult, list[str]]:
     """A worker's node is deleted (no notice): the runtime, which sees the heartbeats stop,
     recovers alone; the operator's plan for the same loss arrives afterwards and must change
@@ -27,9 +35,7 @@ def node_deleted_then_operator_plan() -> tuple[SimResult, list[str]]:
                              (t_loss + 2 * HB_TIMEOUT + 3.0, "request:plan:operator: node of w2 deleted:w0,w1")))
     result = sim.run()
     problems = _aborted(sim)
-    core = sim.core
-    if core is None or core.current is None or set(core.current.members) != {"w0", "w1"}:
-        problems.append(f"the world that runs is {core.current if core else None}, not w0, w1")
+    problems += _runs(sim, "w0", "w1")
     recovery = [g for g, p in sim.published.items() if p.previous is not None and "w2" in p.dead]
     operator = [g for g, p in sim.published.items() if p.reason.startswith("operator")]
     if not recovery or (operator and min(operator) < min(recovery)):
@@ -72,9 +78,7 @@ def standby_takes_over_a_lost_member() -> tuple[SimResult, list[str]]:
     smaller = [p.generation for p in sim.published.values() if p.previous is not None and len(p.members) < 2]
     if smaller:
         problems.append(f"generation(s) {smaller} train below dp=2")
-    core = sim.core
-    if core is None or core.current is None or set(core.current.members) != {"w0", "w2"}:
-        problems.append(f"the job runs {core.current.members if core and core.current else None}, not w0, w2")
+    problems += _runs(sim, "w0", "w2")
     return result, problems
 
 
@@ -185,9 +189,7 @@ def keys_deleted_while_a_change_is_pending() -> tuple[SimResult, list[str]]:
                              (14.0, "request:plan:w1 leaves:w0,w2")))
     result = sim.run()
     problems = _aborted(sim)
-    core = sim.core
-    if core is None or core.current is None or set(core.current.members) != {"w0", "w2"}:
-        problems.append(f"the job runs {core.current.members if core and core.current else None}, not w0, w2")
+    problems += _runs(sim, "w0", "w2")
     deleted = sum(" FAULT delete plan/" in line for line in sim.trace)
     if deleted < 2:
         problems.append(f"only {deleted} plan deletions: the attack did not reach the plans")
@@ -204,9 +206,7 @@ def votes_deleted_while_a_change_is_pending() -> tuple[SimResult, list[str]]:
                              (14.0, "request:plan:w1 leaves:w0,w2")))
     result = sim.run()
     problems = _aborted(sim)
-    core = sim.core
-    if core is None or core.current is None or set(core.current.members) != {"w0", "w2"}:
-        problems.append(f"the job runs {core.current.members if core and core.current else None}, not w0, w2")
+    problems += _runs(sim, "w0", "w2")
     if sum(" FAULT delete gen/" in line for line in sim.trace) < 10:
         problems.append("the attack did not reach the generations' keys")
     return result, problems

@@ -250,19 +250,23 @@ def test_progress_metrics_and_the_finish_come_from_the_heartbeats():
     assert c.pending is None and not c.dead and not c.status().get("dead")
 
 
+def _four_training() -> Coordinator:
+    """A coordinator over the production store (with a secret: a forgery is tampering) whose
+    world of four trains at dp=4, every member seen beating."""
+    source = Requests()
+    c = _coordinator(source, LOCAL)
+    _running(c, source, ("w0", "w1", "w2", "w3"), "tp=1,pp=1,dp=4")
+    _beat(c, "w0", "w1", "w2", "w3")
+    c.tick()
+    return c
+
+
 def test_a_broken_world_report_never_picks_one_of_two_members_under_attack():
     """Two members' heartbeat keys are overwritten all along and one of them (w3) is lost for
     real; their peers report the world broken. The report says someone is gone, not who: neither
     is declared dead on it (a live one would be evicted half the time); the recovery of the world
     broken with every member alive asks both, and the silent one is found dead there."""
-    from liveshard.runtime.control.store import JobStore
-
-    source = Requests()
-    c = Coordinator(JobStore(dist.HashStore(), secret=b"s"), PRESETS["tiny-gpt"], source, LOCAL,
-                    heartbeat_timeout=1.0, clock=Clock())
-    _running(c, source, ("w0", "w1", "w2", "w3"), "tp=1,pp=1,dp=4")
-    _beat(c, "w0", "w1", "w2", "w3")
-    c.tick()
+    c = _four_training()
     gen = c.current.generation
     for i in range(12):  # 6 s, twice contest_limit
         c.clock.advance(0.5)
@@ -693,15 +697,8 @@ def test_a_death_that_explains_a_broken_world_ends_the_reports_weight_against_a_
     world broken: w2's silence, which needs no report, explains the break; w1 (alive, its beats
     hidden by the forgery) is not evicted on that report, in the same look or after it. Without
     the death, the report still finds a silent member under attack dead (the test above)."""
-    from liveshard.runtime.control.store import JobStore
-
     for same_look in (True, False):
-        source = Requests()
-        c = Coordinator(JobStore(dist.HashStore(), secret=b"s"), PRESETS["tiny-gpt"], source, LOCAL,
-                        heartbeat_timeout=1.0, clock=Clock())
-        _running(c, source, ("w0", "w1", "w2", "w3"), "tp=1,pp=1,dp=4")
-        _beat(c, "w0", "w1", "w2", "w3")
-        c.tick()
+        c = _four_training()
         gen = c.current.generation
         # 6 s: w1 contested past contest_limit (3 s). w3 goes silent from the start, or (same
         # look) beats until its peers report the break, so that its death, on the report's
